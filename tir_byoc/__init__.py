@@ -1,0 +1,59 @@
+"""tir_byoc: bring your own codegen to TVM on lowered TIR.
+
+Scan S-TIR PrimFuncs for dense / bias-add / relu loop nests, replace each match by a call to a
+registered library kernel, and leave everything else to TVM's schedules.
+
+Entry points
+------------
+scan(mod)            the matches, with the intrinsic chosen for each (or why none)
+explain(mod)         blocks that looked like candidates but were refused, and why
+offload(mod)         the rewritten module (also the module pass ``Offload``)
+export_library(ex, path)
+                     a self-contained shared library of a ``tvm.compile`` result
+register_intrinsic(...)
+                     add your own C kernel
+"""
+
+from . import backends as _bundled_backends  # noqa: F401  (registers the bundled intrinsics)
+from .export import export_library
+from .match import FunctionScan, Match, Rejection
+from .offload import Offload, explain, offload, scan
+from .patterns import PATTERNS, Pattern, describe
+from .registry import (
+    REGISTRY,
+    Backend,
+    BackendUnavailable,
+    Intrinsic,
+    LinkSpec,
+    Registry,
+    register_backend,
+    register_intrinsic,
+)
+from .rewrite import RewriteError
+from .signature import DtypeSignature
+from .toolchain import ToolchainError
+
+__all__ = [
+    "PATTERNS",
+    "REGISTRY",
+    "Backend",
+    "BackendUnavailable",
+    "DtypeSignature",
+    "FunctionScan",
+    "Intrinsic",
+    "LinkSpec",
+    "Match",
+    "Offload",
+    "Pattern",
+    "Registry",
+    "Rejection",
+    "RewriteError",
+    "ToolchainError",
+    "describe",
+    "explain",
+    "export_library",
+    "offload",
+    "register_backend",
+    "register_intrinsic",
+    "scan",
+]

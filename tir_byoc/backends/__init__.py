@@ -1,0 +1,5 @@
+"""The bundled backends; importing this package registers their intrinsics."""
+
+from . import ref
+
+__all__ = ["ref"]

@@ -1,0 +1,316 @@
+"""The intrinsic registry: which extern C function implements which pattern, for which dtypes.
+
+Entry points: :func:`register_intrinsic` (and :data:`REGISTRY`, a :class:`Registry`) to add
+an intrinsic, :func:`register_backend` to describe the library a family of intrinsics links
+against, and :func:`choose` to pick the intrinsic that serves a :class:`~tir_byoc.match.Match`.
+
+An intrinsic is named ``<backend>.<variant>`` (``ref.dense_bias_relu``); every intrinsic of a
+backend is compiled into one shared library and linked with the backend's libraries.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from .match import Match
+from .patterns import PATTERNS
+from .signature import DtypeSignature
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SOURCE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx")
+
+#: Environment variable holding a comma-separated backend order, e.g. ``openblas,ref``.
+BACKENDS_ENV = "TIR_BYOC_BACKENDS"
+
+
+class BackendUnavailable(Exception):
+    """Raised by :attr:`Backend.locate` when the backend's library is not installed."""
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """How to compile and link against a backend's library."""
+
+    include_dirs: tuple[str, ...] = ()
+    library_dirs: tuple[str, ...] = ()
+    libraries: tuple[str, ...] = ()
+    compile_flags: tuple[str, ...] = ()
+    link_flags: tuple[str, ...] = ()
+
+
+def _no_library() -> LinkSpec:
+    return LinkSpec()
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A library that intrinsics call into.
+
+    Parameters
+    ----------
+    name : str
+        The first component of its intrinsics' names.
+    locate : callable
+        Returns the :class:`LinkSpec` for the installed library, or raises
+        :class:`BackendUnavailable` saying what is missing.  Called once per process.
+    description : str
+        One line for listings.
+    """
+
+    name: str
+    locate: Callable[[], LinkSpec] = _no_library
+    description: str = ""
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not _IDENTIFIER.match(self.name):
+            raise ValueError(f"backend name: expected a C identifier, got {self.name!r}")
+        if not callable(self.locate):
+            raise ValueError(f"backend {self.name!r}: expected a callable locate, got {self.locate!r}")
+
+
+@dataclass(frozen=True)
+class Intrinsic:
+    """A registered extern function implementing one pattern.
+
+    Parameters
+    ----------
+    name : str
+        ``<backend>.<variant>``, e.g. ``ref.dense_bias_relu``.
+    pattern : str
+        The pattern it implements, a key of :data:`tir_byoc.patterns.PATTERNS`.
+    extern_symbol : str
+        The C symbol, called as described in ``intrinsics/include/tir_byoc.h``.
+    dtypes : tuple of DtypeSignature
+        The dtype signatures it implements (strings such as ``"float32"`` or
+        ``"uint8,int8->int32"`` are parsed).
+    source : pathlib.Path
+        The C or C++ file that defines ``extern_symbol``.
+    priority : int
+        Higher wins when several intrinsics can serve a match.
+    check : callable, optional
+        ``check(match) -> str | None``: a shape constraint; returns why the intrinsic cannot
+        serve ``match``, or None if it can.
+    """
+
+    name: str
+    pattern: str
+    extern_symbol: str
+    dtypes: tuple[DtypeSignature, ...]
+    source: Path
+    priority: int = 0
+    check: Callable[[Match], str | None] | None = field(default=None, compare=False)
+
+    def __post_init__(self):
+        parts = self.name.split(".") if isinstance(self.name, str) else []
+        if len(parts) != 2 or not all(_IDENTIFIER.match(p) for p in parts):
+            raise ValueError(
+                f"intrinsic name: expected '<backend>.<variant>' such as 'ref.dense', "
+                f"got {self.name!r}"
+            )
+        if self.pattern not in PATTERNS:
+            raise ValueError(
+                f"intrinsic {self.name!r}: expected a pattern in {sorted(PATTERNS)}, "
+                f"got {self.pattern!r}"
+            )
+        if not isinstance(self.extern_symbol, str) or not _IDENTIFIER.match(self.extern_symbol):
+            raise ValueError(
+                f"intrinsic {self.name!r}: expected a C identifier as extern_symbol, "
+                f"got {self.extern_symbol!r}"
+            )
+        dtypes = (self.dtypes,) if isinstance(self.dtypes, (str, DtypeSignature)) else self.dtypes
+        try:
+            dtypes = tuple(DtypeSignature.parse(d) for d in dtypes)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"intrinsic {self.name!r}: {err}") from None
+        if not dtypes:
+            raise ValueError(f"intrinsic {self.name!r}: expected at least one dtype signature")
+        object.__setattr__(self, "dtypes", dtypes)
+        source = Path(self.source)
+        if source.suffix not in _SOURCE_SUFFIXES or not source.is_file():
+            raise ValueError(
+                f"intrinsic {self.name!r}: expected an existing C/C++ source file "
+                f"({', '.join(_SOURCE_SUFFIXES)}), got {str(self.source)!r}"
+            )
+        object.__setattr__(self, "source", source.resolve())
+        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+            raise ValueError(f"intrinsic {self.name!r}: expected an int priority, got {self.priority!r}")
+        if self.check is not None and not callable(self.check):
+            raise ValueError(f"intrinsic {self.name!r}: expected a callable check, got {self.check!r}")
+
+    @property
+    def backend(self) -> str:
+        return self.name.split(".")[0]
+
+    def unsupported(self, match: Match) -> str | None:
+        """Why this intrinsic cannot serve ``match`` (ignoring availability), or None."""
+        if match.pattern != self.pattern:
+            return f"implements {self.pattern}, not {match.pattern}"
+        if match.dtype not in self.dtypes:
+            supported = ", ".join(str(d) for d in self.dtypes)
+            return f"dtype {match.dtype} not supported (supports {supported})"
+        if self.check is not None:
+            return self.check(match)
+        return None
+
+
+class Registry:
+    """Intrinsics and backends by name."""
+
+    def __init__(self):
+        self._intrinsics: dict[str, Intrinsic] = {}
+        self._backends: dict[str, Backend] = {}
+
+    # Step 1. Registration.
+    def register(self, intrinsic: Intrinsic, *, override: bool = False) -> Intrinsic:
+        """Add ``intrinsic``; a duplicate name or symbol is a ValueError unless ``override``."""
+        if not isinstance(intrinsic, Intrinsic):
+            raise ValueError(f"expected an Intrinsic, got {type(intrinsic).__name__}")
+        if intrinsic.name in self._intrinsics and not override:
+            raise ValueError(f"intrinsic {intrinsic.name!r} is already registered")
+        for other in self._intrinsics.values():
+            if other.extern_symbol == intrinsic.extern_symbol and other.name != intrinsic.name:
+                raise ValueError(
+                    f"intrinsic {intrinsic.name!r}: extern symbol {intrinsic.extern_symbol!r} "
+                    f"is already used by {other.name!r}"
+                )
+        if intrinsic.backend not in self._backends:
+            self._backends[intrinsic.backend] = Backend(intrinsic.backend)
+        self._intrinsics[intrinsic.name] = intrinsic
+        return intrinsic
+
+    def register_backend(self, backend: Backend, *, override: bool = False) -> Backend:
+        """Describe how a backend's intrinsics link; register it before its intrinsics."""
+        if not isinstance(backend, Backend):
+            raise ValueError(f"expected a Backend, got {type(backend).__name__}")
+        existing = self._backends.get(backend.name)
+        if existing is not None and existing.locate is not _no_library and not override:
+            raise ValueError(f"backend {backend.name!r} is already registered")
+        self._backends[backend.name] = backend
+        return backend
+
+    def unregister(self, name: str) -> None:
+        """Remove the intrinsic ``name`` (its backend stays)."""
+        if name not in self._intrinsics:
+            raise ValueError(f"no intrinsic named {name!r}")
+        del self._intrinsics[name]
+
+    # Step 2. Queries.
+    def __iter__(self) -> Iterator[Intrinsic]:
+        return iter(sorted(self._intrinsics.values(), key=lambda i: i.name))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._intrinsics
+
+    def __getitem__(self, name: str) -> Intrinsic:
+        if name not in self._intrinsics:
+            raise KeyError(f"no intrinsic named {name!r}; registered: {sorted(self._intrinsics)}")
+        return self._intrinsics[name]
+
+    def backend(self, name: str) -> Backend:
+        if name not in self._backends:
+            raise KeyError(f"no backend named {name!r}; registered: {sorted(self._backends)}")
+        return self._backends[name]
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return tuple(sorted(self._backends))
+
+    def of_backend(self, backend: str) -> list[Intrinsic]:
+        return [i for i in self if i.backend == backend]
+
+    def by_symbol(self) -> dict[str, Intrinsic]:
+        return {i.extern_symbol: i for i in self._intrinsics.values()}
+
+
+#: The process-wide registry used by :func:`tir_byoc.scan` and :func:`tir_byoc.offload`.
+REGISTRY = Registry()
+
+
+def register_intrinsic(
+    name: str,
+    pattern: str,
+    extern_symbol: str,
+    source: str | os.PathLike,
+    dtypes: Sequence[str] | str = ("float32",),
+    *,
+    priority: int = 0,
+    check: Callable[[Match], str | None] | None = None,
+    registry: Registry | None = None,
+    override: bool = False,
+) -> Intrinsic:
+    """Register an extern C function as the implementation of a pattern.
+
+    Examples
+    --------
+    .. code-block:: python
+
+        tir_byoc.register_intrinsic(
+            "toy.dense_bias_relu", "dense_bias_relu", "toy_dense_bias_relu", "toy.c",
+            priority=100,
+        )
+    """
+    intrinsic = Intrinsic(name, pattern, extern_symbol, dtypes, Path(source), priority, check)
+    return (registry or REGISTRY).register(intrinsic, override=override)
+
+
+def register_backend(backend: Backend, *, registry: Registry | None = None, override=False):
+    """Register ``backend`` (see :class:`Backend`) in the process-wide registry."""
+    return (registry or REGISTRY).register_backend(backend, override=override)
+
+
+def backend_order(backends: Iterable[str] | str | None, registry: Registry) -> tuple[str, ...] | None:
+    """The backends allowed, in order: the argument, else ``$TIR_BYOC_BACKENDS``, else None."""
+    if backends is None:
+        backends = os.environ.get(BACKENDS_ENV) or None
+        source = f"${BACKENDS_ENV}"
+    else:
+        source = "backends"
+    if backends is None:
+        return None
+    if isinstance(backends, str):
+        backends = [b.strip() for b in backends.split(",") if b.strip()]
+    order = tuple(backends)
+    unknown = [b for b in order if b not in registry.backends]
+    if unknown or not order:
+        raise ValueError(
+            f"{source}: expected backend names from {list(registry.backends)}, got {list(order)}"
+        )
+    return order
+
+
+def choose(
+    match: Match,
+    registry: Registry,
+    unavailable: Callable[[str], str | None],
+    order: tuple[str, ...] | None = None,
+) -> Match:
+    """Return ``match`` with ``intrinsic`` set to the best intrinsic, or ``reason`` saying why none.
+
+    Parameters
+    ----------
+    unavailable : callable
+        ``unavailable(backend) -> str | None``, from :mod:`tir_byoc.toolchain`.
+    order : tuple of str, optional
+        Allowed backends, most preferred first; None means all, by intrinsic priority.
+    """
+    candidates = [i for i in registry if i.pattern == match.pattern]
+    if order is not None:
+        rank = {b: r for r, b in enumerate(order)}
+        candidates = [i for i in candidates if i.backend in rank]
+        candidates.sort(key=lambda i: (rank[i.backend], -i.priority, i.name))
+    else:
+        candidates.sort(key=lambda i: (-i.priority, i.name))
+    if not candidates:
+        allowed = f" among backends {list(order)}" if order is not None else ""
+        return replace(match, intrinsic=None, reason=f"no intrinsic registered for {match.pattern}{allowed}")
+    reasons = []
+    for intrinsic in candidates:
+        reason = intrinsic.unsupported(match) or unavailable(intrinsic.backend)
+        if reason is None:
+            return replace(match, intrinsic=intrinsic.name, reason=None)
+        reasons.append(f"{intrinsic.name}: {reason}")
+    return replace(match, intrinsic=None, reason="; ".join(reasons))

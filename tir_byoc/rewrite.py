@@ -1,0 +1,219 @@
+"""The rewriter: turn matches into sequential extern calls.  The only module that builds IR.
+
+Entry point: :func:`rewrite_function`.  Each :class:`~tir_byoc.match.Match` becomes one opaque
+SBlock, at the place of the last block of its chain::
+
+    with T.sblock("dense_bias_relu_ref"):
+        T.reads(X[0:M, 0:K], W[0:N, 0:K], b[0:N])
+        T.writes(Y[0:M, 0:N])
+        T.block_attr({"tir_byoc.intrinsic": "ref.dense_bias_relu", ...})
+        status: T.int32 = T.call_extern("int32", "tir_byoc_ref_dense_bias_relu",
+                                        T.address_of(X[0, 0]), ..., M, N, K, signature)
+        assert status == 0, "tir_byoc intrinsic ref.dense_bias_relu ... failed"
+
+The other blocks of the chain are removed, and so are the intermediates nothing reads any
+more.  Every statement the matches do not cover is kept as it is (the same objects).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tvm
+import tvm_ffi
+from tvm import ir, s_tir, tirx
+from tvm.tirx import _ffi_api as _tirx_ffi
+
+from .match import Match
+from .registry import Intrinsic
+
+#: Block annotation naming the intrinsic an offloaded block calls.
+INTRINSIC_ATTR = "tir_byoc.intrinsic"
+#: Block annotation listing the blocks it replaced.
+BLOCKS_ATTR = "tir_byoc.blocks"
+
+
+class RewriteError(RuntimeError):
+    """A match no longer fits the function it came from (a broken invariant)."""
+
+
+def _zero(dtype: str):
+    return tirx.IntImm(dtype, 0)
+
+
+def _pointer(buffer: ir.Var):
+    """Address of element 0 of ``buffer``; lowering adds the buffer's element offset."""
+    index_dtype = str(buffer.ty.shape[0].ty.dtype) if buffer.ty.shape else "int32"
+    return tirx.address_of(tirx.BufferLoad(buffer, [_zero(index_dtype) for _ in buffer.ty.shape]))
+
+
+def _whole(buffer: ir.Var):
+    ranges = [ir.Range.from_min_extent(_zero(str(e.ty.dtype)), e) for e in buffer.ty.shape]
+    return tirx.BufferRegion(buffer, ranges)
+
+
+def _as_int64(expr):
+    return expr if str(expr.ty.dtype) == "int64" else tirx.Cast("int64", expr)
+
+
+def call_block(match: Match, intrinsic: Intrinsic, name: str) -> s_tir.SBlockRealize:
+    """The opaque block that calls ``intrinsic`` for ``match``."""
+    operands = [match.x, match.w] + ([match.bias] if match.bias is not None else [])
+    args = [_pointer(b) for b in [*operands, match.out]]
+    args += [_as_int64(e) for e in (match.m, match.n, match.k)]
+    args.append(tirx.IntImm("int32", match.dtype.code))
+    call = tirx.call_extern("int32", intrinsic.extern_symbol, *args)
+    status = tirx.Var("status", "int32")
+    message = (
+        f"tir_byoc intrinsic {intrinsic.name} ({intrinsic.extern_symbol}) returned a non-zero "
+        f"status for blocks {', '.join(match.blocks)} of {match.func}; the codes are listed in "
+        "intrinsics/include/tir_byoc.h"
+    )
+    # The Python AssertStmt wrapper of TVM 0.27 passes its arguments to the FFI constructor in
+    # the wrong order; call the constructor (condition, kind, message parts, span) directly.
+    check = _tirx_ffi.AssertStmt(
+        status == tirx.IntImm("int32", 0),
+        ir.StringImm("RuntimeError"),
+        [ir.StringImm(message)],
+        None,
+    )
+    block = s_tir.SBlock(
+        iter_vars=[],
+        reads=[_whole(b) for b in operands],
+        writes=[_whole(match.out)],
+        name_hint=name,
+        body=tirx.SeqStmt([tirx.Bind(status, call), check]),
+        annotations={INTRINSIC_ATTR: intrinsic.name, BLOCKS_ATTR: ",".join(match.blocks)},
+    )
+    return s_tir.SBlockRealize([], True, block)
+
+
+def _block_names(func: tirx.PrimFunc) -> set[str]:
+    names = set()
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, lambda b: names.add(b.name_hint)))
+    return names
+
+
+def _referenced(stmt, buffers) -> set:
+    """Which of ``buffers`` are used in ``stmt``, not counting their own allocations."""
+    wanted = set(buffers)
+    found = set()
+
+    def on_var(var, _visitor):
+        if var in wanted:
+            found.add(var)
+
+    def on_block(block, visitor):
+        for part in (block.reads, block.writes, block.match_buffers, block.init, block.body):
+            if part is not None:
+                visitor.visit(part)
+
+    def on_allocation(_alloc, _visitor):
+        return None
+
+    tvm_ffi.structural_visit(
+        stmt, [(ir.Var, on_var), (s_tir.SBlock, on_block), (tirx.AllocBuffer, on_allocation)]
+    )
+    return found
+
+
+def rewrite_function(
+    func: tirx.PrimFunc, planned: Sequence[tuple[Match, Intrinsic]]
+) -> tirx.PrimFunc:
+    """Replace each planned match in ``func`` by a call to its intrinsic.
+
+    Parameters
+    ----------
+    func : tvm.tirx.PrimFunc
+        The function the matches were found in.
+    planned : sequence of (Match, Intrinsic)
+        The matches to offload and the intrinsic serving each.
+
+    Returns
+    -------
+    tvm.tirx.PrimFunc
+        The rewritten function; ``func`` itself if ``planned`` is empty.
+    """
+    if not planned:
+        return func
+    # Step 1. Decide, per statement, what replaces it (a call) or whether it goes.
+    taken = _block_names(func)
+    replacement, dropped = {}, set()
+    for match, intrinsic in planned:
+        name = _unique(f"{match.pattern}_{intrinsic.backend}", taken)
+        *earlier, last = match.stmts
+        replacement[last] = call_block(match, intrinsic, name)
+        dropped.update(earlier)
+    found = []
+
+    # Step 2. Rebuild the statement lists that hold them.
+    def on_seq(seq, mutator):
+        items = []
+        for stmt in seq.seq:
+            if stmt in replacement:
+                found.append(stmt)
+                items.append(replacement[stmt])
+            elif stmt in dropped:
+                found.append(stmt)
+            else:
+                items.append(mutator.mutate(stmt))
+        return items[0] if len(items) == 1 else tirx.SeqStmt(items)
+
+    def on_loop(loop, mutator):
+        if loop in replacement:  # a chain that is the whole body of its parent
+            found.append(loop)
+            return replacement[loop]
+        return mutator.default_mutate(loop)
+
+    body = tvm_ffi.structural_mutate(func.body, [(tirx.SeqStmt, on_seq), (tirx.For, on_loop)])
+    expected = len(replacement) + len(dropped)
+    if len(found) != expected or len(set(found)) != expected:
+        raise RewriteError(
+            f"{planned[0][0].func}: expected to replace {expected} loop nests once each, "
+            f"found {len(found)} (the matches do not come from this function)"
+        )
+    # Step 3. Drop the intermediates nothing uses any more.
+    intermediates = {v for match, _ in planned for v in match.intermediates}
+    dead = intermediates - _referenced(body, intermediates)
+    if dead:
+        body = _drop_allocations(body, dead)
+    return func.with_body(body)
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    candidate, suffix = name, 0
+    while candidate in taken:
+        suffix += 1
+        candidate = f"{name}_{suffix}"
+    taken.add(candidate)
+    return candidate
+
+
+def _drop_allocations(body, dead):
+    def on_block(block, mutator):
+        block = mutator.default_mutate(block)
+        kept = [b for b in block.alloc_buffers if b not in dead]
+        if len(kept) == len(block.alloc_buffers):
+            return block
+        return s_tir.SBlock(
+            block.iter_vars,
+            block.reads,
+            block.writes,
+            block.name_hint,
+            block.body,
+            block.init,
+            kept,
+            block.match_buffers,
+            block.annotations,
+            block.span,
+        )
+
+    def on_seq(seq, mutator):
+        items = [
+            mutator.mutate(s)
+            for s in seq.seq
+            if not (isinstance(s, tirx.AllocBuffer) and s.buffer in dead)
+        ]
+        return items[0] if len(items) == 1 else tirx.SeqStmt(items)
+
+    return tvm_ffi.structural_mutate(body, [(s_tir.SBlock, on_block), (tirx.SeqStmt, on_seq)])

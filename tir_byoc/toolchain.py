@@ -1,0 +1,228 @@
+"""Compiling and loading intrinsic libraries, and deciding whether a backend is available.
+
+Entry points: :func:`unavailable` (the one place that decides whether a backend can be used
+on this machine), :func:`load_backend` (compile on first use, then load so that
+``tvm.compile(mod, "llvm")`` resolves the extern symbols) and :func:`object_files` (what
+:func:`tir_byoc.export_library` links into an exported module).
+
+Builds are cached under ``$TIR_BYOC_CACHE_DIR`` (default ``~/.cache/tir_byoc``), keyed by the
+content of the sources and headers, the flags and the compiler, and written atomically so
+concurrent processes (MetaSchedule workers, test runners) can share the cache.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from .registry import REGISTRY, Backend, BackendUnavailable, LinkSpec, Registry
+
+CACHE_ENV = "TIR_BYOC_CACHE_DIR"
+_BASE_FLAGS = ("-O2", "-fPIC", "-fvisibility=hidden")
+_lock = threading.Lock()
+_loaded: dict[str, ctypes.CDLL] = {}
+
+
+class ToolchainError(RuntimeError):
+    """A compiler is missing, or an intrinsic library failed to compile."""
+
+
+def intrinsics_dir() -> Path:
+    """Where the bundled intrinsic sources live (installed package, or the source tree)."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "intrinsics", here.parent / "intrinsics"):
+        if (candidate / "include" / "tir_byoc.h").is_file():
+            return candidate
+    raise ToolchainError(
+        f"tir_byoc's intrinsic sources are missing: expected include/tir_byoc.h under "
+        f"{here / 'intrinsics'} or {here.parent / 'intrinsics'}; reinstall tir-byoc"
+    )
+
+
+def cache_dir() -> Path:
+    root = os.environ.get(CACHE_ENV)
+    if root:
+        return Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "tir_byoc"
+
+
+@dataclass(frozen=True)
+class Compiler:
+    path: str
+    version: str
+
+
+def _find(env: str, names: tuple[str, ...], language: str) -> Compiler:
+    requested = os.environ.get(env)
+    candidates = (requested,) if requested else names
+    for name in candidates:
+        path = shutil.which(name) if name else None
+        if path:
+            try:
+                version = subprocess.run(
+                    [path, "--version"], capture_output=True, text=True, timeout=30, check=False
+                ).stdout.splitlines()
+            except OSError:
+                continue
+            return Compiler(path, version[0] if version else "")
+    looked = f"${env}={requested!r}" if requested else ", ".join(names)
+    raise ToolchainError(
+        f"no {language} compiler found (looked for {looked}): install gcc "
+        f"(e.g. `apt-get install gcc g++`) or set {env}"
+    )
+
+
+@functools.cache
+def c_compiler() -> Compiler:
+    return _find("CC", ("cc", "gcc", "clang"), "C")
+
+
+@functools.cache
+def cxx_compiler() -> Compiler:
+    return _find("CXX", ("c++", "g++", "clang++"), "C++")
+
+
+def _compiler_for(sources) -> Compiler:
+    if any(Path(s).suffix != ".c" for s in sources):
+        return cxx_compiler()
+    return c_compiler()
+
+
+@functools.cache
+def _locate(backend: Backend) -> LinkSpec | str:
+    """The backend's LinkSpec, or why it is unavailable; asked once per process."""
+    try:
+        return backend.locate()
+    except BackendUnavailable as missing:
+        return f"backend {backend.name} unavailable: {missing}"
+
+
+def unavailable(backend: str, registry: Registry = REGISTRY) -> str | None:
+    """Why ``backend`` cannot be used on this machine (compiler or library missing), or None."""
+    spec = _locate(registry.backend(backend))
+    if isinstance(spec, str):
+        return spec
+    sources = [i.source for i in registry.of_backend(backend)]
+    try:
+        _compiler_for(sources)
+    except ToolchainError as err:
+        return str(err)
+    return None
+
+
+def _require(backend: str, registry: Registry) -> tuple[LinkSpec, list[Path], Compiler]:
+    reason = unavailable(backend, registry)
+    if reason is not None:
+        raise ToolchainError(reason)
+    spec = _locate(registry.backend(backend))
+    sources = sorted({i.source for i in registry.of_backend(backend)})
+    if not sources:
+        raise ToolchainError(f"backend {backend} has no registered intrinsics")
+    return spec, sources, _compiler_for(sources)
+
+
+def _fingerprint(compiler: Compiler, sources, flags) -> str:
+    digest = hashlib.sha256()
+    digest.update(f"{compiler.path}\0{compiler.version}\0{' '.join(flags)}".encode())
+    include = intrinsics_dir() / "include"
+    for path in [*sources, *sorted(include.glob("*.h"))]:
+        digest.update(str(path).encode() + b"\0" + Path(path).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _run(command: list[str], what: str) -> None:
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        first = next((line for line in result.stderr.splitlines() if "error" in line), None)
+        detail = first or (result.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ToolchainError(f"compiling {what} failed: {detail}")
+
+
+def _atomic_build(target: Path, build) -> Path:
+    """Run ``build(tmp_path)`` and move the result to ``target`` unless it already exists."""
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=target.suffix)
+    os.close(fd)
+    try:
+        build(Path(tmp))
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def _compile_flags(spec: LinkSpec) -> list[str]:
+    include = [f"-I{intrinsics_dir() / 'include'}", *(f"-I{d}" for d in spec.include_dirs)]
+    return [*_BASE_FLAGS, *include, *spec.compile_flags]
+
+
+def link_flags(spec: LinkSpec) -> list[str]:
+    """Linker flags for a backend's libraries, with an rpath so they are found at run time."""
+    flags = []
+    for directory in spec.library_dirs:
+        flags += [f"-L{directory}", f"-Wl,-rpath,{directory}"]
+    flags += [f"-l{lib}" for lib in spec.libraries]
+    return [*flags, *spec.link_flags]
+
+
+def object_files(backend: str, registry: Registry = REGISTRY) -> tuple[list[Path], list[str]]:
+    """Compile ``backend``'s sources to position-independent objects.
+
+    Returns
+    -------
+    objects, flags : list of Path, list of str
+        The object files and the linker flags their library needs.
+    """
+    spec, sources, compiler = _require(backend, registry)
+    flags = _compile_flags(spec)
+    objects = []
+    for source in sources:
+        key = _fingerprint(compiler, [source], flags)
+        target = cache_dir() / backend / f"{source.stem}-{key}.o"
+
+        def build(tmp, source=source):
+            _run([compiler.path, *flags, "-c", str(source), "-o", str(tmp)], str(source))
+
+        objects.append(_atomic_build(target, build))
+    return objects, link_flags(spec)
+
+
+def shared_library(backend: str, registry: Registry = REGISTRY) -> Path:
+    """Build (or find in the cache) the shared library of ``backend``'s intrinsics."""
+    spec, sources, compiler = _require(backend, registry)
+    objects, libs = object_files(backend, registry)
+    key = _fingerprint(compiler, sources, [*_compile_flags(spec), *libs])
+    target = cache_dir() / backend / f"libtir_byoc_{backend}-{key}.so"
+
+    def build(tmp):
+        _run(
+            [compiler.path, "-shared", *map(str, objects), "-o", str(tmp), *libs],
+            f"the {backend} intrinsic library",
+        )
+
+    return _atomic_build(target, build)
+
+
+def load_backend(backend: str, registry: Registry = REGISTRY) -> Path:
+    """Compile ``backend`` if needed and load it with global symbol visibility.
+
+    After this, code JIT-compiled by ``tvm.compile(..., "llvm")`` in this process resolves the
+    backend's extern symbols.
+    """
+    with _lock:
+        library = shared_library(backend, registry)
+        if str(library) not in _loaded:
+            _loaded[str(library)] = ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+    return library
