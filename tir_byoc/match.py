@@ -578,10 +578,16 @@ def _check_shape(buf, dims, names, extents: _Extents, what="output"):
         raise _Refused(f"{what} {buf.name} has {len(shape)} dimensions, expected {len(dims)}")
     for axis, (actual, expected, name) in enumerate(zip(shape, dims, names)):
         if not extents.equal(actual, expected):
+            iterator = {"M": "i", "N": "j", "K": "k"}[name]
             raise _Refused(
-                f"{name} runs over {_expr_text(expected)} but {what} {buf.name} has "
-                f"{_expr_text(actual)} along axis {axis} (the loops do not cover it whole)"
+                f"{iterator} runs over 0..{_last_index(expected)} of {_expr_text(actual)} "
+                f"(axis {axis} of {what} {buf.name}): the loops do not cover it whole"
             )
+
+
+def _last_index(extent) -> str:
+    value = _const_value(extent)
+    return str(value - 1) if value is not None else f"{_expr_text(extent)}-1"
 
 
 # --------------------------------------------------------------------------------------

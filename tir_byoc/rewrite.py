@@ -41,10 +41,13 @@ def _zero(dtype: str):
     return tirx.IntImm(dtype, 0)
 
 
-def _pointer(buffer: ir.Var):
-    """Address of element 0 of ``buffer``; lowering adds the buffer's element offset."""
-    index_dtype = str(buffer.ty.shape[0].ty.dtype) if buffer.ty.shape else "int32"
-    return tirx.address_of(tirx.BufferLoad(buffer, [_zero(index_dtype) for _ in buffer.ty.shape]))
+def _pointer(buffer: ir.Var, access: str):
+    """Pointer to the first element of ``buffer`` (its element offset included).
+
+    ``tvm_access_ptr`` declares the whole buffer as accessed, so that passes which shrink
+    allocations to the accessed region (``CompactBufferAllocation``) keep intermediates whole.
+    """
+    return buffer.access_ptr(access, ptr_type=str(buffer.ty.dtype))
 
 
 def _whole(buffer: ir.Var):
@@ -53,13 +56,15 @@ def _whole(buffer: ir.Var):
 
 
 def _as_int64(expr):
+    if isinstance(expr, tirx.IntImm):
+        return tirx.IntImm("int64", expr.value)
     return expr if str(expr.ty.dtype) == "int64" else tirx.Cast("int64", expr)
 
 
 def call_block(match: Match, intrinsic: Intrinsic, name: str) -> s_tir.SBlockRealize:
     """The opaque block that calls ``intrinsic`` for ``match``."""
     operands = [match.x, match.w] + ([match.bias] if match.bias is not None else [])
-    args = [_pointer(b) for b in [*operands, match.out]]
+    args = [_pointer(b, "r") for b in operands] + [_pointer(match.out, "w")]
     args += [_as_int64(e) for e in (match.m, match.n, match.k)]
     args.append(tirx.IntImm("int32", match.dtype.code))
     call = tirx.call_extern("int32", intrinsic.extern_symbol, *args)
