@@ -61,11 +61,11 @@ class DtypeSignature:
                 f"dtype signature: expected a string such as 'float32' or "
                 f"'float16,float16->float32', got {text!r}"
             )
-        if "->" not in text:
+        if "->" not in text and "," not in text:
             return cls(text.strip(), text.strip(), text.strip())
         inputs, _, out = text.partition("->")
         parts = [p.strip() for p in inputs.split(",")]
-        if len(parts) != 2:
+        if len(parts) != 2 or "->" not in text:
             raise ValueError(
                 f"dtype signature: expected 'x_dtype,w_dtype->out_dtype', got {text!r}"
             )

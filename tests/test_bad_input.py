@@ -1,0 +1,78 @@
+"""Bad input: clear one-line errors, or functions left exactly as they were."""
+
+import pytest
+import tvm
+from test_match import dense_bias_relu_blocks
+from tvm.script import tirx as T
+
+import tir_byoc
+
+
+@pytest.mark.parametrize("entry", [tir_byoc.scan, tir_byoc.explain, tir_byoc.offload])
+def test_not_a_module(entry):
+    with pytest.raises(TypeError, match="expected a tvm.IRModule or a tvm.tirx.PrimFunc, got int"):
+        entry(42)
+
+
+@T.prim_func
+def lowered_without_blocks(A: T.Buffer((4, 4), "float32"), B: T.Buffer((4, 4), "float32")):
+    for i in range(4):
+        for j in range(4):
+            B[i, j] = T.float32(0)
+            for k in range(4):
+                B[i, j] = B[i, j] + A[i, k] * A[j, k]
+
+
+def test_a_function_without_sblocks_is_left_alone():
+    assert tir_byoc.scan(lowered_without_blocks) == []
+    assert tir_byoc.explain(lowered_without_blocks) == []
+    assert tir_byoc.offload(lowered_without_blocks).same_as(lowered_without_blocks)
+
+
+@T.prim_func(s_tir=True)
+def row_sum(A: T.Buffer((4, 8), "float32"), S: T.Buffer((4,), "float32")):
+    for i, k in T.grid(4, 8):
+        with T.sblock("sum"):
+            vi, vk = T.axis.remap("SR", [i, k])
+            with T.init():
+                S[vi] = T.float32(0)
+            S[vi] = S[vi] + A[vi, vk]
+
+
+def test_a_reduction_that_multiplies_nothing_is_not_a_candidate():
+    assert tir_byoc.scan(row_sum) == [] and tir_byoc.explain(row_sum) == []
+    assert tir_byoc.offload(row_sum).same_as(row_sum)
+
+
+@T.prim_func(s_tir=True)
+def batched(
+    A: T.Buffer((2, 4, 8), "float32"), B: T.Buffer((2, 8, 5), "float32"), C: T.Buffer((2, 4, 5), "float32")
+):
+    for b, i, j, k in T.grid(2, 4, 5, 8):
+        with T.sblock("bmm"):
+            vb, vi, vj, vk = T.axis.remap("SSSR", [b, i, j, k])
+            with T.init():
+                C[vb, vi, vj] = T.float32(0)
+            C[vb, vi, vj] = C[vb, vi, vj] + A[vb, vi, vk] * B[vb, vk, vj]
+
+
+def test_a_batched_matmul_is_explained_not_matched():
+    assert tir_byoc.scan(batched) == []
+    (rejection,) = tir_byoc.explain(batched)
+    assert "3 spatial axes; the family is 2-D" in rejection.reason
+    assert str(rejection).startswith("batched: block bmm not offloaded")
+
+
+def test_an_unknown_backend_is_a_value_error():
+    with pytest.raises(ValueError, match=r"backends: expected backend names from \[.*'ref'.*\], got \['mkl'\]"):
+        tir_byoc.offload(dense_bias_relu_blocks, backends=["mkl"])
+
+
+def test_a_broken_registration_changes_nothing():
+    before = list(tir_byoc.REGISTRY)
+    with pytest.raises(ValueError):
+        tir_byoc.register_intrinsic("ref.dense", "dense", "tir_byoc_ref_dense", "/nonexistent.c")
+    assert list(tir_byoc.REGISTRY) == before
+    tvm.ir.assert_structural_equal(
+        tir_byoc.offload(dense_bias_relu_blocks), tir_byoc.offload(dense_bias_relu_blocks)
+    )

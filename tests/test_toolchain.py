@@ -1,0 +1,67 @@
+"""The toolchain: compile on first use, a content-keyed cache, clear errors when it cannot."""
+
+import textwrap
+
+import pytest
+import tvm
+from test_match import dense_bias_relu_blocks
+
+import tir_byoc
+from tir_byoc import toolchain
+from tir_byoc.registry import Registry
+
+
+@pytest.fixture
+def no_compiler(monkeypatch):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    toolchain.c_compiler.cache_clear()
+    toolchain.cxx_compiler.cache_clear()
+    yield
+    toolchain.c_compiler.cache_clear()
+    toolchain.cxx_compiler.cache_clear()
+
+
+def test_a_missing_compiler_is_reported_before_anything_changes(no_compiler):
+    match = tir_byoc.scan(dense_bias_relu_blocks)[0]
+    assert match.intrinsic is None
+    assert "no C compiler found (looked for $CC='/nonexistent/cc')" in match.reason
+    tvm.ir.assert_structural_equal(tir_byoc.offload(dense_bias_relu_blocks), dense_bias_relu_blocks)
+    with pytest.raises(ValueError, match="no C compiler found"):
+        tir_byoc.offload(dense_bias_relu_blocks, strict=True)
+    with pytest.raises(toolchain.ToolchainError, match="no C compiler found"):
+        toolchain.load_backend("ref")
+
+
+def test_a_compile_error_names_the_file_and_nothing_is_rewritten(tmp_path, monkeypatch):
+    monkeypatch.setenv(toolchain.CACHE_ENV, str(tmp_path / "cache"))
+    source = tmp_path / "broken.c"
+    source.write_text("int32_t broken_dense(void) { return undeclared_name; }\n")
+    registry = Registry()
+    tir_byoc.register_intrinsic(
+        "broken.dense_bias_relu", "dense_bias_relu", "broken_dense", source, registry=registry
+    )
+    with pytest.raises(toolchain.ToolchainError, match=r"compiling .*broken\.c failed: .*error"):
+        tir_byoc.offload(dense_bias_relu_blocks, registry=registry)
+
+
+def test_builds_are_cached_by_content(tmp_path, monkeypatch):
+    monkeypatch.setenv(toolchain.CACHE_ENV, str(tmp_path / "cache"))
+    source = tmp_path / "cached.c"
+    body = textwrap.dedent(
+        """
+        #include "tir_byoc.h"
+        TIR_BYOC_EXPORT int32_t cached_dense(const float *x, const float *w, float *y,
+                                             int64_t m, int64_t n, int64_t k, int32_t d) {
+          (void)x; (void)w; (void)y; (void)m; (void)n; (void)k; (void)d; return %d;
+        }
+        """
+    )
+    source.write_text(body % 0)
+    registry = Registry()
+    tir_byoc.register_intrinsic("cached.dense", "dense", "cached_dense", source, registry=registry)
+    first = toolchain.shared_library("cached", registry)
+    assert toolchain.shared_library("cached", registry) == first
+    assert first.is_relative_to(tmp_path / "cache")
+    source.write_text(body % 1)
+    assert toolchain.shared_library("cached", registry) != first
