@@ -10,7 +10,8 @@ import tir_byoc
 
 @pytest.mark.parametrize("entry", [tir_byoc.scan, tir_byoc.explain, tir_byoc.offload])
 def test_not_a_module(entry):
-    with pytest.raises(TypeError, match="expected a tvm.IRModule or a tvm.tirx.PrimFunc, got int"):
+    expected = r"expected a tvm\.IRModule or a tvm\.tirx\.PrimFunc, got int"
+    with pytest.raises(TypeError, match=expected):
         entry(42)
 
 
@@ -46,7 +47,9 @@ def test_a_reduction_that_multiplies_nothing_is_not_a_candidate():
 
 @T.prim_func(s_tir=True)
 def batched(
-    A: T.Buffer((2, 4, 8), "float32"), B: T.Buffer((2, 8, 5), "float32"), C: T.Buffer((2, 4, 5), "float32")
+    A: T.Buffer((2, 4, 8), "float32"),
+    B: T.Buffer((2, 8, 5), "float32"),
+    C: T.Buffer((2, 4, 5), "float32"),
 ):
     for b, i, j, k in T.grid(2, 4, 5, 8):
         with T.sblock("bmm"):
@@ -64,7 +67,9 @@ def test_a_batched_matmul_is_explained_not_matched():
 
 
 def test_an_unknown_backend_is_a_value_error():
-    with pytest.raises(ValueError, match=r"backends: expected backend names from \[.*'ref'.*\], got \['mkl'\]"):
+    with pytest.raises(
+        ValueError, match=r"backends: expected backend names from \[.*'ref'.*\], got \['mkl'\]"
+    ):
         tir_byoc.offload(dense_bias_relu_blocks, backends=["mkl"])
 
 

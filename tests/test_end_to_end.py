@@ -31,7 +31,10 @@ def _fresh_python(script: str, cwd: Path) -> str:
     check = "\nassert 'tir_byoc' not in sys.modules, 'the library needed tir_byoc'\n"
     result = subprocess.run(
         [sys.executable, "-c", guard + textwrap.dedent(script) + check],
-        cwd=cwd, capture_output=True, text=True, timeout=300,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout
@@ -93,7 +96,9 @@ def test_tir_executable_exports_and_runs_in_a_fresh_process(tmp_path):
     library = tir_byoc.export_library(executable, tmp_path / "layers.so")
     assert tir_byoc.export.used_backends(executable) == ["ref"]
     rng = np.random.default_rng(4)
-    x, w1, b1, w2 = (rng.standard_normal(s).astype("float32") for s in [(4, 6), (5, 6), (5,), (3, 5)])
+    x, w1, b1, w2 = (
+        rng.standard_normal(s).astype("float32") for s in [(4, 6), (5, 6), (5,), (3, 5)]
+    )
     np.savez(tmp_path / "io.npz", x=x, w1=w1, b1=b1, w2=w2)
     _fresh_python(
         f"""
@@ -111,7 +116,7 @@ def test_tir_executable_exports_and_runs_in_a_fresh_process(tmp_path):
 
 
 def test_export_rejects_what_is_not_a_built_module(tmp_path):
-    with pytest.raises(TypeError, match="expected the result of tvm.compile"):
+    with pytest.raises(TypeError, match=r"expected the result of tvm\.compile"):
         tir_byoc.export_library(two_layers, tmp_path / "x.so")
 
 
@@ -119,9 +124,22 @@ def test_a_non_editable_install_builds_and_runs_its_intrinsics(tmp_path):
     """``pip install .`` ships the C sources; the installed copy compiles them on first use."""
     target = tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--target", str(target), str(REPO)],
-        check=True, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     script = textwrap.dedent(
         """
@@ -140,7 +158,11 @@ def test_a_non_editable_install_builds_and_runs_its_intrinsics(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(target), "TIR_BYOC_CACHE_DIR": str(tmp_path / "c")}
     result = subprocess.run(
         [sys.executable, "-c", f"SITE = {str(target)!r}\n" + script],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert list((tmp_path / "c" / "ref").glob("libtir_byoc_ref-*.so"))

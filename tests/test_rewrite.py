@@ -153,7 +153,9 @@ def expected_two_layers(
 def test_two_chains_become_sequential_calls_through_an_allocated_intermediate():
     func = two_layers.with_attr("global_symbol", "main")
     offloaded = tir_byoc.offload(func)
-    tvm.ir.assert_structural_equal(offloaded, expected_two_layers.with_attr("global_symbol", "main"))
+    tvm.ir.assert_structural_equal(
+        offloaded, expected_two_layers.with_attr("global_symbol", "main")
+    )
     assert_equivalent(func, expect_calls={"ref.dense_bias_relu": 1, "ref.dense": 1})
 
 
@@ -235,7 +237,9 @@ def test_element_offsets_are_honoured():
     rng = np.random.default_rng(1)
     x_storage = rng.standard_normal((5, 4)).astype("float32")  # rows 2..4 are X
     w = rng.standard_normal((5, 4)).astype("float32")
-    built = tvm.compile(tvm.IRModule({"main": offloaded.with_attr("global_symbol", "main")}), "llvm")
+    built = tvm.compile(
+        tvm.IRModule({"main": offloaded.with_attr("global_symbol", "main")}), "llvm"
+    )
     x_base = tvm.runtime.tensor(x_storage)
     out_base = tvm.runtime.tensor(np.zeros((4, 5), "float32"))  # rows 1..3 are Out
     x_view = x_base._create_view((3, 4), "float32", 2 * 4 * 4)

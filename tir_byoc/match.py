@@ -480,7 +480,7 @@ def _analyze_reduction(nest: _Nest, extents: _Extents, index: _FunctionIndex) ->
         raise _Refused(
             f"the reduction combines with {type(value).__name__}, not + (a sum of products)"
         )
-    acc, product = _split_accumulate(value, out, vi, vj)
+    product = _split_accumulate(value, out, vi, vj)
     if not isinstance(product, tirx.Mul):
         raise _Refused(
             f"the reduction accumulates {type(product).__name__}, not a product of two buffers"
@@ -549,7 +549,7 @@ def _split_accumulate(value, out, vi, vj):
             and acc.indices[0].same_as(vi)
             and acc.indices[1].same_as(vj)
         ):
-            return acc, other
+            return other
     raise _Refused(f"the update does not add to {out.name}[{vi.name}, {vj.name}] itself")
 
 
@@ -677,9 +677,7 @@ class _EpilogueParser:
         return bool(found)
 
     def _bias_add(self, expr) -> tuple[str, ...]:
-        inner, bias = (
-            (expr.a, expr.b) if self._contains_source(expr.a) else (expr.b, expr.a)
-        )
+        inner, bias = (expr.a, expr.b) if self._contains_source(expr.a) else (expr.b, expr.a)
         if self._contains_source(bias):
             raise _Refused(f"adds {self.source.name} to itself")
         ops = self.parse(inner)
@@ -850,8 +848,7 @@ def _next_epilogue(consumers, members, current, core, ops, bias, intermediates, 
     inputs = {core.x, core.w, bias, epilogue.bias} - {None}
     if epilogue.out.same_as(current) or outputs & inputs:
         raise _Refused(
-            f"block {target.name} writes {epilogue.out.name}, which the chain also reads "
-            "(aliasing)"
+            f"block {target.name} writes {epilogue.out.name}, which the chain also reads (aliasing)"
         )
     if epilogue.out in index.views or epilogue.bias in index.views:
         raise _Refused(f"block {target.name} uses a buffer view that may alias another buffer")

@@ -36,9 +36,11 @@ class _Plan:
 
 def _as_module(mod_or_func) -> tuple[tvm.IRModule, bool]:
     if isinstance(mod_or_func, tirx.PrimFunc):
-        name = mod_or_func.attrs["global_symbol"] if mod_or_func.attrs and (
-            "global_symbol" in mod_or_func.attrs
-        ) else "main"
+        name = (
+            mod_or_func.attrs["global_symbol"]
+            if mod_or_func.attrs and ("global_symbol" in mod_or_func.attrs)
+            else "main"
+        )
         return tvm.IRModule({str(name): mod_or_func}), True
     if isinstance(mod_or_func, tvm.IRModule):
         return mod_or_func, False

@@ -69,7 +69,9 @@ class Backend:
         if not isinstance(self.name, str) or not _IDENTIFIER.match(self.name):
             raise ValueError(f"backend name: expected a C identifier, got {self.name!r}")
         if not callable(self.locate):
-            raise ValueError(f"backend {self.name!r}: expected a callable locate, got {self.locate!r}")
+            raise ValueError(
+                f"backend {self.name!r}: expected a callable locate, got {self.locate!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -137,9 +139,13 @@ class Intrinsic:
             )
         object.__setattr__(self, "source", source.resolve())
         if not isinstance(self.priority, int) or isinstance(self.priority, bool):
-            raise ValueError(f"intrinsic {self.name!r}: expected an int priority, got {self.priority!r}")
+            raise ValueError(
+                f"intrinsic {self.name!r}: expected an int priority, got {self.priority!r}"
+            )
         if self.check is not None and not callable(self.check):
-            raise ValueError(f"intrinsic {self.name!r}: expected a callable check, got {self.check!r}")
+            raise ValueError(
+                f"intrinsic {self.name!r}: expected a callable check, got {self.check!r}"
+            )
 
     @property
     def backend(self) -> str:
@@ -262,7 +268,9 @@ def register_backend(backend: Backend, *, registry: Registry | None = None, over
     return (registry or REGISTRY).register_backend(backend, override=override)
 
 
-def backend_order(backends: Iterable[str] | str | None, registry: Registry) -> tuple[str, ...] | None:
+def backend_order(
+    backends: Iterable[str] | str | None, registry: Registry
+) -> tuple[str, ...] | None:
     """The backends allowed, in order: the argument, else ``$TIR_BYOC_BACKENDS``, else None."""
     if backends is None:
         backends = os.environ.get(BACKENDS_ENV) or None
@@ -306,7 +314,9 @@ def choose(
         candidates.sort(key=lambda i: (-i.priority, i.name))
     if not candidates:
         allowed = f" among backends {list(order)}" if order is not None else ""
-        return replace(match, intrinsic=None, reason=f"no intrinsic registered for {match.pattern}{allowed}")
+        return replace(
+            match, intrinsic=None, reason=f"no intrinsic registered for {match.pattern}{allowed}"
+        )
     reasons = []
     for intrinsic in candidates:
         reason = intrinsic.unsupported(match) or unavailable(intrinsic.backend)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import tvm
 import tvm_ffi
 from tvm import ir, s_tir, tirx
 from tvm.tirx import _ffi_api as _tirx_ffi
