@@ -4,9 +4,10 @@ Positive cases check the reported match and that offloading keeps every buffer's
 negative cases check that nothing is offloaded, why, and that the function is unchanged.
 """
 
+import numpy as np
 import pytest
 import tvm
-from conftest import assert_equivalent, only_match, reasons
+from conftest import assert_equivalent, only_match, random_arguments, reasons, run
 from tvm.script import tirx as T
 
 import tir_byoc
@@ -62,10 +63,24 @@ def test_every_pattern_matches_its_own_description():
             assert match.shape == ("M", "N", "K")
 
 
-def test_pattern_descriptions_agree_with_the_reference_intrinsics():
+def numpy_pattern(name, x, w, b=None):
+    """What pattern ``name`` computes, in NumPy."""
+    pattern = PATTERNS[name]
+    y = x @ (w.T if pattern.layout == "dense" else w)
+    if pattern.has_bias:
+        y = y + b
+    return np.maximum(y, 0) if pattern.has_relu else y
+
+
+def test_pattern_descriptions_agree_with_the_reference_intrinsics_and_numpy():
     for name in PATTERNS:
         func = describe(name, index_dtype="int32")
-        assert_equivalent(func, sizes={"M": 3, "N": 7, "K": 5}, expect_calls={f"ref.{name}": 1})
+        offloaded = assert_equivalent(
+            func, sizes={"M": 3, "N": 7, "K": 5}, expect_calls={f"ref.{name}": 1}
+        )
+        arrays = random_arguments(func, {"M": 3, "N": 7, "K": 5})
+        *inputs, result = run(offloaded, arrays)
+        np.testing.assert_allclose(result, numpy_pattern(name, *inputs[:3]), rtol=1e-5, atol=1e-5)
 
 
 # --------------------------------------------------------------------------------------

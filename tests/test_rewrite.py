@@ -248,3 +248,19 @@ def test_element_offsets_are_honoured():
     result = out_base.numpy()
     np.testing.assert_allclose(result[1:], x_storage[2:] @ w.T, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(result[0], 0)
+
+
+def test_the_blocks_left_to_tvm_can_still_be_scheduled():
+    from test_match import unrelated_block_between
+
+    func = unrelated_block_between.with_attr("global_symbol", "main")
+    offloaded = tir_byoc.offload(func)
+    sch = tvm.s_tir.Schedule(offloaded)
+    for name in ("exp", "T_add"):
+        outer, inner = sch.get_loops(sch.get_sblock(name))
+        sch.parallel(outer)
+        sch.vectorize(inner)
+    assert intrinsic_calls(sch.mod["main"]) == {"ref.dense": 1}
+    arrays = random_arguments(func)
+    for want, got in zip(run(func, arrays), run(sch.mod["main"], arrays)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
