@@ -331,8 +331,9 @@ def output_aliases_input(W: T.Buffer((8, 8), "float32"), Out: T.Buffer((8, 8), "
 )
 def test_reduction_refusals(func, reason):
     assert tir_byoc.scan(func) == []
-    (found,) = reasons(func)
-    assert reason in found
+    (found,) = tir_byoc.explain(func)
+    assert reason in found.reason
+    assert found.blocks == ("dense",) and found.nearest == "dense"
     tvm.ir.assert_structural_equal(tir_byoc.offload(func), func)
 
 

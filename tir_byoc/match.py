@@ -280,6 +280,7 @@ class _FunctionIndex:
         self.owners: dict[ir.Var, dict[int, int]] = {}  # buffer -> {nest index or -1: count}
         self.sequences: dict[int, list[tirx.Stmt]] = {}
         self._visit(func.body, seq=-1, index=0)
+        self._positions = {(n.seq, n.index): p for p, n in enumerate(self.nests) if n.seq >= 0}
 
     # Step 1. Structure: find nests and allocations; count buffer uses per owner.
     def _visit(self, stmt, seq, index):
@@ -350,14 +351,10 @@ class _FunctionIndex:
         if nest.seq < 0:
             return None
         stmts = self.sequences[nest.seq]
-        for i in range(nest.index + 1, len(stmts)):
-            if isinstance(stmts[i], tirx.AllocBuffer):
-                continue
-            for position, other in enumerate(self.nests):
-                if other.seq == nest.seq and other.index == i:
-                    return position
-            return None
-        return None
+        following = nest.index + 1
+        while following < len(stmts) and isinstance(stmts[following], tirx.AllocBuffer):
+            following += 1
+        return self._positions.get((nest.seq, following))
 
 
 def _check_binding(nest: _Nest, extents: _Extents) -> None:
@@ -519,8 +516,27 @@ def _analyze_reduction(nest: _Nest, extents: _Extents, index: _FunctionIndex) ->
         )
     layout = "dense" if layout_key == "nk" else "matmul"
 
+    try:
+        return _check_reduction_buffers(
+            nest,
+            layout,
+            out,
+            x,
+            w,
+            (iter_i, iter_j, reduce[0]),
+            DtypeSignature(x_dtype, w_dtype, acc_dtype),
+            extents,
+            index,
+        )
+    except _Refused as refused:
+        raise _Refused(refused.reason, refused.nearest or layout) from None
+
+
+def _check_reduction_buffers(nest, layout, out, x, w, iters, dtype, extents, index) -> _Reduction:
+    """Steps 5 and 6 of :func:`_analyze_reduction`, once the operand roles are known."""
+    iter_i, iter_j, iter_k = iters
     # Step 5. Extents: the loops cover the whole output and the whole K.
-    m, n, k = iter_i.dom.extent, iter_j.dom.extent, reduce[0].dom.extent
+    m, n, k = iter_i.dom.extent, iter_j.dom.extent, iter_k.dom.extent
     _check_shape(out, (m, n), ("M", "N"), extents)
     _check_shape(x.source, (m, k), ("M", "K"), extents, what="input")
     w_dims = ((n, k), ("N", "K")) if layout == "dense" else ((k, n), ("K", "N"))
@@ -530,14 +546,12 @@ def _analyze_reduction(nest: _Nest, extents: _Extents, index: _FunctionIndex) ->
     for buf in (out, x.source, w.source):
         reason = _compact_global(buf)
         if reason:
-            raise _Refused(reason, layout)
+            raise _Refused(reason)
         if buf in index.views:
             raise _Refused(f"buffer {buf.name} is a view of another buffer and may alias it")
     if out.same_as(x.source) or out.same_as(w.source):
         raise _Refused(f"output {out.name} is also read as an operand (in-place update)")
-    return _Reduction(
-        nest, layout, x.source, w.source, out, m, n, k, DtypeSignature(x_dtype, w_dtype, acc_dtype)
-    )
+    return _Reduction(nest, layout, x.source, w.source, out, m, n, k, dtype)
 
 
 def _split_accumulate(value, out, vi, vj):
