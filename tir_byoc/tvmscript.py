@@ -252,7 +252,7 @@ def _section(body: str, type_vars: list[str]) -> str:
     if not type_vars:
         return body
     declare = "\n".join(f'{name} = TypeVar("{name}")' for name in type_vars)
-    return f"{declare}\n{body}\ndel {', '.join(type_vars)}"
+    return f"{declare}\n\n\n{body}\n\n\ndel {', '.join(type_vars)}"
 
 
 def write(definitions: list[Definition], path: str | Path, *, header: str = "") -> Path:
