@@ -174,6 +174,21 @@ def test_scan_notes_functions_without_blocks(capsys, symbolic_file):
     assert "note: no_blocks has no SBlocks (not S-TIR), so it was not scanned" in err
 
 
+def test_scan_qualifies_functions_of_modules_when_a_file_has_several(capsys, tmp_path):
+    path = tmp_path / "two.py"
+    path.write_text(
+        SYMBOLIC + "\n\nimport tvm\n\nModule = tvm.IRModule({'dense_relu': dense_relu})\n"
+    )
+    status, out, _ = run(capsys, "scan", path)
+    assert status == 0
+    assert [row.split()[0] for row in out.splitlines()[1:]] == ["dense_relu", "Module.dense_relu"]
+    _, out, _ = run(capsys, "scan", path, "--json")
+    assert [(r["definition"], r["function"]) for r in json.loads(out)] == [
+        ("dense_relu", "dense_relu"),
+        ("Module", "dense_relu"),
+    ]
+
+
 def test_scan_with_backends(capsys):
     status, out, _ = run(capsys, "scan", MLP, "--backends", "ref")
     assert status == 0 and out.count("ref.matmul_bias") == 2

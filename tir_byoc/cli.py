@@ -62,6 +62,8 @@ _STYLES = {"header": "1", "good": "32", "bad": "33", "dim": "2"}
 
 @dataclass(frozen=True)
 class Cell:
+    """One table cell; ``style`` (a key of ``_STYLES``) colours it on a terminal."""
+
     text: str
     style: str | None = None
 
@@ -80,6 +82,7 @@ class Table:
         self.rows.append(row)
 
     def render(self, *, colour: bool = False, width: int | None = None) -> str:
+        """The table as text; ``width`` (a terminal's) wraps the last column to fit."""
         header = [Cell(h, "header") for h in self.headers]
         rows = [header, *self.rows]
         widths = [max(len(row[i].text) for row in rows) for i in range(len(self.headers) - 1)]
