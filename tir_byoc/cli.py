@@ -548,7 +548,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (Failed, ToolchainError, RewriteError) as err:
         return _fail(err, EXIT_FAILED, args.debug)
     except BrokenPipeError:  # the reader went away (| head); not an error of ours
-        sys.stderr.close()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
     except Exception as err:
         if args.debug:
