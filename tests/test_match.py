@@ -320,10 +320,10 @@ def output_aliases_input(W: T.Buffer((8, 8), "float32"), Out: T.Buffer((8, 8), "
 @pytest.mark.parametrize(
     "func, reason",
     [
-        (init_to_one, "initialised to T.float32(1.0), not 0"),
+        (init_to_one, "the reduction is initialised to 1.0, not 0"),
         (partial_k, "k runs over 0..4 of 8 (axis 1 of input X)"),
         (partial_rows, "i runs over 0..2 of 4 (axis 0 of output Out)"),
-        (product_accumulation, "combines with Max, not +"),
+        (product_accumulation, "combines with max(), not +"),
         (mixed_up_indices, "do not read X[i, k]"),
         (output_aliases_input, "also read as an operand"),
     ],
@@ -556,3 +556,90 @@ def test_an_epilogue_that_overwrites_a_chain_input_is_not_fused():
     assert match.blocks == ("dense",)
     assert any("aliasing" in r for r in reasons(epilogue_writes_its_input))
     assert_equivalent(epilogue_writes_its_input, expect_calls={"ref.dense": 1})
+
+
+def test_an_epilogue_refusal_names_the_pattern_it_would_have_made():
+    nearest = {
+        "bias-row": tir_byoc.explain(bias_by_row)[0].nearest,
+        "leaky": tir_byoc.explain(leaky_relu)[0].nearest,
+        "subtract": tir_byoc.explain(bias_subtracted)[0].nearest,
+    }
+    assert nearest == {"bias-row": "dense_bias", "leaky": "dense_relu", "subtract": "dense"}
+
+
+# --------------------------------------------------------------------------------------
+# Candidates the chain search never reaches still get a reason.
+# --------------------------------------------------------------------------------------
+
+
+@T.prim_func(s_tir=True)
+def epilogues_after_a_refused_reduction(
+    X: T.Buffer((6, 8), "float32"),
+    W: T.Buffer((5, 8), "float32"),
+    B: T.Buffer((5,), "float32"),
+    Out: T.Buffer((6, 5), "float32"),
+):
+    Y = T.sblock_alloc_buffer((6, 5))
+    Z = T.sblock_alloc_buffer((6, 5))
+    for i, j, k in T.grid(6, 5, 8):
+        with T.sblock("dense"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                Y[vi, vj] = T.float32(1)
+            Y[vi, vj] = Y[vi, vj] + X[vi, vk] * W[vj, vk]
+    for i, j in T.grid(6, 5):
+        with T.sblock("T_add"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            Z[vi, vj] = Y[vi, vj] + B[vj]
+    for i, j in T.grid(6, 5):
+        with T.sblock("relu"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            Out[vi, vj] = T.max(Z[vi, vj], T.float32(0))
+
+
+def test_epilogues_of_a_refused_reduction_are_explained_with_it():
+    rejections = tir_byoc.explain(epilogues_after_a_refused_reduction)
+    assert [(r.blocks, r.nearest) for r in rejections] == [
+        (("dense",), "dense"),
+        (("T_add",), None),
+        (("relu",), None),
+    ]
+    assert rejections[1].reason == ("it reads Y, the output of block dense, which is not offloaded")
+    assert rejections[2].reason == ("it reads Z, the output of block T_add, which is not offloaded")
+    assert tir_byoc.scan(epilogues_after_a_refused_reduction) == []
+
+
+@T.prim_func(s_tir=True)
+def guarded_update(
+    X: T.Buffer((6, 8), "float32"), W: T.Buffer((5, 8), "float32"), Out: T.Buffer((6, 5), "float32")
+):
+    for i, j, k in T.grid(6, 5, 8):
+        with T.sblock("dense"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                Out[vi, vj] = T.float32(0)
+            if vk < 4:
+                Out[vi, vj] = Out[vi, vj] + X[vi, vk] * W[vj, vk]
+
+
+@T.prim_func(s_tir=True)
+def guarded_sum(A: T.Buffer((4, 8), "float32"), S: T.Buffer((4,), "float32")):
+    for i, k in T.grid(4, 8):
+        with T.sblock("sum"):
+            vi, vk = T.axis.remap("SR", [i, k])
+            with T.init():
+                S[vi] = T.float32(0)
+            if vk < 4:
+                S[vi] = S[vi] + A[vi, vk]
+
+
+def test_a_multiply_reduce_block_with_an_if_body_is_explained():
+    (rejection,) = tir_byoc.explain(guarded_update)
+    assert rejection.blocks == ("dense",) and rejection.nearest == "dense"
+    assert rejection.reason.startswith("the body of block dense is an if statement")
+    assert tir_byoc.scan(guarded_update) == []
+    tvm.ir.assert_structural_equal(tir_byoc.offload(guarded_update), guarded_update)
+
+
+def test_a_guarded_reduction_that_multiplies_nothing_is_not_a_candidate():
+    assert tir_byoc.explain(guarded_sum) == []

@@ -133,10 +133,11 @@ class FunctionScan:
 class _Refused(Exception):
     """Internal control flow: a block is not what the pattern needs (caught in this module)."""
 
-    def __init__(self, reason: str, nearest: str | None = None):
+    def __init__(self, reason: str, nearest: str | None = None, op: str | None = None):
         super().__init__(reason)
         self.reason = reason
         self.nearest = nearest
+        self.op = op  # the epilogue operation ("bias", "relu") being read when refused
 
 
 # --------------------------------------------------------------------------------------
@@ -150,6 +151,36 @@ def _expr_text(expr) -> str:
     if isinstance(expr, tirx.Var):
         return expr.name
     return str(expr)
+
+
+_OPERATION_WORDS = {
+    tirx.Add: "a sum (+)",
+    tirx.Sub: "a difference (-)",
+    tirx.Mul: "a product (*)",
+    tirx.Div: "a quotient (/)",
+    tirx.FloorDiv: "a floor division (//)",
+    tirx.FloorMod: "a remainder (%)",
+    tirx.Max: "max()",
+    tirx.Min: "min()",
+    tirx.Select: "select()",
+}
+
+
+def _operation_text(expr) -> str:
+    """What an expression computes, in the words of a TVMScript reader."""
+    for kind, words in _OPERATION_WORDS.items():
+        if isinstance(expr, kind):
+            return words
+    if isinstance(expr, ir.TensorLoad):
+        return f"a plain read of {expr.source.name}"
+    if isinstance(expr, tirx.Cast):
+        return f"a cast to {_dtype(expr)}"
+    if isinstance(expr, tirx.Call):
+        return f"a call to {getattr(expr.op, 'name', expr.op)}"
+    value = _const_value(expr)
+    if value is not None:
+        return f"the constant {value}"
+    return type(expr).__name__
 
 
 def _const_value(expr):
@@ -277,6 +308,7 @@ class _FunctionIndex:
         self.local = set()  # buffers allocated inside the function
         self.views = set()  # buffers declared over another's storage
         self.nests: list[_Nest] = []
+        self.inner_blocks: list[s_tir.SBlock] = []  # blocks that are not single-store leaves
         self.owners: dict[ir.Var, dict[int, int]] = {}  # buffer -> {nest index or -1: count}
         self.sequences: dict[int, list[tirx.Stmt]] = {}
         self._visit(func.body, seq=-1, index=0)
@@ -298,6 +330,7 @@ class _FunctionIndex:
                 self._visit(child, key, i)
         elif isinstance(stmt, s_tir.SBlockRealize):
             block = stmt.block
+            self.inner_blocks.append(block)
             self.local.update(block.alloc_buffers)
             self.views.update(m.buffer for m in block.match_buffers)
             for region in (*block.reads, *block.writes):
@@ -475,12 +508,12 @@ def _analyze_reduction(nest: _Nest, extents: _Extents, index: _FunctionIndex) ->
     value = store.value
     if not isinstance(value, tirx.Add):
         raise _Refused(
-            f"the reduction combines with {type(value).__name__}, not + (a sum of products)"
+            f"the reduction combines with {_operation_text(value)}, not + (a sum of products)"
         )
     product = _split_accumulate(value, out, vi, vj)
     if not isinstance(product, tirx.Mul):
         raise _Refused(
-            f"the reduction accumulates {type(product).__name__}, not a product of two buffers"
+            f"the reduction accumulates {_operation_text(product)}, not a product of two buffers"
         )
     acc_dtype = _dtype(out)
     if _dtype(value) != acc_dtype:
@@ -498,7 +531,9 @@ def _analyze_reduction(nest: _Nest, extents: _Extents, index: _FunctionIndex) ->
     ):
         raise _Refused(f"the init does not write {out.name}[{vi.name}, {vj.name}]")
     if not _is_zero(init.value):
-        raise _Refused(f"the reduction is initialised to {init.value}, not 0")
+        value = _const_value(init.value)
+        shown = value if value is not None else init.value
+        raise _Refused(f"the reduction is initialised to {shown}, not 0")
 
     # Step 4. Operands: which one is X[i, k], and how the weight is indexed.
     a, a_dtype = _unpack_operand(product.a, acc_dtype)
@@ -671,14 +706,14 @@ class _EpilogueParser:
         if isinstance(expr, tirx.Select):
             return self._relu_select(expr)
         if isinstance(expr, tirx.Min):
-            raise _Refused("applies min(): a clipped relu is not part of the family")
+            raise _Refused("applies min(): a clipped relu is not part of the family", op="relu")
         if isinstance(expr, tirx.Cast):
             raise _Refused(f"casts the result to {_dtype(expr)}")
         if isinstance(expr, tirx.Sub):
             raise _Refused("combines with -, not a bias add (+)")
         if isinstance(expr, tirx.Mul):
             raise _Refused("multiplies the result (a scale or leaky relu is not in the family)")
-        raise _Refused(f"computes {type(expr).__name__}, which is not a bias add or a relu")
+        raise _Refused(f"computes {_operation_text(expr)}, which is not a bias add or a relu")
 
     def _contains_source(self, expr) -> bool:
         found = []
@@ -693,13 +728,16 @@ class _EpilogueParser:
     def _bias_add(self, expr) -> tuple[str, ...]:
         inner, bias = (expr.a, expr.b) if self._contains_source(expr.a) else (expr.b, expr.a)
         if self._contains_source(bias):
-            raise _Refused(f"adds {self.source.name} to itself")
+            raise _Refused(f"adds {self.source.name} to itself", op="bias")
         ops = self.parse(inner)
         if not isinstance(bias, ir.TensorLoad):
             value = _const_value(bias)
             what = f"the constant {value}" if value is not None else str(bias)
-            raise _Refused(f"adds {what}, not a bias vector b[j]")
-        self._check_bias(bias)
+            raise _Refused(f"adds {what}, not a bias vector b[j]", op="bias")
+        try:
+            self._check_bias(bias)
+        except _Refused as refused:
+            raise _Refused(refused.reason, op="bias") from None
         return (*ops, "bias")
 
     def _check_bias(self, load):
@@ -741,11 +779,15 @@ class _EpilogueParser:
             if self._contains_source(value) and not self._contains_source(bound):
                 threshold = _const_value(bound)
                 if threshold is None:
-                    raise _Refused(f"max() against {bound}, not against 0 (a relu needs 0)")
+                    raise _Refused(
+                        f"max() against {bound}, not against 0 (a relu needs 0)", op="relu"
+                    )
                 if threshold != 0:
-                    raise _Refused(f"relu threshold is {threshold}, not 0")
+                    raise _Refused(f"relu threshold is {threshold}, not 0", op="relu")
                 return (*self.parse(value), "relu")
-        raise _Refused("max() of two computed values (a leaky relu is not in the family)")
+        raise _Refused(
+            "max() of two computed values (a leaky relu is not in the family)", op="relu"
+        )
 
     def _relu_select(self, expr) -> tuple[str, ...]:
         cond, then, other = expr.condition, expr.true_value, expr.false_value
@@ -754,8 +796,10 @@ class _EpilogueParser:
                 continue
             if _is_relu_condition(cond, value, keep_when):
                 return (*self.parse(value), "relu")
-            raise _Refused(f"select() condition {cond} does not compare the value with 0")
-        raise _Refused("select() does not choose between the value and 0")
+            raise _Refused(
+                f"select() condition {cond} does not compare the value with 0", op="relu"
+            )
+        raise _Refused("select() does not choose between the value and 0", op="relu")
 
 
 def _is_relu_condition(cond, value, keep_when) -> bool:
@@ -793,12 +837,14 @@ def _extend_chain(start: int, core: _Reduction, index: _FunctionIndex, extents, 
         consumers = [owner for owner in index.owners.get(current, {}) if owner not in members]
         if not consumers:
             break
-        nearest = pattern_for(core.layout, ops).name
         try:
             epilogue = _next_epilogue(
                 consumers, members, current, core, ops, bias, intermediates, index, extents
             )
         except _Refused as refused:
+            # The nearest pattern is the one the refused operation would have made, if any.
+            attempted = pattern_for(core.layout, (*ops, refused.op)) if refused.op else None
+            nearest = (attempted or pattern_for(core.layout, ops)).name
             for owner in consumers:
                 if owner >= 0 and _is_spatial(index.nests[owner].block):
                     target = index.nests[owner]
@@ -873,6 +919,54 @@ def _is_spatial(block) -> bool:
     return all(iv.iter_type == _DATA_PAR for iv in block.iter_vars)
 
 
+def _stranded_epilogues(start: int, index: _FunctionIndex, func_name: str):
+    """Elementwise blocks downstream of a refused reduction: (position, Rejection) pairs."""
+    rejections, seen = [], {start}
+    pending = [start]
+    while pending:
+        producer = index.nests[pending.pop(0)]
+        written = producer.block.body.buffer
+        for owner in index.owners.get(written, {}):
+            if owner < 0 or owner in seen or not _is_spatial(index.nests[owner].block):
+                continue
+            seen.add(owner)
+            pending.append(owner)
+            reason = (
+                f"it reads {written.name}, the output of block {producer.name}, which is not "
+                "offloaded"
+            )
+            target = index.nests[owner].name
+            rejections.append((owner, Rejection(func_name, (target,), None, reason)))
+    return rejections
+
+
+_STATEMENT_WORDS = {
+    tirx.IfThenElse: "an if statement",
+    tirx.SeqStmt: "several statements",
+    tirx.For: "a loop",
+}
+
+
+def _unreadable_candidates(index: _FunctionIndex, func_name: str) -> list[Rejection]:
+    """Multiply-reduce blocks whose body is not one store (an if, several statements, ...)."""
+    rejections = []
+    for block in index.inner_blocks:
+        nested = []
+        tvm_ffi.structural_walk(block.body, (s_tir.SBlock, nested.append))
+        if nested or not _looks_like_gemm(block):
+            continue
+        body = next(
+            (w for kind, w in _STATEMENT_WORDS.items() if isinstance(block.body, kind)),
+            type(block.body).__name__,
+        )
+        reason = (
+            f"the body of block {block.name_hint} is {body}, not a single store "
+            "Y[i, j] = Y[i, j] + X[i, k] * W[.., ..]"
+        )
+        rejections.append(Rejection(func_name, (block.name_hint,), "dense", reason))
+    return rejections
+
+
 def is_s_tir(func: tirx.PrimFunc) -> bool:
     """True if ``func`` is written with SBlocks (S-TIR), the form tir_byoc matches."""
     return isinstance(func.body, s_tir.SBlockRealize)
@@ -897,6 +991,7 @@ def scan_function(name: str, func: tirx.PrimFunc) -> FunctionScan:
     index = _FunctionIndex(func)
     extents = _Extents()
     matches, rejections, covered = [], [], set()
+    stranded = []
     for position, nest in enumerate(index.nests):
         if position in covered or not _looks_like_gemm(nest.block):
             continue
@@ -905,11 +1000,14 @@ def scan_function(name: str, func: tirx.PrimFunc) -> FunctionScan:
         except _Refused as refused:
             nearest = refused.nearest or "dense"
             rejections.append(Rejection(name, (nest.name,), nearest, refused.reason))
+            stranded += _stranded_epilogues(position, index, name)
             continue
         match, refused, members = _extend_chain(position, core, index, extents, name)
         covered.update(members)
         matches.append(match)
         rejections.extend(refused)
+    rejections += [r for position, r in stranded if position not in covered]
+    rejections += _unreadable_candidates(index, name)
     return FunctionScan(name, tuple(matches), tuple(rejections))
 
 

@@ -1,0 +1,567 @@
+"""The command line: ``tir-byoc scan | explain | offload | intrinsics | demo``.
+
+Entry point: :func:`main`, installed as ``tir-byoc`` (also ``python -m tir_byoc``).  Each
+subcommand is a thin wrapper over :func:`tir_byoc.scan`, :func:`tir_byoc.explain` or
+:func:`tir_byoc.offload`, applied to the IRModules and PrimFuncs a TVMScript file defines
+(:mod:`tir_byoc.tvmscript`).
+
+stdout carries the table (or the JSON) and nothing else; notes go to stderr.  A mistake in
+the input is one line on stderr and exit status 2; work that could not be done (a compiler
+failed, a result is wrong) is one line and status 1.  ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import json
+import logging
+import os
+import shutil
+import sys
+import textwrap
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import tvm
+from tvm import tirx
+
+from . import toolchain, tvmscript
+from .match import Match, Rejection, is_s_tir
+from .offload import explain, offload, scan
+from .registry import REGISTRY, backend_order
+from .rewrite import RewriteError
+from .toolchain import ToolchainError
+from .tvmscript import Definition, ScriptError
+
+PROG = "tir-byoc"
+
+#: Version of the ``--json`` record layouts (see the README); bumped on any incompatible change.
+SCHEMA_VERSION = 1
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """Bad input on the command line; the message is one line."""
+
+
+class Failed(Exception):
+    """The work asked for could not be done; the message is one line."""
+
+
+# --------------------------------------------------------------------------------------
+# Tables
+# --------------------------------------------------------------------------------------
+
+_STYLES = {"header": "1", "good": "32", "bad": "33", "dim": "2"}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One table cell; ``style`` (a key of ``_STYLES``) colours it on a terminal."""
+
+    text: str
+    style: str | None = None
+
+
+class Table:
+    """Aligned columns; the last one wraps to the terminal width when there is one."""
+
+    def __init__(self, headers: Sequence[str]):
+        self.headers = list(headers)
+        self.rows: list[list[Cell]] = []
+
+    def add(self, *cells) -> None:
+        row = [c if isinstance(c, Cell) else Cell(str(c)) for c in cells]
+        if len(row) != len(self.headers):
+            raise ValueError(f"expected {len(self.headers)} cells, got {len(row)}")
+        self.rows.append(row)
+
+    def render(self, *, colour: bool = False, width: int | None = None) -> str:
+        """The table as text; ``width`` (a terminal's) wraps the last column to fit."""
+        header = [Cell(h, "header") for h in self.headers]
+        rows = [header, *self.rows]
+        widths = [max(len(row[i].text) for row in rows) for i in range(len(self.headers) - 1)]
+        indent = sum(widths) + 2 * len(widths)
+        last_width = max(20, width - indent - 1) if width else None
+        lines = []
+        for row in rows:
+            *leading, last = row
+            prefix = "".join(
+                _paint(cell.text, cell.style, colour) + " " * (w - len(cell.text) + 2)
+                for cell, w in zip(leading, widths)
+            )
+            pieces = textwrap.wrap(last.text, last_width) if last_width else [last.text]
+            pieces = pieces or [""]
+            lines.append(prefix + _paint(pieces[0], last.style, colour))
+            lines += [" " * indent + _paint(p, last.style, colour) for p in pieces[1:]]
+        return "\n".join(line.rstrip() for line in lines)
+
+
+def _paint(text: str, style: str | None, colour: bool) -> str:
+    if not colour or style is None or not text:
+        return text
+    return f"\033[{_STYLES[style]}m{text}\033[0m"
+
+
+@dataclass(frozen=True)
+class _Output:
+    """Where and how to print: stdout for results, stderr for notes."""
+
+    colour: bool
+    width: int | None
+
+    @classmethod
+    def for_stdout(cls, when: str) -> _Output:
+        tty = sys.stdout.isatty()
+        if when == "auto":
+            colour = tty and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
+        else:
+            colour = when == "always"
+        width = shutil.get_terminal_size().columns if tty else None
+        return cls(colour, width)
+
+    def table(self, table: Table) -> None:
+        print(table.render(colour=self.colour, width=self.width))
+
+    @staticmethod
+    def json(records) -> None:
+        print(json.dumps(records, indent=2))
+
+    @staticmethod
+    def note(text: str) -> None:
+        print(text, file=sys.stderr)
+
+
+# --------------------------------------------------------------------------------------
+# Records: one per match, per rejection, per intrinsic (the --json schema)
+# --------------------------------------------------------------------------------------
+
+
+def _extent(expr) -> int | str:
+    """A static extent as an int; a symbolic one by name (or as its expression)."""
+    if isinstance(expr, tirx.IntImm):
+        return int(expr.value)
+    if isinstance(expr, tirx.Var):
+        return expr.name
+    return str(expr)
+
+
+def match_record(definition: Definition, match: Match) -> dict:
+    """The ``--json`` object of ``scan`` for one match (schema in the README)."""
+    intrinsic = REGISTRY[match.intrinsic] if match.intrinsic else None
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "definition": definition.name,
+        "function": match.func,
+        "blocks": list(match.blocks),
+        "pattern": match.pattern,
+        "dtype": str(match.dtype),
+        "dtypes": {"x": match.dtype.x, "w": match.dtype.w, "out": match.dtype.out},
+        "m": _extent(match.m),
+        "n": _extent(match.n),
+        "k": _extent(match.k),
+        "buffers": match.buffers,
+        "intermediates": [v.name for v in match.intermediates],
+        "intrinsic": match.intrinsic,
+        "backend": intrinsic.backend if intrinsic else None,
+        "extern_symbol": intrinsic.extern_symbol if intrinsic else None,
+        "reason": match.reason,
+    }
+
+
+def rejection_record(definition: Definition, rejection: Rejection) -> dict:
+    """The ``--json`` object of ``explain`` for one refused candidate."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "definition": definition.name,
+        "function": rejection.func,
+        "blocks": list(rejection.blocks),
+        "nearest": rejection.nearest,
+        "reason": rejection.reason,
+    }
+
+
+def intrinsic_record(intrinsic) -> dict:
+    """The ``--json`` object of ``intrinsics`` for one registered intrinsic."""
+    missing = toolchain.unavailable(intrinsic.backend, REGISTRY)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "intrinsic": intrinsic.name,
+        "pattern": intrinsic.pattern,
+        "dtypes": [str(d) for d in intrinsic.dtypes],
+        "backend": intrinsic.backend,
+        "extern_symbol": intrinsic.extern_symbol,
+        "priority": intrinsic.priority,
+        "source": str(intrinsic.source),
+        "available": missing is None,
+        "unavailable_reason": missing,
+    }
+
+
+# --------------------------------------------------------------------------------------
+# Input
+# --------------------------------------------------------------------------------------
+
+
+def _load_plugins(plugins: Sequence[str]) -> None:
+    """Import plugin files or modules (they register intrinsics) before anything runs."""
+    for plugin in plugins:
+        if plugin.endswith(".py") or os.sep in plugin:
+            tvmscript.import_file(plugin)
+            continue
+        try:
+            importlib.import_module(plugin)
+        except ImportError as err:
+            raise UsageError(f"plugin {plugin}: cannot import it ({err})") from None
+        except Exception as err:  # the plugin's own code failed
+            raise UsageError(f"plugin {plugin}: importing it raised {_typed(err)}") from None
+
+
+def _definitions(args) -> list[Definition]:
+    definitions = tvmscript.load(args.file)
+    func = getattr(args, "func", None)
+    if func is not None:
+        names = sorted({name for d in definitions for name in _functions(d)})
+        if func not in names:
+            raise UsageError(
+                f"{args.file}: no PrimFunc named {func!r}; it defines {', '.join(names)}"
+            )
+    return definitions
+
+
+def _functions(definition: Definition) -> dict:
+    """Name -> PrimFunc of a definition."""
+    return {
+        gvar.name_hint: func
+        for gvar, func in definition.module.functions_items()
+        if isinstance(func, tirx.PrimFunc)
+    }
+
+
+def _check_backends(args) -> None:
+    try:
+        backend_order(args.backends, REGISTRY)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def _note_unscanned(definitions: list[Definition], func: str | None, out: _Output) -> None:
+    for definition in definitions:
+        for name, prim_func in _functions(definition).items():
+            if (func is None or name == func) and not is_s_tir(prim_func):
+                out.note(f"note: {name} has no SBlocks (not S-TIR), so it was not scanned")
+
+
+def _function_label(definition: Definition, func: str, qualify: bool) -> str:
+    if qualify and isinstance(definition.value, tvm.IRModule):
+        return f"{definition.name}.{func}"
+    return func
+
+
+# --------------------------------------------------------------------------------------
+# Subcommands
+# --------------------------------------------------------------------------------------
+
+
+def _scan_rows(definitions, args) -> list[tuple[Definition, Match]]:
+    func = getattr(args, "func", None)
+    return [
+        (definition, match)
+        for definition in definitions
+        for match in scan(definition.module, backends=args.backends)
+        if func is None or match.func == func
+    ]
+
+
+def _match_table(rows, qualify: bool) -> Table:
+    table = Table(["FUNCTION", "BLOCKS", "PATTERN", "DTYPE", "M", "N", "K", "BACKEND", "INTRINSIC"])
+    for definition, match in rows:
+        if match.intrinsic:
+            backend = Cell(REGISTRY[match.intrinsic].backend)
+            served = Cell(match.intrinsic, "good")
+        else:
+            backend, served = Cell("-", "dim"), Cell(f"none: {match.reason}", "bad")
+        table.add(
+            _function_label(definition, match.func, qualify),
+            ", ".join(match.blocks),
+            match.pattern,
+            str(match.dtype),
+            *match.shape,
+            backend,
+            served,
+        )
+    return table
+
+
+def cmd_scan(args, out: _Output) -> int:
+    """``scan FILE.py``: every chain found, with the intrinsic chosen or why none was."""
+    _check_backends(args)
+    definitions = _definitions(args)
+    rows = _scan_rows(definitions, args)
+    if args.json:
+        out.json([match_record(d, m) for d, m in rows])
+        return EXIT_OK
+    _note_unscanned(definitions, args.func, out)
+    if rows:
+        out.table(_match_table(rows, qualify=len(definitions) > 1))
+    served = sum(1 for _, m in rows if m.intrinsic)
+    functions = sum(len(_functions(d)) for d in definitions) if args.func is None else 1
+    summary = f"{len(rows)} chain(s) in {functions} PrimFunc(s), {served} with an intrinsic"
+    refused = [
+        r
+        for d in definitions
+        for r in explain(d.module)
+        if args.func is None or r.func == args.func
+    ]
+    if refused:
+        summary += f"; {len(refused)} candidate block(s) refused: tir-byoc explain {args.file}"
+    out.note(summary)
+    return EXIT_OK
+
+
+def cmd_explain(args, out: _Output) -> int:
+    """``explain FILE.py``: candidate blocks that were not matched, and why."""
+    definitions = _definitions(args)
+    rows = [
+        (definition, rejection)
+        for definition in definitions
+        for rejection in explain(definition.module)
+        if args.func is None or rejection.func == args.func
+    ]
+    if args.json:
+        out.json([rejection_record(d, r) for d, r in rows])
+        return EXIT_OK
+    _note_unscanned(definitions, args.func, out)
+    if not rows:
+        out.note(f"nothing to explain: no candidate block was refused in {args.file}")
+        return EXIT_OK
+    qualify = len(definitions) > 1
+    table = Table(["FUNCTION", "BLOCKS", "NEAREST", "WHY NOT"])
+    for definition, rejection in rows:
+        table.add(
+            _function_label(definition, rejection.func, qualify),
+            ", ".join(rejection.blocks),
+            Cell(rejection.nearest or "-", None if rejection.nearest else "dim"),
+            Cell(rejection.reason, "bad"),
+        )
+    out.table(table)
+    return EXIT_OK
+
+
+def cmd_offload(args, out: _Output) -> int:
+    """``offload FILE.py -o OUT.py``: write the rewritten definitions as TVMScript."""
+    _check_backends(args)
+    output = Path(args.output)
+    if output.exists() and output.resolve() == Path(args.file).resolve():
+        raise UsageError(f"{output}: refusing to overwrite the input file; choose another -o")
+    if not output.parent.is_dir():
+        raise UsageError(f"{output}: directory {output.parent} does not exist")
+    definitions = _definitions(args)
+    rows = _scan_rows(definitions, args)
+    offloaded = []
+    for definition in definitions:
+        try:
+            module = offload(definition.module, backends=args.backends, strict=args.strict)
+        except ValueError as err:  # strict, and some match has no intrinsic
+            raise Failed(_one_line(err)) from None
+        offloaded.append(definition.replaced(module))
+    header = (
+        f"Written by `tir-byoc offload` from {args.file}.\n"
+        "Offloaded blocks call tir_byoc intrinsics with T.call_extern: before tvm.compile,\n"
+        "load their libraries in the process (tir_byoc.toolchain.load_backend), and export\n"
+        "with tir_byoc.export_library so the library is linked in."
+    )
+    tvmscript.write(offloaded, output, header=header)
+    if rows:
+        out.table(_match_table(rows, qualify=len(definitions) > 1))
+    served = sum(1 for _, m in rows if m.intrinsic)
+    out.note(f"wrote {output}: {served} chain(s) offloaded, {len(rows) - served} left to TVM")
+    return EXIT_OK
+
+
+def cmd_intrinsics(args, out: _Output) -> int:
+    """``intrinsics``: what is registered, and whether it can run on this machine."""
+    records = [intrinsic_record(i) for i in REGISTRY]
+    if args.json:
+        out.json(records)
+        return EXIT_OK
+    table = Table(["INTRINSIC", "PATTERN", "DTYPES", "BACKEND", "PRIORITY", "SYMBOL", "AVAILABLE"])
+    for record in records:
+        missing = record["unavailable_reason"]
+        table.add(
+            record["intrinsic"],
+            record["pattern"],
+            ", ".join(record["dtypes"]),
+            record["backend"],
+            record["priority"],
+            record["extern_symbol"],
+            Cell("yes", "good") if missing is None else Cell(f"no: {missing}", "bad"),
+        )
+    out.table(table)
+    return EXIT_OK
+
+
+def cmd_demo(args, out: _Output) -> int:
+    """``demo``: the forum MLP, lowered by Relax, offloaded, built, run, checked."""
+    from . import demo  # imports Relax's frontend; only this subcommand needs it
+
+    demo.run(out=sys.stdout)
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------------------
+# Parser and main
+# --------------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors."""
+
+    def error(self, message):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``tir-byoc`` argument parser."""
+    # Options accepted before or after the subcommand; after it, they override.
+    common = argparse.ArgumentParser(add_help=False)
+    _add_common(common, default=argparse.SUPPRESS)
+    parser = _Parser(
+        prog=PROG,
+        description="Offload dense/matmul + bias + relu loop nests in TVMScript files to C "
+        "intrinsics, and explain the ones that are not offloaded.",
+    )
+    _add_common(parser, default=None)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
+
+    def command(name, handler, help_text):
+        sub = commands.add_parser(name, parents=[common], help=help_text, description=help_text)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    scan_parser = command(
+        "scan", cmd_scan, "list the chains a TVMScript file holds and their intrinsics"
+    )
+    _add_file(scan_parser)
+    scan_parser.add_argument(
+        "--json", action="store_true", help="JSON records (schema in the README)"
+    )
+    scan_parser.add_argument("--func", metavar="NAME", help="only the PrimFunc NAME")
+    _add_backends(scan_parser)
+
+    explain_parser = command("explain", cmd_explain, "say why candidate blocks were not offloaded")
+    _add_file(explain_parser)
+    explain_parser.add_argument("--func", metavar="NAME", help="only the PrimFunc NAME")
+    explain_parser.add_argument(
+        "--json", action="store_true", help="JSON records (schema in the README)"
+    )
+
+    offload_parser = command("offload", cmd_offload, "write the offloaded module as TVMScript")
+    _add_file(offload_parser)
+    offload_parser.add_argument(
+        "-o", "--output", required=True, metavar="OUT.py", help="file to write"
+    )
+    offload_parser.add_argument(
+        "--strict", action="store_true", help="fail if some chain has no intrinsic"
+    )
+    _add_backends(offload_parser)
+
+    intrinsics_parser = command("intrinsics", cmd_intrinsics, "list the registered intrinsics")
+    intrinsics_parser.add_argument("--json", action="store_true", help="JSON records")
+
+    command("demo", cmd_demo, "run the forum MLP end to end (lower, offload, build, check)")
+    return parser
+
+
+def _add_common(parser, default) -> None:
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=False if default is None else default,
+        help="show tracebacks and tir_byoc's log",
+    )
+    parser.add_argument(
+        "--color",
+        choices=["auto", "always", "never"],
+        default="auto" if default is None else default,
+        help="colour the table (auto: only on a terminal, and not with NO_COLOR set)",
+    )
+    parser.add_argument(
+        "--plugin",
+        action="append",
+        metavar="FILE.py|MODULE",
+        default=[] if default is None else default,
+        help="import this first (it registers intrinsics); may be repeated",
+    )
+
+
+def _add_file(parser) -> None:
+    parser.add_argument("file", metavar="FILE.py", help="Python file with TVMScript")
+
+
+def _add_backends(parser) -> None:
+    parser.add_argument(
+        "--backends",
+        metavar="LIST",
+        help="comma-separated backends to use, most preferred first (default: "
+        "$TIR_BYOC_BACKENDS, else all by intrinsic priority)",
+    )
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("tir-byoc")
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree
+        return "unknown"
+
+
+def _one_line(err: BaseException) -> str:
+    """The message of ``err`` on one line."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return "; ".join(lines) or type(err).__name__
+
+
+def _typed(err: BaseException) -> str:
+    """``Type: message`` on one line, for exceptions that are not ours."""
+    return f"{type(err).__name__}: {_one_line(err)}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``tir-byoc`` with ``argv`` (default: the process's arguments); returns the status."""
+    args = build_parser().parse_args(argv)
+    if args.debug:
+        logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    out = _Output.for_stdout(args.color)
+    try:
+        _load_plugins(args.plugin)
+        return args.handler(args, out)
+    except (UsageError, ScriptError) as err:
+        return _fail(err, EXIT_USAGE, args.debug)
+    except (Failed, ToolchainError, RewriteError) as err:
+        return _fail(err, EXIT_FAILED, args.debug)
+    except BrokenPipeError:  # the reader went away (| head); not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+    except Exception as err:
+        if args.debug:
+            raise
+        print(
+            f"{PROG}: internal error: {_typed(err)} (run with --debug for the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+
+
+def _fail(err: BaseException, status: int, debug: bool) -> int:
+    if debug:
+        traceback.print_exception(err)
+    print(f"{PROG}: error: {_one_line(err)}", file=sys.stderr)
+    return status
