@@ -17,7 +17,8 @@ How a matched chain travels through the search:
    ``s_tir.meta_schedule.<target key>.tir_byoc_offload``); native ones are annotated
    ``tir_byoc.choice = "native"`` and tuned like any other block.  The annotations are traced,
    so every record in the tuning database says which variant it measured.
-2. :class:`OffloadPostproc` runs first among the postprocs.  It applies the matcher and
+2. :class:`OffloadPostproc` runs among the postprocs, right before ``RewriteReductionBlock``
+   (see :func:`offload_space` for why there).  It applies the matcher and
    :func:`tir_byoc.rewrite.rewrite_function` (the same core as :func:`tir_byoc.offload`) to
    every candidate and replaces the schedule's function body; a candidate whose chosen chain no
    longer matches or cannot be rewritten is rejected, with the reason logged.
@@ -33,6 +34,7 @@ How a matched chain travels through the search:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -85,6 +87,8 @@ logger = logging.getLogger("tir_byoc.meta_schedule")
 
 #: Block annotation recording the decision for a chain: ``"offload"`` or ``"native"``.
 CHOICE_ATTR = "tir_byoc.choice"
+#: Loop annotation on offloaded chains; MetaSchedule's postprocs leave annotated loops alone.
+KEEP_LOOP_ATTR = "tir_byoc.keep_loop"
 #: Value of the ``schedule_rule`` annotation that keeps MetaSchedule's rules off a chain.
 CUSTOM_RULE = "tir_byoc_offload"
 #: How chains enter the design space: offloaded and native both measured, always offloaded, or
@@ -225,6 +229,8 @@ class OffloadRule(PyScheduleRule):
                 rv = offloaded.get_sblock(name)
                 offloaded.annotate(rv, CHOICE_ATTR, "offload")
                 offloaded.annotate(rv, "schedule_rule", CUSTOM_RULE)
+                for loop in offloaded.get_loops(rv):  # RewriteParallelVectorizeUnroll skips them
+                    offloaded.annotate(loop, KEEP_LOOP_ATTR, 1)
             variants.append(offloaded)
         # Step 3. The native variant: marked, then tuned by the rules that follow.
         if self.offload != "always":
@@ -364,7 +370,12 @@ def offload_space(
     backends: Iterable[str] | str | None = None,
     registry: Registry = REGISTRY,
 ) -> ms.space_generator.PostOrderApply:
-    """The target's default design space with tir_byoc's rule and postproc added first.
+    """The target's default design space with tir_byoc's rule (first) and postproc added.
+
+    The postproc goes right before ``RewriteReductionBlock``: records then replay without it
+    (``JSONDatabase`` loading, ``ms.tir_integration.compile_tir``) to the schedule with the
+    chain still in place and marked, and :class:`OffloadPostproc` applied to that schedule
+    (which is what :func:`apply_record` does) gives the measured candidate.
 
     Parameters
     ----------
@@ -394,9 +405,25 @@ def _space(target, offload, backends, registry, rejections) -> ms.space_generato
     kind = target.kind.name
     return ms.space_generator.PostOrderApply(
         sch_rules=[OffloadRule(offload, backends, registry), *ms.ScheduleRule.create(kind)],
-        postprocs=[OffloadPostproc(backends, registry, rejections), *ms.Postproc.create(kind)],
+        postprocs=_with_offload(
+            ms.Postproc.create(kind), OffloadPostproc(backends, registry, rejections)
+        ),
         mutator_probs=ms.Mutator.create(kind),
     )
+
+
+def _with_offload(postprocs: list, offload_postproc: OffloadPostproc) -> list:
+    """``postprocs`` with ``offload_postproc`` right before ``RewriteReductionBlock``.
+
+    The place matters because the postproc's replacement is not a traced instruction: the
+    database replays records without it.  Before it, ``RewriteParallelVectorizeUnroll``
+    addresses blocks by position, so it must still see the chain (whose loops the rule
+    annotated so that it leaves them alone); after it, ``RewriteReductionBlock`` would split
+    the chain's init off, so it must no longer see the chain (it addresses blocks by name).
+    """
+    kinds = [type(p).__name__ for p in postprocs]
+    at = kinds.index("RewriteReductionBlock") if "RewriteReductionBlock" in kinds else len(kinds)
+    return [*postprocs[:at], offload_postproc, *postprocs[at:]]
 
 
 def build_candidate(mod: tvm.IRModule, target, _params=None):
@@ -627,8 +654,7 @@ def apply_record(
     Parameters
     ----------
     database : tvm.s_tir.meta_schedule.database.Database
-        Records of a tuning run that used :func:`offload_space` (its postprocs are run again
-        on the replayed schedule).
+        Records of a tuning run that used :func:`offload_space`.
     func : tvm.tirx.PrimFunc or tvm.IRModule
         The workload as it was tuned (a PrimFunc is normalized the way ``ms.tune_tir`` does).
     target : str, dict or tvm.target.Target
@@ -646,22 +672,18 @@ def apply_record(
     record = database.query_tuning_record(workload, target, "main")
     if record is None:
         return None
-    # Step 1. Replay the design decisions and sampled choices, without the postproc part:
-    # the default postprocs address blocks by position, which the offload changes.
+    # Step 1. Replay the record: the chain comes back marked and untouched, since the
+    # offload itself is not a traced instruction (see offload_space).
     sch = s_tir.Schedule(workload)
-    record.trace.apply_to_schedule(sch, remove_postproc=True)
-    sch.enter_postproc()
-    # Step 2. Run the postprocs of the space again, exactly as on the measured candidate.
-    rejections = _Rejections()
-    space = _space(target, "choice", backends, registry, rejections)
-    context = ms.TuneContext(mod=workload, target=target, space_generator=space)
-    for postproc in context.space_generator.postprocs:
-        if not postproc.apply(sch):
-            reasons = "; ".join(rejections.counts) or f"postproc {postproc} failed"
-            raise RuntimeError(
-                f"tir_byoc.meta_schedule: the best record of "
-                f"{_only_function(workload)[0].name_hint} does not replay: {reasons}"
-            )
+    record.trace.apply_to_schedule(sch, remove_postproc=False)
+    # Step 2. The postproc again, as on the measured candidate.
+    postproc = OffloadPostproc(backends, registry)
+    if not postproc.apply(sch):
+        reasons = "; ".join(postproc.rejections.counts)
+        raise RuntimeError(
+            f"tir_byoc.meta_schedule: the best record of "
+            f"{_only_function(workload)[0].name_hint} does not offload any more: {reasons}"
+        )
     return _only_function(sch.mod)[1]
 
 
@@ -763,34 +785,37 @@ def _database(ms_options: dict, work_dir: str) -> ms.database.Database:
     return ms.database.Database.create(database, module_equality=equality)
 
 
+@contextlib.contextmanager
+def _task_loggers(work_dir: str, names: list[str]):
+    """One DEBUG file logger per task in ``work_dir/logs``, closed on exit.
+
+    MetaSchedule's own ``get_loggers_from_work_dir`` fails on its second call in a process
+    whose MetaSchedule logger carries an unnamed handler (pytest adds some), and it prints
+    every task table to stdout; these loggers keep the per-task files without either.
+    """
+    log_dir = Path(work_dir) / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    loggers, handlers = [], []
+    for i, name in enumerate(names):
+        task_logger = logging.getLogger(f"{logger.name}.task.{i}_{name}")
+        handler = logging.FileHandler(log_dir / f"task_{i:02d}_{name[:100]}.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s [%(levelname)s] %(message)s"))
+        task_logger.addHandler(handler)
+        task_logger.setLevel(logging.DEBUG)
+        task_logger.propagate = False
+        loggers.append(task_logger)
+        handlers.append(handler)
+    try:
+        yield loggers
+    finally:
+        for task_logger, handler in zip(loggers, handlers):
+            task_logger.removeHandler(handler)
+            handler.close()
+
+
 def _run_search(tasks, target, work_dir, max_trials_global, own, context, ms_options, rejections):
     """Tune ``tasks`` in one search; returns the database and the trial counter."""
-    from tvm.s_tir.meta_schedule.logging import get_loggers_from_work_dir
-    from tvm.s_tir.meta_schedule.utils import fork_seed
-
-    # Step 1. One context per task, with the rule told which variant it tunes.
-    names = [t.name for t in tasks]
-    rule_mode = {"offload": "always", "native": "never", "plain": "never"}
-    contexts = [
-        ms.TuneContext(
-            mod=task.workload,
-            target=target,
-            space_generator=_space(
-                target, rule_mode[task.variant], own["backends"], own["registry"], rejections
-            ),
-            search_strategy=context.get("strategy", "evolutionary"),
-            task_name=task.name,
-            rand_state=rand_state,
-            num_threads=context.get("num_tuning_cores", "physical"),
-            logger=task_logger,
-        ).clone()
-        for task, task_logger, rand_state in zip(
-            tasks,
-            get_loggers_from_work_dir(work_dir, names),
-            fork_seed(context.get("seed"), n=len(tasks)),
-        )
-    ]
-    # Step 2. MetaSchedule's callbacks, plus ours (which also counts trials for the report).
+    # Step 1. MetaSchedule's callbacks, plus ours (which also counts trials for the report).
     progress = own["progress"]
     counter = Progress(progress is not False, None if isinstance(progress, bool) else progress)
     callbacks = ms_options.get("measure_callbacks", "default")
@@ -801,15 +826,34 @@ def _run_search(tasks, target, work_dir, max_trials_global, own, context, ms_opt
     database = _database(ms_options, work_dir)
     options = {k: v for k, v in ms_options.items() if k not in ("database", "measure_callbacks")}
     options.setdefault("builder", candidate_builder())
-    ms.tune.tune_tasks(
-        tasks=contexts,
-        task_weights=[float(len(t.members)) for t in tasks],
-        work_dir=work_dir,
-        max_trials_global=max_trials_global,
-        database=database,
-        measure_callbacks=[*callbacks, counter],
-        **options,
-    )
+    # Step 2. One context per task, with the rule told which variant it tunes; then tune.
+    rule_mode = {"offload": "always", "native": "never", "plain": "never"}
+    seeds = ms.utils.fork_seed(context.get("seed"), n=len(tasks))
+    with _task_loggers(work_dir, [t.name for t in tasks]) as loggers:
+        contexts = [
+            ms.TuneContext(
+                mod=task.workload,
+                target=target,
+                space_generator=_space(
+                    target, rule_mode[task.variant], own["backends"], own["registry"], rejections
+                ),
+                search_strategy=context.get("strategy", "evolutionary"),
+                task_name=task.name,
+                rand_state=seed,
+                num_threads=context.get("num_tuning_cores", "physical"),
+                logger=task_logger,
+            ).clone()
+            for task, task_logger, seed in zip(tasks, loggers, seeds)
+        ]
+        ms.tune.tune_tasks(
+            tasks=contexts,
+            task_weights=[float(len(t.members)) for t in tasks],
+            work_dir=work_dir,
+            max_trials_global=max_trials_global,
+            database=database,
+            measure_callbacks=[*callbacks, counter],
+            **options,
+        )
     return database, counter
 
 
