@@ -14,9 +14,11 @@ How a matched chain travels through the search:
    ``tir_byoc.choice = "offload"`` and ``schedule_rule = "tir_byoc_offload"``, so every later
    rule leaves their loops alone (MetaSchedule skips blocks carrying ``schedule_rule``;
    ``ApplyCustomRule`` calls the registered no-op
-   ``s_tir.meta_schedule.<target key>.tir_byoc_offload``); native ones are annotated
-   ``tir_byoc.choice = "native"`` and tuned like any other block.  The annotations are traced,
-   so every record in the tuning database says which variant it measured.
+   ``s_tir.meta_schedule.<target key>.tir_byoc_offload``), and their loops are annotated
+   ``tir_byoc.keep_loop`` so that ``RewriteParallelVectorizeUnroll`` skips them; native ones
+   are annotated ``tir_byoc.choice = "native"`` and tuned like any other block.  The
+   annotations are traced, so every record in the tuning database says which variant it
+   measured.
 2. :class:`OffloadPostproc` runs among the postprocs, right before ``RewriteReductionBlock``
    (see :func:`offload_space` for why there).  It applies the matcher and
    :func:`tir_byoc.rewrite.rewrite_function` (the same core as :func:`tir_byoc.offload`) to
@@ -28,8 +30,8 @@ How a matched chain travels through the search:
    function with chains as two tasks, ``<name>@offload`` and ``<name>@native``, whose
    workloads differ only by the function attribute ``tir_byoc.variant``: the task scheduler
    gives both trials, so both are measured, and the faster best record is replayed (with the
-   postprocs run again) into the final module.  With ``offload="always"`` a function made only
-   of offloaded chains gets no task at all.
+   postproc applied again, :func:`apply_record`) into the final module.  With
+   ``offload="always"`` a function made only of offloaded chains gets no task at all.
 """
 
 from __future__ import annotations
