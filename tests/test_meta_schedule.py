@@ -1,0 +1,445 @@
+"""MetaSchedule integration: the rule, the postproc, and tuning through LocalRunner and RPC.
+
+Trial counts are tiny and the search strategy small so that the file stays within a few
+minutes on a 2-core machine; longer tuning runs belong in benchmarks/.  No timing is asserted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax, s_tir, tirx
+from tvm.s_tir import meta_schedule as ms
+from tvm.script import tirx as T
+
+import tir_byoc
+from tir_byoc import demo
+from tir_byoc import meta_schedule as tms
+from tir_byoc.rewrite import INTRINSIC_ATTR
+
+TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+
+
+@T.prim_func(s_tir=True)
+def dense_relu_exp(
+    X: T.Buffer((32, 64), "float32"),
+    W: T.Buffer((48, 64), "float32"),
+    B: T.Buffer((48,), "float32"),
+    Out: T.Buffer((32, 48), "float32"),
+):
+    Y = T.sblock_alloc_buffer((32, 48))
+    Z = T.sblock_alloc_buffer((32, 48))
+    R = T.sblock_alloc_buffer((32, 48))
+    for i, j, k in T.grid(32, 48, 64):
+        with T.sblock("dense"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                Y[vi, vj] = T.float32(0)
+            Y[vi, vj] = Y[vi, vj] + X[vi, vk] * W[vj, vk]
+    for i, j in T.grid(32, 48):
+        with T.sblock("bias"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            Z[vi, vj] = Y[vi, vj] + B[vj]
+    for i, j in T.grid(32, 48):
+        with T.sblock("relu"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            R[vi, vj] = T.max(Z[vi, vj], T.float32(0))
+    for i, j in T.grid(32, 48):
+        with T.sblock("exp"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            Out[vi, vj] = T.exp(R[vi, vj])
+
+
+CHAIN = ("dense", "bias", "relu")
+
+
+def small_strategy():
+    """An evolutionary search small enough for tests (the default population is 512)."""
+    return ms.search_strategy.EvolutionarySearch(
+        population_size=16, init_min_unmeasured=8, genetic_num_iters=1
+    )
+
+
+def as_module(func: tirx.PrimFunc) -> tvm.IRModule:
+    """``func`` as ``main`` of a module of its own, on a fresh copy of its IR.
+
+    A Schedule whose IRModule nobody else references edits the IR in place (TVM 0.27 checks
+    that the module, the function and the blocks are unique, not the SBlockRealize around
+    the root block), which would leak annotations into ``dense_relu_exp`` itself.
+    """
+    copy = tvm.script.from_source(func.script())
+    return tvm.IRModule({"main": copy.with_attr("global_symbol", "main")})
+
+
+def marked(choice: str) -> s_tir.Schedule:
+    """A schedule of ``dense_relu_exp`` with the chain marked as OffloadRule marks it."""
+    sch = s_tir.Schedule(as_module(dense_relu_exp))
+    for name in CHAIN:
+        sch.annotate(sch.get_sblock(name), tms.CHOICE_ATTR, choice)
+    return sch
+
+
+def intrinsic_calls(func: tirx.PrimFunc) -> dict[str, int]:
+    counts: dict[str, int] = {}
+
+    def on_block(block):
+        if block.annotations and INTRINSIC_ATTR in block.annotations:
+            name = str(block.annotations[INTRINSIC_ATTR])
+            counts[name] = counts.get(name, 0) + 1
+
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, on_block))
+    return counts
+
+
+def loop_annotations(func: tirx.PrimFunc, around=CHAIN) -> list:
+    """Annotations of the loops around the blocks named in ``around``."""
+    found = []
+
+    def on_loop(loop):
+        names = []
+        tvm_ffi.structural_walk(loop.body, (s_tir.SBlock, lambda b: names.append(b.name_hint)))
+        if set(names) <= set(around):
+            found.append(loop.annotations)
+
+    tvm_ffi.structural_walk(func.body, (tirx.For, on_loop))
+    return found
+
+
+def loop_kinds(func: tirx.PrimFunc) -> set:
+    kinds = set()
+    tvm_ffi.structural_walk(func.body, (tirx.For, lambda loop: kinds.add(loop.kind)))
+    return kinds
+
+
+def run_dense_relu_exp(func: tirx.PrimFunc) -> tuple[np.ndarray, np.ndarray]:
+    """(result, NumPy reference) of ``func`` on small random inputs."""
+    rng = np.random.default_rng(0)
+    x = (0.1 * rng.standard_normal((32, 64))).astype("float32")
+    w = (0.1 * rng.standard_normal((48, 64))).astype("float32")
+    b = (0.1 * rng.standard_normal(48)).astype("float32")
+    out = tvm.runtime.tensor(np.zeros((32, 48), "float32"))
+    built = tvm.compile(as_module(func), TARGET)
+    built["main"](*[tvm.runtime.tensor(a) for a in (x, w, b)], out)
+    return out.numpy(), np.exp(np.maximum(x @ w.T + b, 0))
+
+
+# --------------------------------------------------------------------------------------
+# The postproc
+# --------------------------------------------------------------------------------------
+
+
+def test_postproc_offloads_like_the_module_pass():
+    for sch in (s_tir.Schedule(as_module(dense_relu_exp)), marked("offload")):
+        assert tms.OffloadPostproc().apply(sch)
+        expected = tir_byoc.offload(as_module(dense_relu_exp))["main"]
+        tvm.ir.assert_structural_equal(sch.mod["main"], expected)
+        assert intrinsic_calls(sch.mod["main"]) == {"ref.dense_bias_relu": 1}
+
+
+def test_postproc_leaves_native_chains_to_tvm():
+    sch = marked("native")
+    before = sch.mod["main"]
+    assert tms.OffloadPostproc().apply(sch)
+    assert sch.mod["main"].same_as(before)
+
+
+def test_postproc_rejects_a_scrambled_chain_with_the_reason(caplog):
+    sch = marked("offload")
+    i, _, _ = sch.get_loops(sch.get_sblock("dense"))
+    sch.split(i, factors=[4, 8])
+    before = sch.mod["main"]
+    with caplog.at_level(logging.WARNING, logger="tir_byoc.meta_schedule"):
+        assert not tms.OffloadPostproc().apply(sch)
+    assert sch.mod["main"].same_as(before)
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert "candidate rejected: blocks bias, dense, relu were chosen for offload" in message
+    assert "iterators but 4 loops around it" in message
+
+
+def test_postproc_rejects_a_chosen_chain_no_intrinsic_serves(caplog):
+    with caplog.at_level(logging.WARNING, logger="tir_byoc.meta_schedule"):
+        assert not tms.OffloadPostproc(registry=tir_byoc.Registry()).apply(marked("offload"))
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert "no intrinsic serves them: no intrinsic registered for dense_bias_relu" in message
+
+
+# --------------------------------------------------------------------------------------
+# The rule and the space
+# --------------------------------------------------------------------------------------
+
+
+def design_spaces(offload: str) -> list[s_tir.Schedule]:
+    context = ms.TuneContext(
+        mod=as_module(dense_relu_exp),
+        target=TARGET,
+        space_generator=tms.offload_space(TARGET, offload=offload),
+        search_strategy="replay-trace",
+        task_name="dense_relu_exp",
+    ).clone()
+    return list(context.generate_design_space())
+
+
+@pytest.mark.parametrize(
+    ("offload", "expected"),
+    [("choice", {"offload", "native"}), ("always", {"offload"}), ("never", {"native"})],
+)
+def test_rule_puts_the_requested_variants_in_the_space(offload, expected):
+    spaces = design_spaces(offload)
+    assert {tms.recorded_choice(s.trace) for s in spaces} == expected
+    for sch in spaces:
+        func = sch.mod["main"]
+        if tms.recorded_choice(sch.trace) == "offload":
+            # No rule touched the chain: it still matches as it did before tuning, and its
+            # loops are marked so that the default postprocs leave them alone too.
+            (match,) = tir_byoc.scan(func)
+            assert match.blocks == CHAIN
+            assert {int(a[tms.KEEP_LOOP_ATTR]) for a in loop_annotations(func)} == {1}
+            assert tms.OffloadPostproc().apply(sch.copy())
+        else:
+            assert tir_byoc.scan(func) == []  # tiled or inlined by the native rules
+
+
+def test_rule_registers_the_custom_rule_for_the_target_keys():
+    tms.offload_space(TARGET)
+    keep = tvm.get_global_func(f"s_tir.meta_schedule.cpu.{tms.CUSTOM_RULE}")
+    sch = s_tir.Schedule(as_module(dense_relu_exp))
+    assert list(keep(sch, sch.get_sblock("dense"))) == [sch]
+
+
+def test_bad_options_say_what_was_expected(tmp_path):
+    with pytest.raises(ValueError, match="expected offload in"):
+        tms.offload_space(TARGET, offload="sometimes")
+    with pytest.raises(ValueError, match="expected a CPU target of kind"):
+        tms.offload_space("cuda")
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['trials'\]"):
+        tms.tune_tir(dense_relu_exp, TARGET, str(tmp_path), 4, trials=4)
+    with pytest.raises(TypeError, match=r"expected a tvm\.IRModule with Relax functions"):
+        tms.tune_relax(as_module(dense_relu_exp), TARGET, str(tmp_path), 4)
+    with pytest.raises(FileNotFoundError, match="expected a report at"):
+        tms.load_report(tmp_path)
+
+
+# --------------------------------------------------------------------------------------
+# Tuning
+# --------------------------------------------------------------------------------------
+
+
+def test_mixed_function_chain_offloaded_rest_tuned_with_local_runner(tmp_path, capsys):
+    tuned = tms.tune_tir(
+        dense_relu_exp,
+        TARGET,
+        str(tmp_path),
+        4,
+        offload="always",
+        num_trials_per_iter=2,
+        strategy=small_strategy(),
+        cost_model="random",
+        runner=ms.runner.LocalRunner(),
+        seed=0,
+    )
+    # The chain calls its intrinsic; the exp block was scheduled (parallel / vectorized).
+    assert intrinsic_calls(tuned) == {"ref.dense_bias_relu": 1}
+    assert loop_kinds(tuned) & {tirx.ForKind.PARALLEL, tirx.ForKind.VECTORIZED}
+    result, expected = run_dense_relu_exp(tuned)
+    np.testing.assert_allclose(result, expected, rtol=1e-4, atol=1e-5)
+    # The report and the database agree: the offloaded candidate ran in the runner's process.
+    report = tms.load_report(tmp_path)["dense_relu_exp"]
+    assert report.choice == "offload" and report.trials >= 1
+    assert report.best_offload_ms is not None and report.best_native_ms is None
+    database = ms.database.JSONDatabase(work_dir=str(tmp_path))  # reloads by replaying
+    records = database.get_all_tuning_records()
+    assert records and {tms.recorded_choice(r.trace) for r in records} == {"offload"}
+    # MetaSchedule's own query replays the best record; the postproc turns it into the result.
+    sch = database.query_schedule(records[0].workload.mod, TARGET, "main")
+    assert tms.OffloadPostproc().apply(sch)
+    replayed = sch.mod["main"]
+    tvm.ir.assert_structural_equal(
+        tirx.PrimFunc(replayed.params, replayed.body, replayed.ret_type, attrs=tuned.attrs), tuned
+    )
+    progress = capsys.readouterr().err
+    assert "[tir_byoc] dense_relu_exp@offload: 1 trials (0 failed), best " in progress
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """Stop a process started by this test, with its own process group (server workers)."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+
+
+def _wait_for_server(tracker_port: int, key: str, processes, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for process in processes:
+            if process.poll() is not None:
+                raise RuntimeError(f"{process.args} exited with {process.returncode}")
+        with contextlib.suppress(OSError):
+            socket.create_connection(("127.0.0.1", tracker_port), timeout=1).close()
+            summary = tvm.rpc.connect_tracker("127.0.0.1", tracker_port).summary()
+            if summary["queue_info"].get(key, {}).get("free", 0) > 0:
+                return
+        time.sleep(0.5)
+    raise TimeoutError(f"no RPC server registered as {key!r} within {timeout} s")
+
+
+@contextlib.contextmanager
+def rpc_tracker_and_server(key: str):
+    """A TVM RPC tracker and one server on 127.0.0.1, stopped on exit; yields the port."""
+    processes = []
+
+    def start(*args):
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-m", *args, "--host", "127.0.0.1", "--silent"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        )
+
+    try:
+        tracker_port, server_port = _free_port(), _free_port()
+        start(
+            "tvm.exec.rpc_tracker", "--port", str(tracker_port), "--port-end", str(tracker_port + 1)
+        )
+        start(
+            "tvm.exec.rpc_server",
+            "--port",
+            str(server_port),
+            "--port-end",
+            str(server_port + 1),
+            "--tracker",
+            f"127.0.0.1:{tracker_port}",
+            "--key",
+            key,
+        )
+        _wait_for_server(tracker_port, key, processes)
+        yield tracker_port
+    finally:
+        for process in reversed(processes):
+            _stop(process)
+
+
+def test_rpc_runner_measures_both_variants_on_localhost(tmp_path, capsys):
+    key = "tir_byoc_test"
+    with rpc_tracker_and_server(key) as tracker_port:
+        config = ms.runner.RPCConfig(
+            tracker_host="127.0.0.1",
+            tracker_port=tracker_port,
+            tracker_key=key,
+            session_timeout_sec=60,
+        )
+        tuned = tms.tune_tir(
+            dense_relu_exp,
+            TARGET,
+            str(tmp_path),
+            6,
+            num_trials_per_iter=2,
+            strategy=small_strategy(),
+            cost_model="random",
+            runner=ms.runner.RPCRunner(config, max_workers=1),
+            progress=False,
+            seed=0,
+        )
+    # Both variants were built with their code and measured on the server; the faster won.
+    report = tms.load_report(tmp_path)["dense_relu_exp"]
+    assert report.best_offload_ms is not None and report.best_native_ms is not None
+    faster = min(("offload", "native"), key=lambda v: getattr(report, f"best_{v}_ms"))
+    assert report.choice == faster
+    assert bool(intrinsic_calls(tuned)) == (faster == "offload")
+    result, expected = run_dense_relu_exp(tuned)
+    np.testing.assert_allclose(result, expected, rtol=1e-4, atol=1e-5)
+    # The database reloads (records replay) and tells the two variants apart.
+    records = ms.database.JSONDatabase(work_dir=str(tmp_path)).get_all_tuning_records()
+    assert {tms.recorded_choice(r.trace) for r in records} == {"offload", "native"}
+    # progress=False prints nothing, not even the final report.
+    assert "[tir_byoc]" not in capsys.readouterr().err
+
+
+def run_mlp(module: tvm.IRModule) -> tuple[np.ndarray, np.ndarray]:
+    vm = relax.VirtualMachine(tvm.compile(module, TARGET), tvm.cpu())
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((demo.BATCH, demo.IN_FEATURES)).astype("float32")
+    params = demo.mlp_weights(rng)
+    result = vm["forward"](*[tvm.runtime.tensor(a) for a in (x, *params)]).numpy()
+    return result, demo.mlp_reference(x, *params)
+
+
+LAYERS = {"fused_matmul_add_relu": "ref.matmul_bias_relu", "fused_matmul1_add1": "ref.matmul_bias"}
+
+
+def test_mlp_relax_flow_keeps_the_faster_variant_per_layer(tmp_path):
+    tuned = tms.tune_relax(
+        demo.lowered_mlp(),
+        TARGET,
+        str(tmp_path),
+        12,
+        num_trials_per_iter=2,
+        strategy=small_strategy(),
+        cost_model="random",
+        progress=False,
+        seed=0,
+    )
+    report = tms.load_report(tmp_path)
+    for name, intrinsic in LAYERS.items():
+        layer = report[name]
+        measured = {
+            v: getattr(layer, f"best_{v}_ms")
+            for v in ("offload", "native")
+            if getattr(layer, f"best_{v}_ms") is not None
+        }
+        assert measured and layer.choice == min(measured, key=measured.get)
+        calls = intrinsic_calls(tuned[name])
+        assert calls == ({intrinsic: 1} if layer.choice == "offload" else {})
+        assert tuned[name].attrs["tirx.is_scheduled"]
+    result, expected = run_mlp(tuned)
+    np.testing.assert_allclose(result, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_mlp_layers_offloaded_whole_are_not_tuned(tmp_path):
+    tuned = tms.tune_relax(
+        demo.lowered_mlp(),
+        TARGET,
+        str(tmp_path),
+        4,
+        offload="always",
+        num_trials_per_iter=2,
+        strategy=small_strategy(),
+        cost_model="random",
+        progress=False,
+        seed=0,
+    )
+    report = tms.load_report(tmp_path)
+    for name, intrinsic in LAYERS.items():
+        assert report[name].choice == "offload-untuned" and report[name].trials == 0
+        assert intrinsic_calls(tuned[name]) == {intrinsic: 1}
+    # Zero trials spent on them: the database holds only the transposes.
+    database = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    tuned_names = {
+        str(r.workload.mod["main"].attrs["global_symbol"])
+        for r in database.get_all_tuning_records()
+    }
+    assert tuned_names and tuned_names <= {"transpose", "transpose1"}
+    result, expected = run_mlp(tuned)
+    np.testing.assert_allclose(result, expected, rtol=1e-4, atol=1e-4)
