@@ -643,3 +643,32 @@ def test_a_multiply_reduce_block_with_an_if_body_is_explained():
 
 def test_a_guarded_reduction_that_multiplies_nothing_is_not_a_candidate():
     assert tir_byoc.explain(guarded_sum) == []
+
+
+def test_a_call_in_an_epilogue_is_explained():
+    (rejection,) = [r for r in tir_byoc.explain(intermediate_read_after_chain) if "exp" in r.blocks]
+    assert "stays materialized" in rejection.reason
+
+
+@T.prim_func(s_tir=True)
+def dense_then_exp(
+    X: T.Buffer((6, 8), "float32"), W: T.Buffer((5, 8), "float32"), Out: T.Buffer((6, 5), "float32")
+):
+    Y = T.sblock_alloc_buffer((6, 5))
+    for i, j, k in T.grid(6, 5, 8):
+        with T.sblock("dense"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                Y[vi, vj] = T.float32(0)
+            Y[vi, vj] = Y[vi, vj] + X[vi, vk] * W[vj, vk]
+    for i, j in T.grid(6, 5):
+        with T.sblock("exp"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            Out[vi, vj] = T.exp(Y[vi, vj])
+
+
+def test_an_elementwise_call_after_a_chain_is_named_in_the_reason():
+    assert only_match(dense_then_exp).blocks == ("dense",)
+    (rejection,) = tir_byoc.explain(dense_then_exp)
+    assert rejection.blocks == ("exp",) and "a call to tirx.exp" in rejection.reason
+    assert_equivalent(dense_then_exp, expect_calls={"ref.dense": 1})

@@ -175,7 +175,7 @@ def _operation_text(expr) -> str:
         return f"a plain read of {expr.source.name}"
     if isinstance(expr, tirx.Cast):
         return f"a cast to {_dtype(expr)}"
-    if isinstance(expr, tirx.Call):
+    if isinstance(expr, tvm.ir.Call):
         return f"a call to {getattr(expr.op, 'name', expr.op)}"
     value = _const_value(expr)
     if value is not None:
