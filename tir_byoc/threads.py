@@ -8,6 +8,8 @@ What it sets, and why (measured on a 2-core machine, see ``docs/backends.md``):
 
 * thread count: a library follows ``OMP_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS`` when set,
   else ``TVM_NUM_THREADS`` when set, else its own default (one thread per core);
+* ``TIR_BYOC_THREAD_DEFAULTS=0`` turns all of this off (the benchmark uses it to measure
+  the libraries' own defaults);
 * idle threads: pools that keep spinning after their kernel ends steal the cores from the
   next kernel of another pool (TVM, OpenMP and OpenBLAS kernels alternate in an offloaded
   model).  The libraries' idle spin is cut to a short time (``GOMP_SPINCOUNT``,
@@ -39,6 +41,9 @@ IDLE_DEFAULTS = {
 # Variables that also decide idle behaviour: if the user set one, we leave that library alone.
 _USER_IDLE_CHOICE = {"GOMP_SPINCOUNT": ("OMP_WAIT_POLICY",)}
 
+#: Set to ``0`` to keep the libraries' own defaults.
+OPT_OUT_ENV = "TIR_BYOC_THREAD_DEFAULTS"
+
 _lock = threading.Lock()
 _applied: dict[str, str] = {}
 
@@ -69,6 +74,8 @@ def configure(library: str) -> dict[str, str]:
     if library not in LIBRARY_VARIABLES:
         raise ValueError(f"expected a library in {sorted(LIBRARY_VARIABLES)}, got {library!r}")
     count_var, idle_var = LIBRARY_VARIABLES[library]
+    if os.environ.get(OPT_OUT_ENV) == "0":
+        return {}
     with _lock:
         before = dict(_applied)
         # Step 1. Thread count: the user's choice for TVM applies to the library too.
