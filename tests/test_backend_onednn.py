@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.metadata
+import threading
 
 import numpy as np
 import pytest
@@ -205,3 +206,41 @@ def test_status_codes_at_entry():
 def test_exported_library_runs_in_a_fresh_process(tmp_path):
     report = run_exported_mlp_in_fresh_process("onednn", tmp_path)
     assert "libdnnl.so" in report
+
+
+def test_concurrent_calls_share_the_cache_safely():
+    lib = library("onednn")
+    rng = np.random.default_rng(0)
+    cases = []
+    for n in (31, 32, 33):
+        x = rng.standard_normal((5, 9)).astype("float32")
+        w = rng.standard_normal((n, 9)).astype("float32")
+        b = rng.standard_normal(n).astype("float32")
+        cases.append((x, w, b, np.maximum(x @ w.T + b, 0)))
+    failures = []
+
+    def worker(seed):
+        for i in range(30):
+            x, w, b, expected = cases[(seed + i) % len(cases)]
+            y = np.zeros_like(expected)
+            status = call_intrinsic(
+                lib,
+                "tir_byoc_onednn_dense_bias_relu",
+                x,
+                w,
+                b,
+                y,
+                m=5,
+                n=w.shape[0],
+                k=9,
+                signature=F32,
+            )
+            if status != 0 or not np.allclose(y, expected, rtol=1e-5, atol=1e-5):
+                failures.append((seed, i, status))
+
+    workers = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    assert failures == []

@@ -16,6 +16,7 @@
  */
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -92,7 +93,10 @@ struct Entry {
   dnnl::matmul primitive;
   dnnl::memory::desc src, weights, bias, dst;
   std::string implementation;  // oneDNN's name for the kernel it chose
+  uint64_t id;                 // unique per creation, keys the per-thread argument cache
 };
+
+std::atomic<uint64_t> next_entry_id{1};
 
 dnnl::engine &Engine() {
   static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
@@ -122,8 +126,8 @@ std::shared_ptr<const Entry> Create(const Key &key, const Dtypes &dtypes) {
     attr.set_post_ops(ops);
   }
   dnnl::matmul::primitive_desc desc(Engine(), src, weights, bias, dst, attr);
-  return std::make_shared<const Entry>(
-      Entry{dnnl::matmul(desc), src, weights, bias, dst, desc.impl_info_str()});
+  return std::make_shared<const Entry>(Entry{dnnl::matmul(desc), src, weights, bias, dst,
+                                               desc.impl_info_str(), next_entry_id++});
 }
 
 /* A bounded LRU map Key -> Entry.  Entries are shared pointers, so an entry evicted while
@@ -154,6 +158,8 @@ class PrimitiveCache {
     return entry;
   }
 
+  int64_t Capacity() const { return capacity_.load(std::memory_order_relaxed); }
+
   void SetCapacity(int64_t capacity) {
     std::lock_guard<std::mutex> lock(mutex_);
     capacity_ = capacity;
@@ -163,7 +169,7 @@ class PrimitiveCache {
   void Info(int64_t *out) {
     std::lock_guard<std::mutex> lock(mutex_);
     out[0] = static_cast<int64_t>(index_.size());
-    out[1] = capacity_;
+    out[1] = capacity_.load();
     out[2] = hits_;
     out[3] = misses_;
   }
@@ -180,7 +186,7 @@ class PrimitiveCache {
   }
 
   void Trim() {
-    while (static_cast<int64_t>(index_.size()) > capacity_) {
+    while (static_cast<int64_t>(index_.size()) > capacity_.load()) {
       index_.erase(order_.back().first);
       order_.pop_back();
     }
@@ -189,13 +195,50 @@ class PrimitiveCache {
   std::mutex mutex_;
   std::list<std::pair<Key, std::shared_ptr<const Entry>>> order_;  // most recent first
   std::unordered_map<Key, decltype(order_)::iterator, KeyHash> index_;
-  int64_t capacity_;
+  std::atomic<int64_t> capacity_;
   int64_t hits_ = 0, misses_ = 0;
 };
 
 PrimitiveCache &Cache() {
   static PrimitiveCache cache;
   return cache;
+}
+
+/* The memory objects of one entry's arguments, created once per thread and re-pointed at the
+ * caller's buffers on each call, so a call allocates nothing. */
+struct BoundArgs {
+  dnnl::memory src, weights, bias, dst;
+  dnnl_exec_arg_t args[4];
+  int count = 0;
+
+  explicit BoundArgs(const Entry &entry) {
+    dnnl::engine &engine = Engine();
+    src = dnnl::memory(entry.src, engine, DNNL_MEMORY_NONE);
+    weights = dnnl::memory(entry.weights, engine, DNNL_MEMORY_NONE);
+    dst = dnnl::memory(entry.dst, engine, DNNL_MEMORY_NONE);
+    args[count++] = {DNNL_ARG_SRC, src.get()};
+    args[count++] = {DNNL_ARG_WEIGHTS, weights.get()};
+    args[count++] = {DNNL_ARG_DST, dst.get()};
+    if (!entry.bias.is_zero()) {
+      bias = dnnl::memory(entry.bias, engine, DNNL_MEMORY_NONE);
+      args[count++] = {DNNL_ARG_BIAS, bias.get()};
+    }
+  }
+};
+
+/* This thread's BoundArgs by entry id; cleared when it outgrows the primitive cache (entries
+ * evicted there leave stale ids here). */
+BoundArgs &Bind(const Entry &entry, int64_t capacity) {
+  thread_local std::unordered_map<uint64_t, std::unique_ptr<BoundArgs>> bound;
+  auto found = bound.find(entry.id);
+  if (found != bound.end()) return *found->second;
+  if (static_cast<int64_t>(bound.size()) >= 2 * capacity + 8) bound.clear();
+  auto inserted = bound.emplace(entry.id, std::make_unique<BoundArgs>(entry));
+  return *inserted.first->second;
+}
+
+dnnl_status_t Point(const dnnl::memory &memory, const void *data) {
+  return dnnl_memory_set_data_handle(memory.get(), const_cast<void *>(data));
 }
 
 /* y = relu?(y + bias?) over an (m, n) row-major output; also the whole result when k == 0. */
@@ -241,18 +284,18 @@ int32_t Gemm(const void *x, const void *w, const void *bias, void *y, int64_t m,
     // Step 2. The cached primitive, executed on the caller's buffers.
     std::shared_ptr<const Entry> entry =
         Cache().Get(Key{m, n, k, signature, layout, has_bias, relu}, dtypes);
-    dnnl::engine &engine = Engine();
-    std::unordered_map<int, dnnl::memory> args{
-        {DNNL_ARG_SRC, dnnl::memory(entry->src, engine, const_cast<void *>(x))},
-        {DNNL_ARG_WEIGHTS, dnnl::memory(entry->weights, engine, const_cast<void *>(w))},
-        {DNNL_ARG_DST, dnnl::memory(entry->dst, engine, y)},
-    };
-    if (has_bias && !dtypes.integer) {
-      args.emplace(DNNL_ARG_BIAS, dnnl::memory(entry->bias, engine, const_cast<void *>(bias)));
-    }
+    BoundArgs &bound = Bind(*entry, Cache().Capacity());
+    dnnl_status_t status_x = Point(bound.src, x), status_w = Point(bound.weights, w);
+    dnnl_status_t status_y = Point(bound.dst, y);
+    dnnl_status_t status_b = bound.count == 4 ? Point(bound.bias, bias) : dnnl_success;
+    if (status_x != dnnl_success || status_w != dnnl_success || status_y != dnnl_success ||
+        status_b != dnnl_success)
+      return TIR_BYOC_EBACKEND;
     dnnl::stream &stream = Stream();
-    entry->primitive.execute(stream, args);
-    stream.wait();
+    if (dnnl_primitive_execute(entry->primitive.get(), stream.get(), bound.count, bound.args) !=
+            dnnl_success ||
+        dnnl_stream_wait(stream.get()) != dnnl_success)
+      return TIR_BYOC_EBACKEND;
     // Step 3. The exact int32 epilogue of the integer patterns.
     if (dtypes.integer && (has_bias || relu)) {
       ApplyEpilogue(dtypes, y, has_bias ? bias : nullptr, m, n, relu, false);
