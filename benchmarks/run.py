@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import platform
 import statistics
@@ -510,7 +511,37 @@ def child(args) -> list[dict]:
     return rows
 
 
+def _busy_seconds() -> float:
+    """CPU seconds the whole machine has spent busy (all cores, from /proc/stat)."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return math.nan
+    ticks = [int(f) for f in fields]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_seconds() -> float:
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def _run_child(implementation, mlp, args, env) -> list[dict]:
+    """Run one implementation in a child; its rows note how busy other processes kept the CPU."""
+    busy, own, start = _busy_seconds(), _own_seconds(), time.perf_counter()
+    rows = _run_child_process(implementation, mlp, args, env)
+    wall = time.perf_counter() - start
+    foreign = (_busy_seconds() - busy - (_own_seconds() - own)) / (wall * (os.cpu_count() or 1))
+    for row in rows:
+        row["note"] = f"{row['note']}; other load {max(foreign, 0):.0%}".lstrip("; ")
+    return rows
+
+
+def _run_child_process(implementation, mlp, args, env) -> list[dict]:
     command = [
         sys.executable,
         __file__,
@@ -651,7 +682,11 @@ def main(argv=None) -> int:
     env.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
     for name in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
         env.pop(name, None)
-    print(f"machine: {machine()}; TVM_NUM_THREADS={env['TVM_NUM_THREADS']}", flush=True)
+    print(
+        f"machine: {machine()}; TVM_NUM_THREADS={env['TVM_NUM_THREADS']}; "
+        f"load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     # Step 2. Each implementation in its own process.
     raw = []
     for implementation in LAYER_IMPLEMENTATIONS:
