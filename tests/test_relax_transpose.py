@@ -315,3 +315,78 @@ def test_callee_also_called_untransposed_is_left_alone():
     y, z = _run(after, x, w, v)
     np.testing.assert_allclose(y, x @ w.T, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(z, x @ v, rtol=1e-5, atol=1e-5)
+
+
+@I.ir_module
+class SourceHiddenInAnotherBlock:
+    @T.prim_func(private=True, s_tir=True)
+    def scale(A: T.Buffer((5, 6), "float32"), B: T.Buffer((5, 6), "float32")):
+        for i, j in T.grid(5, 6):
+            with T.sblock("scale"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                B[vi, vj] = A[vi, vj] * T.float32(2)
+
+    @T.prim_func(private=True, s_tir=True)
+    def transpose(A: T.Buffer((5, 6), "float32"), B: T.Buffer((6, 5), "float32")):
+        for i, j in T.grid(6, 5):
+            with T.sblock("T_transpose"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                B[vi, vj] = A[vj, vi]
+
+    @T.prim_func(private=True, s_tir=True)
+    def matmul(
+        X: T.Buffer((4, 6), "float32"),
+        W: T.Buffer((6, 5), "float32"),
+        Y: T.Buffer((4, 5), "float32"),
+    ):
+        for i, j, k in T.grid(4, 5, 6):
+            with T.sblock("matmul"):
+                vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                with T.init():
+                    Y[vi, vj] = T.float32(0)
+                Y[vi, vj] = Y[vi, vj] + X[vi, vk] * W[vk, vj]
+
+
+def _two_blocks() -> tvm.IRModule:
+    """``scale`` and ``transpose`` in one dataflow block, the matmul in a later one."""
+    prims = SourceHiddenInAnotherBlock
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 6), "float32"))
+    w = relax.Var("w", relax.TensorType((5, 6), "float32"))
+    gvars = {name: builder.add_func(prims[name], name) for name in ("scale", "transpose", "matmul")}
+    with builder.function("forward", [x, w]):
+        with builder.dataflow():
+            w2 = builder.emit(
+                relax.op.call_tir(
+                    gvars["scale"], relax.Tuple([w]), relax.TensorType((5, 6), "float32")
+                )
+            )
+            wt = builder.emit_output(
+                relax.op.call_tir(
+                    gvars["transpose"], relax.Tuple([w2]), relax.TensorType((6, 5), "float32")
+                )
+            )
+        builder.emit(relax.op.add(x, x))  # a binding outside dataflow keeps the blocks apart
+        with builder.dataflow():
+            y = builder.emit_output(
+                relax.op.call_tir(
+                    gvars["matmul"], relax.Tuple([x, wt]), relax.TensorType((4, 5), "float32")
+                )
+            )
+        builder.emit_func_output(y)
+    return builder.get()
+
+
+def test_source_out_of_scope_at_the_call_is_refused():
+    mod = _two_blocks()
+    assert len(mod["forward"].body.blocks) == 3
+    folded, report = fold_weight_transposes(mod, lambda *_: True)
+    assert folded is mod
+    assert [r.reason for r in report.refusals] == [
+        "lv is a dataflow variable of another block than the call"
+    ]
+    rng = np.random.default_rng(0)
+    x, w = (rng.standard_normal(s).astype("float32") for s in ((4, 6), (5, 6)))
+    vm = relax.VirtualMachine(tvm.compile(tir_byoc.offload(mod), target="llvm"), tvm.cpu())
+    y = vm["forward"](tvm.runtime.tensor(x), tvm.runtime.tensor(w)).numpy()
+    np.testing.assert_allclose(y, x @ (2 * w).T, rtol=1e-5, atol=1e-5)

@@ -238,31 +238,39 @@ class _Site:
     transposed: relax.Var
     source: relax.Expr
     transpose: str
+    out_of_scope: bool  # the source is a dataflow variable of another block
 
 
 def _call_tir(value) -> bool:
-    return isinstance(value, ir.Call) and value.op.same_as(_CALL_TIR)
+    """A ``call_tir(gvar, (args...))`` without symbolic-shape arguments."""
+    return (
+        isinstance(value, ir.Call)
+        and value.op.same_as(_CALL_TIR)
+        and len(value.args) == 2
+        and isinstance(value.args[1], relax.Tuple)
+    )
 
 
 def _bindings(func: relax.Function):
+    """(block index, binding) for every binding of ``func``'s body."""
     body = func.body
     if not isinstance(body, relax.SeqExpr):
         return []
-    return [b for block in body.blocks for b in block.bindings]
+    return [(i, b) for i, block in enumerate(body.blocks) for b in block.bindings]
 
 
 def _transposes(mod: tvm.IRModule, func: relax.Function) -> dict:
-    """Vars bound to ``call_tir`` of a proven transpose -> (its input, transpose name)."""
+    """Vars bound to ``call_tir`` of a proven transpose -> (input, transpose name, block)."""
     found = {}
-    for binding in _bindings(func):
+    for block, binding in _bindings(func):
         value = binding.value
         if not (isinstance(binding, relax.VarBinding) and _call_tir(value)):
             continue
-        if len(value.args) != 2 or len(value.args[1].fields) != 1:
+        if len(value.args[1].fields) != 1:
             continue
         callee = mod[value.args[0]]
         if isinstance(callee, tirx.PrimFunc) and transpose_refusal(callee) is None:
-            found[binding.var] = (value.args[1].fields[0], value.args[0].name_hint)
+            found[binding.var] = (value.args[1].fields[0], value.args[0].name_hint, block)
     return found
 
 
@@ -273,15 +281,16 @@ def _sites(mod: tvm.IRModule):
         if not isinstance(func, relax.Function):
             continue
         transposed = _transposes(mod, func)
-        for binding in _bindings(func):
+        for block, binding in _bindings(func):
             value = binding.value
             if not _call_tir(value):
                 continue
             calls.setdefault(value.args[0].name_hint, []).append(binding)
             for i, arg in enumerate(value.args[1].fields):
                 if isinstance(arg, relax.Var) and arg in transposed:
-                    source, name = transposed[arg]
-                    sites.append(_Site(gvar.name_hint, binding, i, arg, source, name))
+                    source, name, defined_in = transposed[arg]
+                    hidden = isinstance(source, relax.DataflowVar) and defined_in != block
+                    sites.append(_Site(gvar.name_hint, binding, i, arg, source, name, hidden))
     return sites, calls
 
 
@@ -351,6 +360,11 @@ def _fold_callee(func, callee, arg, group, calls, served) -> tirx.PrimFunc:
     sites = {s.binding.var for s in group}
     if any(b.var not in sites for b in calls):
         raise ValueError(f"{callee} is also called with an untransposed argument {arg}")
+    hidden = next((s for s in group if s.out_of_scope), None)
+    if hidden is not None:
+        raise ValueError(
+            f"{hidden.source.name} is a dataflow variable of another block than the call"
+        )
     if arg >= len(func.params):
         raise ValueError(f"{callee} has no parameter {arg}")
     rewritten = read_weight_untransposed(func, arg)
@@ -366,7 +380,7 @@ def _rewrite_relax(func: relax.Function, sites: list[_Site], gvars) -> tuple[rel
     replace: dict[relax.Var, dict[int, relax.Expr]] = {}
     for site in sites:
         replace.setdefault(site.binding.var, {})[site.arg] = site.source
-    if not any(b.var in replace for b in _bindings(func)):
+    if not any(b.var in replace for _, b in _bindings(func)):
         return func, 0
     candidates = {s.transposed for s in sites}
     # Step 1. New call_tir values.

@@ -31,12 +31,14 @@ LIBRARY_VARIABLES = {
     "openmp": ("OMP_NUM_THREADS", "GOMP_SPINCOUNT"),
     "openblas": ("OPENBLAS_NUM_THREADS", "OPENBLAS_THREAD_TIMEOUT"),
 }
-#: Idle spin before sleeping.  libgomp counts spin iterations (its default, 300000, is
-#: ~15 ms with this CPU's slow PAUSE); OpenBLAS waits 2**n cycles (default n = 28).
+#: Idle spin before sleeping: long enough to keep a pool hot between the back-to-back calls of
+#: one model run (a few microseconds apart), short enough not to hold a core another pool needs.
+#: libgomp counts PAUSE iterations (~15-30 ns here; its default 300000 is 5-9 ms); OpenBLAS
+#: waits 2**n cycles (default n = 28, ~0.1 s); TVM counts yields (default 300000).
 IDLE_DEFAULTS = {
-    "GOMP_SPINCOUNT": "10000",
-    "OPENBLAS_THREAD_TIMEOUT": "4",
-    "TVM_THREAD_POOL_SPIN_COUNT": "10000",
+    "GOMP_SPINCOUNT": "1000",
+    "OPENBLAS_THREAD_TIMEOUT": "16",
+    "TVM_THREAD_POOL_SPIN_COUNT": "1000",
 }
 # Variables that also decide idle behaviour: if the user set one, we leave that library alone.
 _USER_IDLE_CHOICE = {"GOMP_SPINCOUNT": ("OMP_WAIT_POLICY",)}
