@@ -244,12 +244,17 @@ def measure_metaschedule(trials, workload, signature, budget):
     else:
         work_dir.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
+        # Generous timeouts: on a busy 2-core machine the defaults (30 s) time out builds.
         database = ms.tune_tir(
             mod,
             target(),
             str(work_dir),
             max_trials_global=trials,
-            num_trials_per_iter=min(64, trials),
+            num_trials_per_iter=min(16, trials),
+            builder=ms.builder.LocalBuilder(timeout_sec=300),
+            runner=ms.runner.LocalRunner(
+                timeout_sec=300, evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1)
+            ),
         )
         tuning = time.perf_counter() - start
         marker.write_text(json.dumps({"seconds": tuning, "trials": trials}))
@@ -479,6 +484,11 @@ def measure_layer(implementation, workload, dtype, args):
     if implementation == "TVM MetaSchedule":
         if args.trials <= 0:
             return None, "skipped (--trials 0)"
+        if workload.flops > args.ms_max_gflop * 1e9:
+            return (
+                None,
+                f"skipped: above --ms-max-gflop {args.ms_max_gflop} (tuning takes too long)",
+            )
         return measure_metaschedule(args.trials, workload, signature, budget)
     schedule = "dlight" if "dlight" in implementation else "none"
     return measure_tvm(schedule, workload, signature, min(budget, 3.0))
@@ -551,6 +561,8 @@ def _run_child_process(implementation, mlp, args, env) -> list[dict]:
         str(args.budget),
         "--trials",
         str(args.trials),
+        "--ms-max-gflop",
+        str(args.ms_max_gflop),
     ]
     if mlp:
         command.append("--mlp")
@@ -659,6 +671,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=float, default=1.0, help="seconds of timing per cell")
     parser.add_argument("--trials", type=int, default=64, help="MetaSchedule trials per workload")
+    parser.add_argument(
+        "--ms-max-gflop", type=float, default=5.0, help="no MetaSchedule above this size"
+    )
     parser.add_argument(
         "--workload", dest="workloads", action="append", help="only this workload (repeatable)"
     )

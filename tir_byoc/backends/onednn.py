@@ -16,7 +16,7 @@ from pathlib import Path
 from .. import threads
 from ..match import Match
 from ..patterns import PATTERNS
-from ..registry import REGISTRY, Backend, BackendUnavailable, Intrinsic, LinkSpec
+from ..registry import REGISTRY, Backend, Intrinsic, LinkSpec
 from ..signature import DtypeSignature
 from ..toolchain import intrinsics_dir
 from .wheels import installed_file
@@ -96,4 +96,4 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["DTYPE_CPU_FLAGS", "PRIORITY", "BackendUnavailable", "cpu_supports", "locate"]
+__all__ = ["DTYPE_CPU_FLAGS", "INSTALL", "PRIORITY", "cpu_flags", "cpu_supports", "locate"]
