@@ -5,7 +5,8 @@ runs in its own process (the pools read their environment when they load) and ti
 of repeated runs after warm-up:
 
 * each kernel alone: the seed layer 64x800->500+bias+relu on oneDNN and on OpenBLAS through
-  tir_byoc, and a TVM-parallel elementwise kernel (exp over 512x1024, ``T.parallel``);
+  tir_byoc, a TVM-parallel elementwise kernel (exp over 512x1024, ``T.parallel``), and the
+  seed MLP on the Relax VM (two oneDNN calls back to back, which short spins could slow);
 * the pairs alternating in one loop, as they do in a model where tir_byoc offloaded some
   PrimFuncs and TVM runs the rest: the cost of sharing the cores is
   ``alternating - (a alone + b alone)``.
@@ -84,6 +85,15 @@ def _kernels():
         offloaded = tir_byoc.offload(layer, backends=[backend])
         built = tvm.compile(tvm.IRModule({"main": offloaded}), target="llvm")
         kernels[backend] = lambda built=built: built["main"](*args, out)
+    # The seed MLP end to end: two oneDNN calls back to back on the Relax VM.
+    from tvm import relax
+
+    from tir_byoc.demo import lowered_mlp, mlp_weights
+
+    vm = relax.VirtualMachine(tvm.compile(tir_byoc.offload(lowered_mlp()), "llvm"), tvm.cpu())
+    x = rng.standard_normal((64, 800)).astype("float32")
+    mlp_args = [tvm.runtime.tensor(a) for a in (x, *mlp_weights(rng))]
+    kernels["onednn MLP (2 calls)"] = lambda: vm["forward"](*mlp_args)
     return kernels
 
 
