@@ -230,7 +230,9 @@ def measure_tir_byoc(backend, workload, signature, budget):
     if match.intrinsic is None:
         return None, match.reason
     offloaded = tir_byoc.offload(mod, backends=[backend])
-    return _tvm_run(offloaded, workload, signature, budget), match.intrinsic
+    ms = _tvm_run(offloaded, workload, signature, budget)
+    note = match.intrinsic if backend != "openblas" else f"{match.intrinsic}; {_blas_note()}"
+    return ms, note
 
 
 def measure_tvm(schedule, workload, signature, budget):
@@ -301,7 +303,7 @@ def measure_numpy(workload, signature, budget):
         if "relu" in workload.pattern:
             np.maximum(out, 0, out=out)
 
-    return time_python(run, budget), _blas_note("numpy")
+    return time_python(run, budget), _blas_note()
 
 
 def measure_torch(workload, signature, budget):
@@ -369,14 +371,15 @@ def measure_direct(library, layers, budget, prepacked=False):
     return float(output[0]), " ".join(sorted(set(output[1:])))
 
 
-def _blas_note(which: str) -> str:
+def _blas_note() -> str:
+    """The BLAS libraries loaded in this process and the kernel (core) each runs."""
     try:
         from threadpoolctl import threadpool_info
     except ImportError:
         return "threadpoolctl not installed"
     pools = [p for p in threadpool_info() if p.get("user_api") == "blas"]
     return "; ".join(
-        f"{p.get('internal_api')} {p.get('architecture')} x{p.get('num_threads')}" for p in pools
+        f"{p.get('prefix')} {p.get('architecture')} x{p.get('num_threads')}" for p in pools
     )
 
 
@@ -435,7 +438,7 @@ def _mlp_python(implementation, x, params, budget):
             np.matmul(h, w2t, out=y)
             np.add(y, b2, out=y)
 
-        return time_python(run, budget), _blas_note("numpy")
+        return time_python(run, budget), _blas_note()
     try:
         import torch
     except ImportError:
