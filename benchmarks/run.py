@@ -379,7 +379,7 @@ def _blas_note() -> str:
         return "threadpoolctl not installed"
     pools = [p for p in threadpool_info() if p.get("user_api") == "blas"]
     return "; ".join(
-        f"{p.get('prefix')} {p.get('architecture')} x{p.get('num_threads')}" for p in pools
+        f"{Path(p['filepath']).name} {p.get('architecture')} x{p.get('num_threads')}" for p in pools
     )
 
 
