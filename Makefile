@@ -1,11 +1,11 @@
-# Two entry points: `make demo` and `make test`. Each creates .venv if needed, installs the
+# Entry points: `make demo`, `make test`, and `make bench` (not run by CI). Each creates .venv if needed, installs the
 # project with pinned dependencies, then runs.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean bench bench-matcher bench-threads
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,24 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+BENCH_STAMP := $(VENV)/.installed-bench
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[dev,bench]"
+	touch $(BENCH_STAMP)
+
+# Every implementation side by side; results in benchmarks/results/ (table, CSV, PNG).
+bench: $(BENCH_STAMP)
+	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
+
+# The matcher's own speed (scan time per PrimFunc).
+bench-matcher: $(STAMP)
+	$(BIN)/python benchmarks/run.py --matcher
+
+# How TVM's, OpenMP's and OpenBLAS's thread pools get along, with and without tir_byoc's settings.
+bench-threads: $(STAMP)
+	$(BIN)/python benchmarks/threads.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -14,9 +14,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import tvm
-from tvm import tirx
+from tvm import relax, tirx
 
-from . import toolchain
+from . import relax_transpose, toolchain
 from .match import FunctionScan, Match, Rejection, scan_function
 from .registry import REGISTRY, Registry, backend_order, choose
 from .rewrite import rewrite_function
@@ -66,8 +66,27 @@ def _plan(mod: tvm.IRModule, backends, registry: Registry) -> list[_Plan]:
     return plans
 
 
+def _fold_transposes(mod: tvm.IRModule, backends, registry: Registry) -> tvm.IRModule:
+    """Relax modules: matmuls on a transposed weight become dense on the original weight."""
+    if not any(isinstance(f, relax.Function) for f in mod.functions.values()):
+        return mod
+
+    def served(name, func, weight) -> bool:
+        plan = _plan(tvm.IRModule({name: func}), backends, registry)[0]
+        return any(m.intrinsic and m.w.same_as(weight) for m in plan.matches)
+
+    folded, report = relax_transpose.fold_weight_transposes(mod, served)
+    for refusal in report.refusals:
+        logger.info("%s", refusal)
+    return folded
+
+
 def scan(
-    mod_or_func, *, backends: Iterable[str] | str | None = None, registry: Registry = REGISTRY
+    mod_or_func,
+    *,
+    backends: Iterable[str] | str | None = None,
+    registry: Registry = REGISTRY,
+    fold_transposes: bool = True,
 ) -> list[Match]:
     """Find every dense / bias / relu chain and the intrinsic that would serve it.
 
@@ -80,6 +99,9 @@ def scan(
         intrinsic priority).
     registry : Registry, optional
         Where intrinsics are looked up.
+    fold_transposes : bool
+        Relax modules: report a matmul whose weight is a ``transpose`` of another tensor as
+        the dense match :func:`offload` makes of it (see :mod:`tir_byoc.relax_transpose`).
 
     Returns
     -------
@@ -87,6 +109,8 @@ def scan(
         Each with ``intrinsic`` set, or ``intrinsic=None`` and ``reason``.
     """
     mod, _ = _as_module(mod_or_func)
+    if fold_transposes:
+        mod = _fold_transposes(mod, backends, registry)
     return [m for plan in _plan(mod, backends, registry) for m in plan.matches]
 
 
@@ -114,6 +138,7 @@ def offload(
     backends: Iterable[str] | str | None = None,
     strict: bool = False,
     registry: Registry = REGISTRY,
+    fold_transposes: bool = True,
 ):
     """Replace every matched chain by a call to its intrinsic.
 
@@ -131,6 +156,10 @@ def offload(
         Raise ``ValueError`` if some match has no intrinsic, instead of leaving it to TVM.
     registry : Registry, optional
         Where intrinsics are looked up.
+    fold_transposes : bool
+        Relax modules: serve a matmul whose weight is a ``transpose`` of another tensor with
+        the dense intrinsic on that tensor, and drop the transpose when nothing else uses it
+        (see :mod:`tir_byoc.relax_transpose`).
 
     Returns
     -------
@@ -138,6 +167,8 @@ def offload(
         The same kind as the input.  Unmatched blocks and functions are kept as they were.
     """
     mod, wrapped = _as_module(mod_or_func)
+    if fold_transposes and not wrapped:
+        mod = _fold_transposes(mod, backends, registry)
     plans = _plan(mod, backends, registry)
     # Step 1. Every match gets an intrinsic, or (strict) nothing happens.
     missing = [m for p in plans for m in p.matches if m.intrinsic is None]
@@ -173,14 +204,27 @@ class Offload:
 
     Parameters
     ----------
-    backends, strict, registry
+    backends, strict, registry, fold_transposes
         As for :func:`offload`.
     """
 
-    def __init__(self, backends=None, strict: bool = False, registry: Registry = REGISTRY):
+    def __init__(
+        self,
+        backends=None,
+        strict: bool = False,
+        registry: Registry = REGISTRY,
+        fold_transposes: bool = True,
+    ):
         self.backends = backends
         self.strict = strict
         self.registry = registry
+        self.fold_transposes = fold_transposes
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        return offload(mod, backends=self.backends, strict=self.strict, registry=self.registry)
+        return offload(
+            mod,
+            backends=self.backends,
+            strict=self.strict,
+            registry=self.registry,
+            fold_transposes=self.fold_transposes,
+        )

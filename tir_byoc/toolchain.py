@@ -169,11 +169,18 @@ def _compile_flags(spec: LinkSpec) -> list[str]:
 
 
 def link_flags(spec: LinkSpec) -> list[str]:
-    """Linker flags for a backend's libraries, with an rpath so they are found at run time."""
+    """Linker flags for a backend's libraries, with an rpath so they are found at run time.
+
+    The libraries are linked ``--no-as-needed``: ``export_library`` puts these flags before
+    the objects that use them, where a linker defaulting to ``--as-needed`` (Debian, Ubuntu)
+    would drop them and leave the symbols unresolved when the module loads.
+    """
     flags = []
     for directory in spec.library_dirs:
         flags += [f"-L{directory}", f"-Wl,-rpath,{directory}"]
-    flags += [f"-l{lib}" for lib in spec.libraries]
+    if spec.libraries:
+        libraries = [f"-l{lib}" for lib in spec.libraries]
+        flags += ["-Wl,--push-state,--no-as-needed", *libraries, "-Wl,--pop-state"]
     return [*flags, *spec.link_flags]
 
 

@@ -1,5 +1,10 @@
-"""The bundled backends; importing this package registers their intrinsics."""
+"""The bundled backends; importing this package registers their intrinsics.
 
-from . import ref
+By priority: ``onednn`` (200), ``openblas`` (100), ``ref`` (0, the portable fallback).  A
+backend whose library is not installed stays registered and is skipped, with the reason, when
+intrinsics are chosen.
+"""
 
-__all__ = ["ref"]
+from . import onednn, openblas, ref
+
+__all__ = ["onednn", "openblas", "ref"]

@@ -1,0 +1,135 @@
+/*
+ * direct_onednn.cpp - oneDNN called directly from C++, without TVM or tir_byoc: the baseline
+ * the benchmark compares tir_byoc's oneDNN intrinsics against (the "bridge overhead").
+ *
+ * usage: direct_onednn WARMUP REPEATS plain|prepacked LAYER [LAYER...]
+ *   LAYER = M:N:K:DTYPES:LAYOUT:BIAS:RELU, DTYPES f32 | bf16 | u8s8 | s8s8,
+ *   LAYOUT dense | matmul, BIAS and RELU 0 | 1.
+ * Primitives and memory objects are created once, as a hand-written program would; each timed
+ * run executes every layer in order (a layer whose input has the previous layer's output shape
+ * reads that output, so two layers make the seed MLP).  "prepacked" reorders each weight once
+ * to the layout oneDNN prefers: a best case tir_byoc cannot use, as it never copies weights.
+ * Prints the median milliseconds of a run and the implementation names.
+ */
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+using dt = dnnl::memory::data_type;
+using dims = dnnl::memory::dims;
+
+struct Layer {
+  int64_t m, n, k;
+  bool integer, bias, relu;
+  dnnl::matmul primitive;
+  std::string implementation;
+  std::unordered_map<int, dnnl::memory> args;
+  std::vector<char> x, w, b, y;
+
+  /* The exact int32 epilogue of the integer patterns, as the intrinsic applies it. */
+  void IntegerEpilogue() {
+    int32_t *out = reinterpret_cast<int32_t *>(y.data());
+    const int32_t *add = reinterpret_cast<const int32_t *>(b.data());
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        int32_t v = out[i * n + j] + (bias ? add[j] : 0);
+        out[i * n + j] = relu && v < 0 ? 0 : v;
+      }
+  }
+};
+
+static Layer Create(const std::string &spec, bool prepacked, dnnl::engine &engine,
+                    dnnl::stream &stream, Layer *previous) {
+  std::vector<std::string> f;
+  std::stringstream in(spec);
+  for (std::string part; std::getline(in, part, ':');) f.push_back(part);
+  if (f.size() != 7) {
+    std::fprintf(stderr, "bad layer %s: expected M:N:K:DTYPES:LAYOUT:BIAS:RELU\n", spec.c_str());
+    std::exit(2);
+  }
+  Layer L;
+  L.m = std::atoll(f[0].c_str()), L.n = std::atoll(f[1].c_str()), L.k = std::atoll(f[2].c_str());
+  dt x_dt = dt::f32, w_dt = dt::f32, y_dt = dt::f32;
+  if (f[3] == "bf16") x_dt = w_dt = dt::bf16;
+  if (f[3] == "u8s8") x_dt = dt::u8, w_dt = dt::s8, y_dt = dt::s32;
+  if (f[3] == "s8s8") x_dt = dt::s8, w_dt = dt::s8, y_dt = dt::s32;
+  const bool dense = f[4] == "dense";
+  L.bias = f[5] == "1", L.relu = f[6] == "1", L.integer = y_dt == dt::s32;
+  // Step 1. Descriptors as the intrinsic builds them (the weight by strides, not copied).
+  dnnl::memory::desc src({L.m, L.k}, x_dt, dims{L.k, 1});
+  dnnl::memory::desc plain_w({L.k, L.n}, w_dt, dense ? dims{1, L.k} : dims{L.n, 1});
+  dnnl::memory::desc any_w({L.k, L.n}, w_dt, dnnl::memory::format_tag::any);
+  dnnl::memory::desc dst({L.m, L.n}, y_dt, dims{L.n, 1});
+  dnnl::memory::desc bias_md;
+  if (L.bias && !L.integer) bias_md = dnnl::memory::desc({1, L.n}, y_dt, dims{L.n, 1});
+  dnnl::primitive_attr attr;
+  if (L.relu && !L.integer) {
+    dnnl::post_ops ops;
+    ops.append_eltwise(dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    attr.set_post_ops(ops);
+  }
+  dnnl::matmul::primitive_desc desc(engine, src, prepacked ? any_w : plain_w, bias_md, dst, attr);
+  L.primitive = dnnl::matmul(desc);
+  L.implementation = desc.impl_info_str();
+  // Step 2. Buffers with small deterministic values, created once.
+  L.x.resize(src.get_size()), L.w.resize(plain_w.get_size()), L.y.resize(dst.get_size());
+  L.b.resize(static_cast<size_t>(L.n) * 4);
+  for (size_t i = 0; i < L.x.size(); ++i) L.x[i] = static_cast<char>(i % 7);
+  for (size_t i = 0; i < L.w.size(); ++i) L.w[i] = static_cast<char>(i % 5);
+  void *x_data = L.x.data();
+  if (previous != nullptr && previous->m == L.m && previous->n == L.k &&
+      previous->integer == L.integer && x_dt == dt::f32)
+    x_data = previous->y.data();
+  L.args[DNNL_ARG_SRC] = dnnl::memory(src, engine, x_data);
+  dnnl::memory weights(plain_w, engine, L.w.data());
+  if (prepacked) {
+    dnnl::memory packed(desc.weights_desc(), engine);
+    dnnl::reorder(weights, packed).execute(stream, weights, packed);
+    stream.wait();
+    weights = packed;
+  }
+  L.args[DNNL_ARG_WEIGHTS] = weights;
+  L.args[DNNL_ARG_DST] = dnnl::memory(dst, engine, L.y.data());
+  if (L.bias && !L.integer) L.args[DNNL_ARG_BIAS] = dnnl::memory(bias_md, engine, L.b.data());
+  return L;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 5) {
+    std::fprintf(stderr, "usage: %s WARMUP REPEATS plain|prepacked LAYER [LAYER...]\n", argv[0]);
+    return 2;
+  }
+  const int warmup = std::atoi(argv[1]), repeats = std::atoi(argv[2]);
+  const bool prepacked = std::string(argv[3]) == "prepacked";
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  std::vector<Layer> layers;
+  layers.reserve(argc - 4);
+  for (int i = 4; i < argc; ++i)
+    layers.push_back(Create(argv[i], prepacked, engine, stream,
+                            layers.empty() ? nullptr : &layers.back()));
+  // Step 3. Warm up, then time each run of all layers.
+  std::vector<double> times;
+  for (int r = 0; r < warmup + repeats; ++r) {
+    auto start = std::chrono::steady_clock::now();
+    for (Layer &layer : layers) {
+      layer.primitive.execute(stream, layer.args);
+      stream.wait();
+      if (layer.integer && (layer.bias || layer.relu)) layer.IntegerEpilogue();
+    }
+    auto stop = std::chrono::steady_clock::now();
+    if (r >= warmup) times.push_back(std::chrono::duration<double, std::milli>(stop - start).count());
+  }
+  std::sort(times.begin(), times.end());
+  std::printf("%.6f", times[times.size() / 2]);
+  for (const Layer &layer : layers) std::printf(" %s", layer.implementation.c_str());
+  std::printf("\n");
+  return 0;
+}

@@ -1,0 +1,82 @@
+/*
+ * direct_openblas.c - OpenBLAS (scipy-openblas32) called directly from C, without TVM or
+ * tir_byoc: the baseline for tir_byoc's OpenBLAS intrinsics (fp32).
+ *
+ * usage: direct_openblas WARMUP REPEATS LAYER [LAYER...]
+ *   LAYER = M:N:K:f32:LAYOUT:BIAS:RELU, LAYOUT dense | matmul, BIAS and RELU 0 | 1.
+ * Each timed run computes every layer the way a C programmer would with cblas: the bias
+ * broadcast into the output, one sgemm with beta = 1, a relu pass.  Layers chain like the
+ * oneDNN harness.  Prints the median milliseconds of a run and the OpenBLAS core in use.
+ */
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct {
+  int m, n, k, dense, bias, relu;
+  float *x, *w, *b, *y;
+} Layer;
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+static int compare(const void *a, const void *b) {
+  double d = *(const double *)a - *(const double *)b;
+  return (d > 0) - (d < 0);
+}
+
+static float *filled(size_t count, int modulus) {
+  float *p = malloc(count * sizeof(float));
+  for (size_t i = 0; i < count; ++i) p[i] = (float)(i % modulus) * 0.25f - 1.0f;
+  return p;
+}
+
+static void run(const Layer *L) {
+  if (L->bias)
+    for (int i = 0; i < L->m; ++i) memcpy(L->y + (size_t)i * L->n, L->b, L->n * sizeof(float));
+  scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, L->dense ? CblasTrans : CblasNoTrans, L->m,
+                    L->n, L->k, 1.0f, L->x, L->k, L->w, L->dense ? L->k : L->n,
+                    L->bias ? 1.0f : 0.0f, L->y, L->n);
+  if (L->relu)
+    for (size_t i = 0; i < (size_t)L->m * L->n; ++i) L->y[i] = L->y[i] > 0.0f ? L->y[i] : 0.0f;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 4) {
+    fprintf(stderr, "usage: %s WARMUP REPEATS LAYER [LAYER...]\n", argv[0]);
+    return 2;
+  }
+  int warmup = atoi(argv[1]), repeats = atoi(argv[2]), count = argc - 3;
+  Layer *layers = calloc(count, sizeof(Layer));
+  for (int i = 0; i < count; ++i) {
+    Layer *L = &layers[i];
+    char dtypes[16], layout[16];
+    if (sscanf(argv[3 + i], "%d:%d:%d:%15[^:]:%15[^:]:%d:%d", &L->m, &L->n, &L->k, dtypes,
+               layout, &L->bias, &L->relu) != 7 || strcmp(dtypes, "f32") != 0) {
+      fprintf(stderr, "bad layer %s: expected M:N:K:f32:LAYOUT:BIAS:RELU\n", argv[3 + i]);
+      return 2;
+    }
+    L->dense = strcmp(layout, "dense") == 0;
+    L->x = (i > 0 && layers[i - 1].m == L->m && layers[i - 1].n == L->k)
+               ? layers[i - 1].y
+               : filled((size_t)L->m * L->k, 7);
+    L->w = filled((size_t)L->n * L->k, 5);
+    L->b = filled((size_t)L->n, 3);
+    L->y = filled((size_t)L->m * L->n, 2);
+  }
+  double *times = malloc(repeats * sizeof(double));
+  for (int r = 0; r < warmup + repeats; ++r) {
+    double start = now_ms();
+    for (int i = 0; i < count; ++i) run(&layers[i]);
+    double stop = now_ms();
+    if (r >= warmup) times[r - warmup] = stop - start;
+  }
+  qsort(times, repeats, sizeof(double), compare);
+  printf("%.6f %s\n", times[repeats / 2], scipy_openblas_get_corename());
+  return 0;
+}

@@ -1,0 +1,363 @@
+/*
+ * onednn/matmul.cpp - the oneDNN intrinsics: every pattern of the family as one oneDNN matmul
+ * primitive.  Symbols tir_byoc_onednn_<pattern>, registry keys onednn.<pattern>; calling
+ * convention and status codes as in tir_byoc.h.
+ *
+ * - The weight is described to oneDNN by strides, never copied: a dense weight (N x K,
+ *   row-major) is the (K, N) matrix with strides {1, K}, a matmul weight (K x N) has strides
+ *   {N, 1}.
+ * - Floating point (fp32, and bf16 / fp16 inputs accumulated in fp32): the bias and the relu
+ *   are fused into the primitive (bias argument, eltwise_relu post-op).
+ * - Integer (u8 / s8 inputs, s32 output): oneDNN applies biases and post-ops of an integer
+ *   matmul in fp32, which rounds sums above 2^24; the primitive computes the exact s32
+ *   product and the bias and relu are applied afterwards in int32, as the TIR does.
+ * - Primitives are created once per (shape, dtypes, layout, epilogue) and kept in a bounded,
+ *   thread-safe LRU cache (capacity $TIR_BYOC_ONEDNN_CACHE_CAPACITY, default 256).
+ */
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "tir_byoc.h"
+
+namespace {
+
+using dt = dnnl::memory::data_type;
+
+enum class Layout : int32_t { kNK = 0, kKN = 1 };
+
+/* The dtype signatures this file implements, decoded from the packed code. */
+struct Dtypes {
+  dt x, w, y;
+  bool integer;
+};
+
+bool Decode(int32_t signature, Dtypes *out) {
+  const int32_t f32 = TIR_BYOC_FLOAT32;
+  struct Known {
+    int32_t x, w, y;
+    Dtypes dtypes;
+  };
+  static const Known kKnown[] = {
+      {f32, f32, f32, {dt::f32, dt::f32, dt::f32, false}},
+      {TIR_BYOC_BFLOAT16, TIR_BYOC_BFLOAT16, f32, {dt::bf16, dt::bf16, dt::f32, false}},
+      {TIR_BYOC_FLOAT16, TIR_BYOC_FLOAT16, f32, {dt::f16, dt::f16, dt::f32, false}},
+      {TIR_BYOC_UINT8, TIR_BYOC_INT8, TIR_BYOC_INT32, {dt::u8, dt::s8, dt::s32, true}},
+      {TIR_BYOC_INT8, TIR_BYOC_INT8, TIR_BYOC_INT32, {dt::s8, dt::s8, dt::s32, true}},
+  };
+  for (const Known &known : kKnown) {
+    if (TIR_BYOC_SIGNATURE(known.x, known.w, known.y) == signature) {
+      *out = known.dtypes;
+      return true;
+    }
+  }
+  return false;
+}
+
+/* What a primitive is specialised for. */
+struct Key {
+  int64_t m, n, k;
+  int32_t signature;
+  Layout layout;
+  bool bias, relu;
+
+  bool operator==(const Key &o) const {
+    return m == o.m && n == o.n && k == o.k && signature == o.signature && layout == o.layout &&
+           bias == o.bias && relu == o.relu;
+  }
+};
+
+struct KeyHash {
+  size_t operator()(const Key &key) const {
+    uint64_t h = 1469598103934665603ull;
+    const uint64_t parts[] = {static_cast<uint64_t>(key.m), static_cast<uint64_t>(key.n),
+                              static_cast<uint64_t>(key.k), static_cast<uint64_t>(key.signature),
+                              static_cast<uint64_t>(key.layout),
+                              static_cast<uint64_t>(key.bias) << 1 | key.relu};
+    for (uint64_t part : parts) h = (h ^ part) * 1099511628211ull;
+    return static_cast<size_t>(h);
+  }
+};
+
+/* A created primitive with the memory descriptors its arguments are wrapped in. */
+struct Entry {
+  dnnl::matmul primitive;
+  dnnl::memory::desc src, weights, bias, dst;
+  std::string implementation;  // oneDNN's name for the kernel it chose
+  uint64_t id;                 // unique per creation, keys the per-thread argument cache
+};
+
+std::atomic<uint64_t> next_entry_id{1};
+
+dnnl::engine &Engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+dnnl::stream &Stream() {
+  thread_local dnnl::stream stream(Engine());
+  return stream;
+}
+
+std::shared_ptr<const Entry> Create(const Key &key, const Dtypes &dtypes) {
+  using dims = dnnl::memory::dims;
+  // Step 1. Plain row-major descriptors; the weight's layout is carried by its strides.
+  dnnl::memory::desc src({key.m, key.k}, dtypes.x, dims{key.k, 1});
+  dims weight_strides = key.layout == Layout::kNK ? dims{1, key.k} : dims{key.n, 1};
+  dnnl::memory::desc weights({key.k, key.n}, dtypes.w, weight_strides);
+  dnnl::memory::desc dst({key.m, key.n}, dtypes.y, dims{key.n, 1});
+  // Step 2. Fuse the epilogue (floating point only; see the file comment for integers).
+  const bool fuse = !dtypes.integer;
+  dnnl::memory::desc bias;
+  if (fuse && key.bias) bias = dnnl::memory::desc({1, key.n}, dtypes.y, dims{key.n, 1});
+  dnnl::primitive_attr attr;
+  if (fuse && key.relu) {
+    dnnl::post_ops ops;
+    ops.append_eltwise(dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    attr.set_post_ops(ops);
+  }
+  dnnl::matmul::primitive_desc desc(Engine(), src, weights, bias, dst, attr);
+  return std::make_shared<const Entry>(Entry{dnnl::matmul(desc), src, weights, bias, dst,
+                                               desc.impl_info_str(), next_entry_id++});
+}
+
+/* A bounded LRU map Key -> Entry.  Entries are shared pointers, so an entry evicted while
+ * another thread executes it stays alive until that execution ends. */
+class PrimitiveCache {
+ public:
+  PrimitiveCache() : capacity_(InitialCapacity()) {}
+
+  std::shared_ptr<const Entry> Get(const Key &key, const Dtypes &dtypes) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto found = index_.find(key);
+      if (found != index_.end()) {
+        ++hits_;
+        order_.splice(order_.begin(), order_, found->second);
+        return found->second->second;
+      }
+      ++misses_;
+    }
+    // Created outside the lock: creation takes ~0.1-1 ms and must not stall cache hits.
+    std::shared_ptr<const Entry> entry = Create(key, dtypes);
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = index_.find(key);
+    if (found != index_.end()) return found->second->second;  // another thread won the race
+    order_.emplace_front(key, entry);
+    index_[key] = order_.begin();
+    Trim();
+    return entry;
+  }
+
+  int64_t Capacity() const { return capacity_.load(std::memory_order_relaxed); }
+
+  void SetCapacity(int64_t capacity) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    capacity_ = capacity;
+    Trim();
+  }
+
+  void Info(int64_t *out) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    out[0] = static_cast<int64_t>(index_.size());
+    out[1] = capacity_.load();
+    out[2] = hits_;
+    out[3] = misses_;
+  }
+
+ private:
+  static int64_t InitialCapacity() {
+    const char *text = std::getenv("TIR_BYOC_ONEDNN_CACHE_CAPACITY");
+    if (text != nullptr) {
+      char *end = nullptr;
+      long long value = std::strtoll(text, &end, 10);
+      if (end != text && *end == '\0' && value >= 0) return value;
+    }
+    return 256;
+  }
+
+  void Trim() {
+    while (static_cast<int64_t>(index_.size()) > capacity_.load()) {
+      index_.erase(order_.back().first);
+      order_.pop_back();
+    }
+  }
+
+  std::mutex mutex_;
+  std::list<std::pair<Key, std::shared_ptr<const Entry>>> order_;  // most recent first
+  std::unordered_map<Key, decltype(order_)::iterator, KeyHash> index_;
+  std::atomic<int64_t> capacity_;
+  int64_t hits_ = 0, misses_ = 0;
+};
+
+PrimitiveCache &Cache() {
+  static PrimitiveCache cache;
+  return cache;
+}
+
+/* The memory objects of one entry's arguments, created once per thread and re-pointed at the
+ * caller's buffers on each call, so a call allocates nothing. */
+struct BoundArgs {
+  dnnl::memory src, weights, bias, dst;
+  dnnl_exec_arg_t args[4];
+  int count = 0;
+
+  explicit BoundArgs(const Entry &entry) {
+    dnnl::engine &engine = Engine();
+    src = dnnl::memory(entry.src, engine, DNNL_MEMORY_NONE);
+    weights = dnnl::memory(entry.weights, engine, DNNL_MEMORY_NONE);
+    dst = dnnl::memory(entry.dst, engine, DNNL_MEMORY_NONE);
+    args[count++] = {DNNL_ARG_SRC, src.get()};
+    args[count++] = {DNNL_ARG_WEIGHTS, weights.get()};
+    args[count++] = {DNNL_ARG_DST, dst.get()};
+    if (!entry.bias.is_zero()) {
+      bias = dnnl::memory(entry.bias, engine, DNNL_MEMORY_NONE);
+      args[count++] = {DNNL_ARG_BIAS, bias.get()};
+    }
+  }
+};
+
+/* This thread's BoundArgs by entry id; cleared when it outgrows the primitive cache (entries
+ * evicted there leave stale ids here). */
+BoundArgs &Bind(const Entry &entry, int64_t capacity) {
+  thread_local std::unordered_map<uint64_t, std::unique_ptr<BoundArgs>> bound;
+  auto found = bound.find(entry.id);
+  if (found != bound.end()) return *found->second;
+  if (static_cast<int64_t>(bound.size()) >= 2 * capacity + 8) bound.clear();
+  auto inserted = bound.emplace(entry.id, std::make_unique<BoundArgs>(entry));
+  return *inserted.first->second;
+}
+
+dnnl_status_t Point(const dnnl::memory &memory, const void *data) {
+  return dnnl_memory_set_data_handle(memory.get(), const_cast<void *>(data));
+}
+
+/* y = relu?(y + bias?) over an (m, n) row-major output; also the whole result when k == 0. */
+template <typename T>
+void Epilogue(T *y, const T *bias, int64_t m, int64_t n, bool relu, bool from_zero) {
+  for (int64_t i = 0; i < m; ++i) {
+    T *row = y + i * n;
+    for (int64_t j = 0; j < n; ++j) {
+      T value = from_zero ? T(0) : row[j];
+      if (bias != nullptr) value += bias[j];
+      if (relu && value < T(0)) value = T(0);
+      row[j] = value;
+    }
+  }
+}
+
+void ApplyEpilogue(const Dtypes &dtypes, void *y, const void *bias, int64_t m, int64_t n,
+                   bool relu, bool from_zero) {
+  if (dtypes.integer) {
+    Epilogue(static_cast<int32_t *>(y), static_cast<const int32_t *>(bias), m, n, relu,
+             from_zero);
+  } else {
+    Epilogue(static_cast<float *>(y), static_cast<const float *>(bias), m, n, relu, from_zero);
+  }
+}
+
+int32_t Gemm(const void *x, const void *w, const void *bias, void *y, int64_t m, int64_t n,
+             int64_t k, int32_t signature, Layout layout, bool has_bias, bool relu) {
+  // Step 1. Checks at entry: dtypes, shape, pointers.
+  Dtypes dtypes;
+  if (!Decode(signature, &dtypes)) return TIR_BYOC_EDTYPE;
+  int32_t status = tir_byoc_check_shape(m, n, k);
+  if (status != TIR_BYOC_OK) return status;
+  status = tir_byoc_check_pointers(x, w, y, m, n, k);
+  if (status != TIR_BYOC_OK) return status;
+  if (has_bias && bias == nullptr && n > 0) return TIR_BYOC_ENULL;
+  if (m == 0 || n == 0) return TIR_BYOC_OK;
+  if (k == 0) {  // an empty sum: the epilogue of 0 (oneDNN rejects zero-sized K)
+    ApplyEpilogue(dtypes, y, has_bias ? bias : nullptr, m, n, relu, true);
+    return TIR_BYOC_OK;
+  }
+  try {
+    // Step 2. The cached primitive, executed on the caller's buffers.
+    std::shared_ptr<const Entry> entry =
+        Cache().Get(Key{m, n, k, signature, layout, has_bias, relu}, dtypes);
+    BoundArgs &bound = Bind(*entry, Cache().Capacity());
+    dnnl_status_t status_x = Point(bound.src, x), status_w = Point(bound.weights, w);
+    dnnl_status_t status_y = Point(bound.dst, y);
+    dnnl_status_t status_b = bound.count == 4 ? Point(bound.bias, bias) : dnnl_success;
+    if (status_x != dnnl_success || status_w != dnnl_success || status_y != dnnl_success ||
+        status_b != dnnl_success)
+      return TIR_BYOC_EBACKEND;
+    dnnl::stream &stream = Stream();
+    if (dnnl_primitive_execute(entry->primitive.get(), stream.get(), bound.count, bound.args) !=
+            dnnl_success ||
+        dnnl_stream_wait(stream.get()) != dnnl_success)
+      return TIR_BYOC_EBACKEND;
+    // Step 3. The exact int32 epilogue of the integer patterns.
+    if (dtypes.integer && (has_bias || relu)) {
+      ApplyEpilogue(dtypes, y, has_bias ? bias : nullptr, m, n, relu, false);
+    }
+  } catch (...) {
+    return TIR_BYOC_EBACKEND;
+  }
+  return TIR_BYOC_OK;
+}
+
+}  // namespace
+
+#define ONEDNN_NO_BIAS(name, layout, relu)                                                     \
+  extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_##name(                                  \
+      const void *x, const void *w, void *y, int64_t m, int64_t n, int64_t k, int32_t dtypes) { \
+    return Gemm(x, w, nullptr, y, m, n, k, dtypes, layout, false, relu);                       \
+  }
+
+#define ONEDNN_BIAS(name, layout, relu)                                                         \
+  extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_##name(                                   \
+      const void *x, const void *w, const void *bias, void *y, int64_t m, int64_t n, int64_t k, \
+      int32_t dtypes) {                                                                         \
+    return Gemm(x, w, bias, y, m, n, k, dtypes, layout, true, relu);                            \
+  }
+
+ONEDNN_NO_BIAS(dense, Layout::kNK, false)
+ONEDNN_BIAS(dense_bias, Layout::kNK, false)
+ONEDNN_NO_BIAS(dense_relu, Layout::kNK, true)
+ONEDNN_BIAS(dense_bias_relu, Layout::kNK, true)
+ONEDNN_NO_BIAS(matmul, Layout::kKN, false)
+ONEDNN_BIAS(matmul_bias, Layout::kKN, false)
+ONEDNN_NO_BIAS(matmul_relu, Layout::kKN, true)
+ONEDNN_BIAS(matmul_bias_relu, Layout::kKN, true)
+
+/* Cache introspection for tests and benchmarks: out[0..3] = size, capacity, hits, misses. */
+extern "C" TIR_BYOC_EXPORT void tir_byoc_onednn_cache_info(int64_t *out) { Cache().Info(out); }
+
+/* Change the cache bound (0 disables caching); evicts the least recently used entries. */
+extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_set_cache_capacity(int64_t capacity) {
+  if (capacity < 0) return TIR_BYOC_ESHAPE;
+  Cache().SetCapacity(capacity);
+  return TIR_BYOC_OK;
+}
+
+/* The oneDNN implementation that serves a call (e.g. "brg:avx512_core_amx"), written to
+ * `out` (NUL-terminated, at most `size` bytes); for reports of which kernel ran. */
+extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_implementation(int64_t m, int64_t n,
+                                                                 int64_t k, int32_t dtypes,
+                                                                 int32_t dense, int32_t bias,
+                                                                 int32_t relu, char *out,
+                                                                 int64_t size) {
+  Dtypes decoded;
+  if (!Decode(dtypes, &decoded)) return TIR_BYOC_EDTYPE;
+  if (m <= 0 || n <= 0 || k <= 0 || out == nullptr || size <= 0) return TIR_BYOC_ESHAPE;
+  try {
+    Layout layout = dense ? Layout::kNK : Layout::kKN;
+    std::shared_ptr<const Entry> entry =
+        Cache().Get(Key{m, n, k, dtypes, layout, bias != 0, relu != 0}, decoded);
+    std::strncpy(out, entry->implementation.c_str(), static_cast<size_t>(size - 1));
+    out[size - 1] = '\0';
+  } catch (...) {
+    return TIR_BYOC_EBACKEND;
+  }
+  return TIR_BYOC_OK;
+}

@@ -1,0 +1,71 @@
+/*
+ * openblas/gemm.c - the OpenBLAS intrinsics (fp32): one cblas sgemm per call, with the bias
+ * broadcast into the output first (sgemm then adds the product, beta = 1) and the relu applied
+ * in one pass afterwards.  Symbols tir_byoc_openblas_<pattern>, registry keys
+ * openblas.<pattern>; calling convention and status codes as in tir_byoc.h.
+ *
+ * Linked against the scipy-openblas32 wheel: 32-bit BLAS integers, symbols prefixed `scipy_`.
+ */
+#include <cblas.h>
+#include <limits.h>
+
+#include "tir_byoc.h"
+
+enum weight_layout { LAYOUT_NK, LAYOUT_KN };
+
+static void broadcast_bias(float *y, const float *bias, int64_t m, int64_t n) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) y[i * n + j] = bias[j];
+}
+
+static void relu(float *y, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
+}
+
+static int32_t openblas_gemm(const float *x, const float *w, const float *bias, float *y,
+                             int64_t m, int64_t n, int64_t k, int32_t dtypes,
+                             enum weight_layout layout, int apply_relu) {
+  int32_t status;
+  // Step 1. Checks at entry: dtypes, shape (BLAS indexes with 32-bit ints), pointers.
+  if (dtypes != TIR_BYOC_SIG_F32) return TIR_BYOC_EDTYPE;
+  if ((status = tir_byoc_check_shape(m, n, k)) != TIR_BYOC_OK) return status;
+  if (m > INT_MAX || n > INT_MAX || k > INT_MAX) return TIR_BYOC_ESHAPE;
+  if ((status = tir_byoc_check_pointers(x, w, y, m, n, k)) != TIR_BYOC_OK) return status;
+  if (m == 0 || n == 0) return TIR_BYOC_OK;
+  // Step 2. y = bias (or 0), then y += x . w, then relu.
+  if (bias != NULL) broadcast_bias(y, bias, m, n);
+  if (k > 0) {
+    enum CBLAS_TRANSPOSE w_op = layout == LAYOUT_NK ? CblasTrans : CblasNoTrans;
+    blasint ldw = (blasint)(layout == LAYOUT_NK ? k : n);
+    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, w_op, (blasint)m, (blasint)n, (blasint)k,
+                      1.0f, x, (blasint)k, w, ldw, bias != NULL ? 1.0f : 0.0f, y, (blasint)n);
+  } else if (bias == NULL) {
+    for (int64_t i = 0; i < m * n; ++i) y[i] = 0.0f;
+  }
+  if (apply_relu) relu(y, m * n);
+  return TIR_BYOC_OK;
+}
+
+#define OPENBLAS_NO_BIAS(name, layout, apply_relu)                                      \
+  TIR_BYOC_EXPORT int32_t tir_byoc_openblas_##name(const float *x, const float *w,       \
+                                                   float *y, int64_t m, int64_t n,       \
+                                                   int64_t k, int32_t dtypes) {          \
+    return openblas_gemm(x, w, NULL, y, m, n, k, dtypes, layout, apply_relu);            \
+  }
+
+#define OPENBLAS_BIAS(name, layout, apply_relu)                                            \
+  TIR_BYOC_EXPORT int32_t tir_byoc_openblas_##name(const float *x, const float *w,          \
+                                                   const float *bias, float *y, int64_t m,  \
+                                                   int64_t n, int64_t k, int32_t dtypes) {  \
+    if (bias == NULL && n > 0) return TIR_BYOC_ENULL;                                       \
+    return openblas_gemm(x, w, bias, y, m, n, k, dtypes, layout, apply_relu);               \
+  }
+
+OPENBLAS_NO_BIAS(dense, LAYOUT_NK, 0)
+OPENBLAS_BIAS(dense_bias, LAYOUT_NK, 0)
+OPENBLAS_NO_BIAS(dense_relu, LAYOUT_NK, 1)
+OPENBLAS_BIAS(dense_bias_relu, LAYOUT_NK, 1)
+OPENBLAS_NO_BIAS(matmul, LAYOUT_KN, 0)
+OPENBLAS_BIAS(matmul_bias, LAYOUT_KN, 0)
+OPENBLAS_NO_BIAS(matmul_relu, LAYOUT_KN, 1)
+OPENBLAS_BIAS(matmul_bias_relu, LAYOUT_KN, 1)

@@ -1,0 +1,173 @@
+"""Shared checks for the library backend tests: run an offloaded pattern, compare with NumPy.
+
+Not a test file (no ``test_`` prefix); imported by ``test_backend_*.py``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import textwrap
+
+import ml_dtypes
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import s_tir
+
+import tir_byoc
+from tir_byoc.patterns import PATTERNS
+from tir_byoc.rewrite import INTRINSIC_ATTR
+from tir_byoc.signature import DtypeSignature
+
+#: Dtype signature -> (x, w, out) NumPy dtypes.
+NUMPY_DTYPES = {
+    "float32": ("float32", "float32", "float32"),
+    "bfloat16,bfloat16->float32": (ml_dtypes.bfloat16, ml_dtypes.bfloat16, "float32"),
+    "float16,float16->float32": ("float16", "float16", "float32"),
+    "uint8,int8->int32": ("uint8", "int8", "int32"),
+    "int8,int8->int32": ("int8", "int8", "int32"),
+}
+
+#: Tolerances (rtol, atol) against a float64 / int64 reference computed from the same inputs:
+#: products of bf16/fp16 values are exact in fp32, so only fp32 summation order differs;
+#: integer results must be exact.
+TOLERANCES = {
+    "float32": (1e-5, 1e-5),
+    "bfloat16,bfloat16->float32": (1e-5, 1e-4),
+    "float16,float16->float32": (1e-5, 1e-4),
+    "uint8,int8->int32": (0, 0),
+    "int8,int8->int32": (0, 0),
+}
+
+#: (M, N, K) run through one compiled function with symbolic extents; K = 0 is an empty sum.
+SHAPES = ((3, 5, 7), (17, 33, 65), (2, 3, 0))
+
+
+def describe(pattern: str, signature: str):
+    """The TIR description of ``pattern`` with the dtypes of ``signature``."""
+    dtypes = DtypeSignature.parse(signature)
+    return tir_byoc.describe(pattern, x_dtype=dtypes.x, w_dtype=dtypes.w, out_dtype=dtypes.out)
+
+
+def random_array(shape, dtype, rng):
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iu" and dtype.itemsize == 1:
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max + 1, shape).astype(dtype)
+    if dtype.kind == "i":
+        return rng.integers(-1000, 1000, shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def reference(pattern: str, x, w, bias):
+    spec = PATTERNS[pattern]
+    wide = "int64" if np.dtype(x.dtype).kind in "iu" else "float64"
+    x, w = x.astype(wide), w.astype(wide)
+    y = x @ (w.T if spec.layout == "dense" else w)
+    if bias is not None:
+        y = y + bias.astype(wide)
+    if spec.has_relu:
+        y = np.maximum(y, 0)
+    return y
+
+
+def intrinsics_fired(func) -> list[str]:
+    """The ``tir_byoc.intrinsic`` annotations of the blocks of ``func``, in order."""
+    names = []
+
+    def on_block(block):
+        if INTRINSIC_ATTR in block.annotations:
+            names.append(str(block.annotations[INTRINSIC_ATTR]))
+
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, on_block))
+    return names
+
+
+def check_pattern(pattern: str, signature: str, backend: str, seed: int = 0) -> None:
+    """Offload ``pattern`` to ``backend``, check the intrinsic fired once, compare with NumPy."""
+    func = describe(pattern, signature)
+    offloaded = tir_byoc.offload(func, backends=[backend])
+    assert intrinsics_fired(offloaded) == [f"{backend}.{pattern}"]
+    built = tvm.compile(tvm.IRModule({"main": offloaded}), target="llvm")
+    x_dt, w_dt, out_dt = NUMPY_DTYPES[signature]
+    rng = np.random.default_rng(seed)
+    rtol, atol = TOLERANCES[signature]
+    for m, n, k in SHAPES:
+        x = random_array((m, k), x_dt, rng)
+        w = random_array((n, k) if PATTERNS[pattern].layout == "dense" else (k, n), w_dt, rng)
+        bias = random_array((n,), out_dt, rng) if PATTERNS[pattern].has_bias else None
+        y = tvm.runtime.tensor(np.full((m, n), 7, out_dt))
+        args = [x, w] + ([bias] if bias is not None else [])
+        built["main"](*[tvm.runtime.tensor(a) for a in args], y)
+        expected = reference(pattern, x, w, bias)
+        np.testing.assert_allclose(
+            y.numpy().astype(expected.dtype),
+            expected,
+            rtol=rtol,
+            atol=atol * max(k, 1),
+            err_msg=f"{backend}.{pattern} [{signature}] M={m} N={n} K={k}",
+        )
+
+
+def library(backend: str) -> ctypes.CDLL:
+    """The loaded intrinsic library of ``backend`` (compiled on first use)."""
+    return ctypes.CDLL(str(tir_byoc.toolchain.load_backend(backend)))
+
+
+def call_intrinsic(lib, symbol, *operands, m, n, k, signature):
+    """Call an intrinsic directly; returns its status code."""
+    function = getattr(lib, symbol)
+    function.restype = ctypes.c_int32
+    pointers = [ctypes.c_void_p(a.ctypes.data if a is not None else None) for a in operands]
+    extents = [ctypes.c_int64(v) for v in (m, n, k)]
+    return function(*pointers, *extents, ctypes.c_int32(signature))
+
+
+def run_exported_mlp_in_fresh_process(backend: str, tmp_path) -> str:
+    """Export the offloaded demo MLP, run it in a new interpreter without tir_byoc.
+
+    Returns the subprocess's report line; fails the test if it did not agree with NumPy.
+    """
+    from tir_byoc.demo import lowered_mlp, mlp_reference, mlp_weights
+
+    offloaded = tir_byoc.offload(lowered_mlp(), backends=[backend])
+    built = tvm.compile(offloaded, target="llvm")
+    path = tir_byoc.export_library(built, tmp_path / f"mlp_{backend}.so")
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((64, 800)).astype("float32")
+    params = mlp_weights(rng)
+    np.savez(tmp_path / "inputs.npz", x, *params, expected=mlp_reference(x, *params))
+    script = textwrap.dedent(
+        f"""
+        import sys
+        import numpy as np
+        import tvm
+        from tvm import relax
+        data = np.load({str(tmp_path / "inputs.npz")!r})
+        args = [tvm.runtime.tensor(data[f"arr_{{i}}"]) for i in range(5)]
+        vm = relax.VirtualMachine(tvm.runtime.load_module({str(path)!r}), tvm.cpu())
+        result = vm["forward"](*args).numpy()
+        assert "tir_byoc" not in sys.modules, "the fresh process imported tir_byoc"
+        maps = open("/proc/self/maps").read()
+        libraries = sorted({{line.split("/")[-1] for line in maps.splitlines()
+                             if "dnnl" in line or "openblas" in line}})
+        error = float(np.abs(result - data["expected"]).max())
+        print("max-abs-error", error, "libraries", ",".join(libraries))
+        sys.exit(0 if np.allclose(result, data["expected"], rtol=1e-4, atol=1e-4) else 1)
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, f"fresh process failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout.strip()

@@ -1,0 +1,72 @@
+"""tir_byoc.threads: thread settings filled in before a library loads, never over the user's."""
+
+from __future__ import annotations
+
+import pytest
+
+from tir_byoc import threads
+
+VARIABLES = (
+    "OMP_NUM_THREADS",
+    "OMP_WAIT_POLICY",
+    "GOMP_SPINCOUNT",
+    "OPENBLAS_NUM_THREADS",
+    "OPENBLAS_THREAD_TIMEOUT",
+    "TVM_NUM_THREADS",
+    "TVM_THREAD_POOL_SPIN_COUNT",
+    threads.OPT_OUT_ENV,
+)
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """No thread variables set; whatever configure() sets is undone after the test."""
+    for name in VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(threads, "_applied", {})
+    return monkeypatch
+
+
+def test_defaults_fill_in_unset_variables(clean_env):
+    import os
+
+    applied = threads.configure("openmp")
+    assert applied == {
+        "GOMP_SPINCOUNT": threads.IDLE_DEFAULTS["GOMP_SPINCOUNT"],
+        "TVM_THREAD_POOL_SPIN_COUNT": threads.IDLE_DEFAULTS["TVM_THREAD_POOL_SPIN_COUNT"],
+    }
+    assert os.environ["GOMP_SPINCOUNT"] == threads.IDLE_DEFAULTS["GOMP_SPINCOUNT"]
+    assert threads.configure("openmp") == {}  # a second call changes nothing
+    assert threads.applied() == applied
+
+
+def test_user_settings_win(clean_env):
+    import os
+
+    clean_env.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    clean_env.setenv("TVM_THREAD_POOL_SPIN_COUNT", "123")
+    clean_env.setenv("OPENBLAS_THREAD_TIMEOUT", "28")
+    assert threads.configure("openmp") == {}
+    assert threads.configure("openblas") == {}
+    assert "GOMP_SPINCOUNT" not in os.environ
+    assert os.environ["TVM_THREAD_POOL_SPIN_COUNT"] == "123"
+
+
+def test_library_thread_count_follows_tvm_num_threads(clean_env):
+    clean_env.setenv("TVM_NUM_THREADS", "1")
+    clean_env.setenv("OPENBLAS_NUM_THREADS", "2")
+    assert threads.configure("openmp")["OMP_NUM_THREADS"] == "1"
+    assert "OPENBLAS_NUM_THREADS" not in threads.configure("openblas")
+
+
+def test_opt_out_keeps_library_defaults(clean_env):
+    clean_env.setenv(threads.OPT_OUT_ENV, "0")
+    assert threads.configure("openmp") == {}
+    assert threads.applied() == {}
+
+
+def test_unknown_library_is_an_error(clean_env):
+    with pytest.raises(
+        ValueError, match=r"expected a library in \['openblas', 'openmp'\], got 'mkl'"
+    ):
+        threads.configure("mkl")

@@ -1,0 +1,99 @@
+"""The oneDNN backend: every pattern as one oneDNN matmul primitive, bias and relu fused.
+
+Source ``intrinsics/onednn/matmul.cpp``; registry keys ``onednn.<pattern>``, symbols
+``tir_byoc_onednn_<pattern>``.  Library: the CPU-only GNU-OpenMP build of oneDNN 3.2 from PyPI
+(``pip install onednn-cpu-gomp==2023.2.0 onednn-devel-cpu-gomp==2023.2.0``).
+
+Dtypes: fp32 everywhere; bf16 and fp16 inputs accumulated in fp32, and u8/s8 x s8 into int32,
+on CPUs whose instructions make oneDNN exact for them (see :func:`cpu_supports`).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from .. import threads
+from ..match import Match
+from ..patterns import PATTERNS
+from ..registry import REGISTRY, Backend, Intrinsic, LinkSpec
+from ..signature import DtypeSignature
+from ..toolchain import intrinsics_dir
+from .wheels import installed_file
+
+PRIORITY = 200
+INSTALL = "pip install onednn-cpu-gomp==2023.2.0 onednn-devel-cpu-gomp==2023.2.0"
+
+#: The dtype signatures, and the CPU flags (any of) oneDNN needs to run each natively and
+#: exactly: without VNNI, int8 products are summed pairwise in saturating int16.
+DTYPE_CPU_FLAGS = {
+    "float32": (),
+    "bfloat16,bfloat16->float32": ("avx512_bf16", "amx_bf16"),
+    "float16,float16->float32": ("avx512_fp16",),
+    "uint8,int8->int32": ("avx512_vnni", "avx_vnni", "amx_int8"),
+    "int8,int8->int32": ("avx512_vnni", "avx_vnni", "amx_int8"),
+}
+
+
+def locate() -> LinkSpec:
+    """Headers and library of the installed oneDNN wheels; applies the OpenMP thread defaults."""
+    library = installed_file("onednn-cpu-gomp", "libdnnl.so", INSTALL)
+    header = installed_file("onednn-devel-cpu-gomp", "oneapi/dnnl/dnnl.hpp", INSTALL)
+    threads.configure("openmp")
+    return LinkSpec(
+        include_dirs=(str(header.parents[2]),),
+        library_dirs=(str(library.parent),),
+        libraries=("dnnl",),
+        compile_flags=("-std=c++17",),
+    )
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The instruction-set flags of this CPU (``/proc/cpuinfo``); empty where unreadable."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+def cpu_supports(signature: DtypeSignature) -> str | None:
+    """Why oneDNN cannot serve ``signature`` exactly on this CPU, or None if it can."""
+    needed = DTYPE_CPU_FLAGS.get(str(signature))
+    if needed is None:
+        return f"dtype {signature} is not implemented by the oneDNN intrinsics"
+    if needed and not cpu_flags() & set(needed):
+        return f"dtype {signature} needs a CPU with one of {', '.join(needed)}; this one has none"
+    return None
+
+
+def _check(match: Match) -> str | None:
+    return cpu_supports(match.dtype)
+
+
+def _register() -> None:
+    REGISTRY.register_backend(
+        Backend("onednn", locate, "oneDNN 3.2 matmul primitives (fp32, bf16, fp16, int8)")
+    )
+    source = intrinsics_dir() / "onednn" / "matmul.cpp"
+    for pattern in PATTERNS:
+        REGISTRY.register(
+            Intrinsic(
+                name=f"onednn.{pattern}",
+                pattern=pattern,
+                extern_symbol=f"tir_byoc_onednn_{pattern}",
+                dtypes=tuple(DTYPE_CPU_FLAGS),
+                source=source,
+                priority=PRIORITY,
+                check=_check,
+            )
+        )
+
+
+_register()
+
+__all__ = ["DTYPE_CPU_FLAGS", "INSTALL", "PRIORITY", "cpu_flags", "cpu_supports", "locate"]

@@ -1,0 +1,105 @@
+"""Thread settings that keep TVM's thread pool and the libraries' pools off each other's cores.
+
+Entry point: :func:`configure`, which a library backend's ``locate`` calls before its library
+is loaded (OpenMP and OpenBLAS read their environment once, when they load).  It only fills in
+variables the user has not set, and :func:`applied` lists what it set.
+
+What it sets, and why (measured on a 2-core machine, see ``docs/backends.md``):
+
+* thread count: a library follows ``OMP_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS`` when set,
+  else ``TVM_NUM_THREADS`` when set, else its own default (one thread per core);
+* ``TIR_BYOC_THREAD_DEFAULTS=0`` turns all of this off (the benchmark uses it to measure
+  the libraries' own defaults);
+* idle threads: pools that keep spinning after their kernel ends steal the cores from the
+  next kernel of another pool (TVM, OpenMP and OpenBLAS kernels alternate in an offloaded
+  model).  The libraries' idle spin is cut to a short time (``GOMP_SPINCOUNT``,
+  ``OPENBLAS_THREAD_TIMEOUT``) and TVM's (``TVM_THREAD_POOL_SPIN_COUNT``) likewise, unless
+  the user set them or ``OMP_WAIT_POLICY``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+
+logger = logging.getLogger("tir_byoc")
+
+#: The variables each library reads: (thread count, idle spin) and the idle default we set.
+LIBRARY_VARIABLES = {
+    "openmp": ("OMP_NUM_THREADS", "GOMP_SPINCOUNT"),
+    "openblas": ("OPENBLAS_NUM_THREADS", "OPENBLAS_THREAD_TIMEOUT"),
+}
+#: Idle spin before sleeping: long enough to keep a pool hot between the back-to-back calls of
+#: one model run (a few microseconds apart), short enough not to hold a core another pool needs.
+#: libgomp counts PAUSE iterations (~15-30 ns here; its default 300000 is 5-9 ms); OpenBLAS
+#: waits 2**n cycles (default n = 28, ~0.1 s); TVM counts yields (default 300000).
+IDLE_DEFAULTS = {
+    "GOMP_SPINCOUNT": "1000",
+    "OPENBLAS_THREAD_TIMEOUT": "16",
+    "TVM_THREAD_POOL_SPIN_COUNT": "1000",
+}
+# Variables that also decide idle behaviour: if the user set one, we leave that library alone.
+_USER_IDLE_CHOICE = {"GOMP_SPINCOUNT": ("OMP_WAIT_POLICY",)}
+
+#: Set to ``0`` to keep the libraries' own defaults.
+OPT_OUT_ENV = "TIR_BYOC_THREAD_DEFAULTS"
+
+_lock = threading.Lock()
+_applied: dict[str, str] = {}
+
+
+def _loaded(library_fragment: str) -> bool:
+    """True if a shared library whose file name contains ``library_fragment`` is mapped."""
+    try:
+        return library_fragment in Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
+
+
+def _set_default(name: str, value: str) -> None:
+    if name in os.environ:
+        return
+    os.environ[name] = value
+    _applied[name] = value
+
+
+def configure(library: str) -> dict[str, str]:
+    """Fill in the thread settings of ``library`` (``"openmp"`` or ``"openblas"``).
+
+    Returns
+    -------
+    dict
+        The variables set by this call (empty if the user set them all, or on a second call).
+    """
+    if library not in LIBRARY_VARIABLES:
+        raise ValueError(f"expected a library in {sorted(LIBRARY_VARIABLES)}, got {library!r}")
+    count_var, idle_var = LIBRARY_VARIABLES[library]
+    if os.environ.get(OPT_OUT_ENV) == "0":
+        return {}
+    with _lock:
+        before = dict(_applied)
+        # Step 1. Thread count: the user's choice for TVM applies to the library too.
+        tvm_threads = os.environ.get("TVM_NUM_THREADS")
+        if tvm_threads:
+            _set_default(count_var, tvm_threads)
+        # Step 2. Idle spin, for the library and for TVM's pool.
+        if not any(v in os.environ for v in _USER_IDLE_CHOICE.get(idle_var, ())):
+            _set_default(idle_var, IDLE_DEFAULTS[idle_var])
+        _set_default("TVM_THREAD_POOL_SPIN_COUNT", IDLE_DEFAULTS["TVM_THREAD_POOL_SPIN_COUNT"])
+        new = {k: v for k, v in _applied.items() if k not in before}
+    fragment = {"openmp": "libgomp", "openblas": "libscipy_openblas"}[library]
+    if new and _loaded(fragment):
+        logger.info(
+            "%s is already loaded, so its thread settings %s take effect only in new processes",
+            fragment,
+            new,
+        )
+    return new
+
+
+def applied() -> dict[str, str]:
+    """Every variable :func:`configure` set in this process, with its value."""
+    with _lock:
+        return dict(_applied)
