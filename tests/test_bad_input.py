@@ -7,6 +7,8 @@ from tvm.script import tirx as T
 
 import tir_byoc
 
+pytestmark = pytest.mark.usefixtures("reference_backend")
+
 
 @pytest.mark.parametrize("entry", [tir_byoc.scan, tir_byoc.explain, tir_byoc.offload])
 def test_not_a_module(entry):

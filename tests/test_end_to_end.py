@@ -17,6 +17,8 @@ from tvm import relax
 import tir_byoc
 from tir_byoc import demo
 
+pytestmark = pytest.mark.usefixtures("reference_backend")
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -43,12 +45,12 @@ def _fresh_python(script: str, cwd: Path) -> str:
 def test_the_lowered_mlp_is_fully_offloaded(mlp):
     matches = {m.func: m for m in tir_byoc.scan(mlp)}
     assert {f: (m.pattern, m.blocks) for f, m in matches.items()} == {
-        "fused_matmul_add_relu": ("matmul_bias_relu", ("matmul", "T_add", "compute")),
-        "fused_matmul1_add1": ("matmul_bias", ("matmul", "T_add")),
+        "fused_matmul_add_relu": ("dense_bias_relu", ("matmul", "T_add", "compute")),
+        "fused_matmul1_add1": ("dense_bias", ("matmul", "T_add")),
     }
     offloaded = tir_byoc.offload(mlp)
-    assert intrinsic_calls(offloaded["fused_matmul_add_relu"]) == {"ref.matmul_bias_relu": 1}
-    assert intrinsic_calls(offloaded["fused_matmul1_add1"]) == {"ref.matmul_bias": 1}
+    assert intrinsic_calls(offloaded["fused_matmul_add_relu"]) == {"ref.dense_bias_relu": 1}
+    assert intrinsic_calls(offloaded["fused_matmul1_add1"]) == {"ref.dense_bias": 1}
     assert offloaded["transpose"].same_as(mlp["transpose"])
 
 
@@ -57,7 +59,7 @@ def test_demo_runs_and_agrees_with_numpy():
     error = demo.run(out=out)
     text = out.getvalue()
     assert error < 1e-3
-    assert "fused_matmul_add_relu: blocks matmul, T_add, compute = matmul_bias_relu" in text
+    assert "fused_matmul_add_relu: blocks matmul, T_add, compute = dense_bias_relu" in text
     assert "agree with NumPy" in text
 
 

@@ -13,6 +13,8 @@ from tvm.script import tirx as T
 import tir_byoc
 from tir_byoc.patterns import PATTERNS, describe
 
+pytestmark = pytest.mark.usefixtures("reference_backend")
+
 # --------------------------------------------------------------------------------------
 # The baseline: Relax-style dense + bias + relu in three blocks.
 # --------------------------------------------------------------------------------------

@@ -28,6 +28,8 @@ from tir_byoc import demo
 from tir_byoc import meta_schedule as tms
 from tir_byoc.rewrite import INTRINSIC_ATTR
 
+pytestmark = pytest.mark.usefixtures("reference_backend")
+
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
 
 

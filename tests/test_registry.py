@@ -67,6 +67,12 @@ def test_a_user_intrinsic_takes_a_few_lines_and_wins_by_priority(user_source):
 
 
 def test_backend_order_from_the_environment(monkeypatch, user_source):
+    monkeypatch.setenv("TIR_BYOC_BACKENDS", "ref")
+    assert tir_byoc.scan(dense_bias_relu_blocks)[0].intrinsic == "ref.dense_bias_relu"
+    monkeypatch.setenv("TIR_BYOC_BACKENDS", "nonexistent")
+    with pytest.raises(ValueError, match=r"\$TIR_BYOC_BACKENDS: expected backend names"):
+        tir_byoc.scan(dense_bias_relu_blocks)
+    # A custom registry is not ordered by the environment, only by priority or backends=.
     registry = Registry()
     tir_byoc.register_intrinsic(
         "toy.dense_bias_relu",
@@ -75,13 +81,9 @@ def test_backend_order_from_the_environment(monkeypatch, user_source):
         user_source("toy_dense_bias_relu"),
         registry=registry,
     )
-    monkeypatch.setenv("TIR_BYOC_BACKENDS", "toy")
     assert tir_byoc.scan(dense_bias_relu_blocks, registry=registry)[0].intrinsic == (
         "toy.dense_bias_relu"
     )
-    monkeypatch.setenv("TIR_BYOC_BACKENDS", "nonexistent")
-    with pytest.raises(ValueError, match=r"\$TIR_BYOC_BACKENDS: expected backend names"):
-        tir_byoc.scan(dense_bias_relu_blocks, registry=registry)
 
 
 def test_an_unavailable_backend_is_skipped_with_its_reason(user_source):

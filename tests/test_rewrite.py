@@ -12,6 +12,8 @@ from tvm.script import tirx as T
 
 import tir_byoc
 
+pytestmark = pytest.mark.usefixtures("reference_backend")
+
 MESSAGE = (
     "tir_byoc intrinsic {name} (tir_byoc_{symbol}) returned a non-zero status for blocks "
     "{blocks} of main; the codes are listed in intrinsics/include/tir_byoc.h"

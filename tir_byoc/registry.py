@@ -271,9 +271,14 @@ def register_backend(backend: Backend, *, registry: Registry | None = None, over
 def backend_order(
     backends: Iterable[str] | str | None, registry: Registry
 ) -> tuple[str, ...] | None:
-    """The backends allowed, in order: the argument, else ``$TIR_BYOC_BACKENDS``, else None."""
+    """The backends allowed, in order: the argument, else ``$TIR_BYOC_BACKENDS``, else None.
+
+    The environment variable applies to the process-wide :data:`REGISTRY` only; a custom
+    registry is ordered by ``backends`` or by priority.
+    """
     if backends is None:
-        backends = os.environ.get(BACKENDS_ENV) or None
+        # The environment speaks for the process-wide registry only.
+        backends = (os.environ.get(BACKENDS_ENV) or None) if registry is REGISTRY else None
         source = f"${BACKENDS_ENV}"
     else:
         source = "backends"

@@ -40,13 +40,34 @@ def _zero(dtype: str):
     return tirx.IntImm(dtype, 0)
 
 
+#: Element types whose storage TVM legalizes to another type before lowering intrinsics.
+_STORAGE_DTYPES = {"bfloat16": "uint16"}
+
+
 def _pointer(buffer: ir.Var, access: str):
     """Pointer to the first element of ``buffer`` (its element offset included).
 
     ``tvm_access_ptr`` declares the whole buffer as accessed, so that passes which shrink
     allocations to the accessed region (``CompactBufferAllocation``) keep intermediates whole.
+    bfloat16 buffers are annotated with their storage type: ``BF16StorageLegalize`` turns the
+    buffer into uint16 but leaves the annotation, which ``LowerIntrin`` then rejects.
     """
-    return buffer.access_ptr(access, ptr_type=str(buffer.ty.dtype))
+    dtype = str(buffer.ty.dtype)
+    if dtype not in _STORAGE_DTYPES:
+        return buffer.access_ptr(access, ptr_type=dtype)
+    extent = 1
+    for dim in buffer.ty.shape:
+        extent = extent * dim
+    mask = {"r": 1, "w": 2}[access]
+    return tirx.call_intrin(
+        "handle",
+        "tirx.tvm_access_ptr",
+        tirx.type_annotation(_STORAGE_DTYPES[dtype]),
+        tirx.buffer.buffer_data(buffer),
+        buffer.ty.elem_offset,
+        extent,
+        mask,
+    )
 
 
 def _whole(buffer: ir.Var):

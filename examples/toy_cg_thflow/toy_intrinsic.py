@@ -18,5 +18,5 @@ INTRINSIC = tir_byoc.register_intrinsic(
     extern_symbol="toy_cg_thflow_dense_bias_relu",
     source=SOURCE,
     dtypes=["float32"],
-    priority=100,  # preferred over the bundled reference kernels (priority 0)
+    priority=1000,  # preferred over the bundled backends (oneDNN 200, OpenBLAS 100, ref 0)
 )
