@@ -8,7 +8,7 @@ SBlock, at the place of the last block of its chain::
         T.writes(Y[0:M, 0:N])
         T.block_attr({"tir_byoc.intrinsic": "ref.dense_bias_relu", ...})
         status: T.int32 = T.call_extern("int32", "tir_byoc_ref_dense_bias_relu",
-                                        T.address_of(X[0, 0]), ..., M, N, K, signature)
+                                        X.data, W.data, b.data, Y.data, M, N, K, signature)
         assert status == 0, "tir_byoc intrinsic ref.dense_bias_relu ... failed"
 
 The other blocks of the chain are removed, and so are the intermediates nothing reads any
@@ -41,10 +41,19 @@ def _zero(dtype: str):
     return tirx.IntImm(dtype, 0)
 
 
-def _pointer(buffer: ir.Var):
-    """Address of element 0 of ``buffer``; lowering adds the buffer's element offset."""
-    index_dtype = str(buffer.ty.shape[0].ty.dtype) if buffer.ty.shape else "int32"
-    return tirx.address_of(tirx.BufferLoad(buffer, [_zero(index_dtype) for _ in buffer.ty.shape]))
+def _pointer(buffer: ir.Var, access: str):
+    """Pointer to ``buffer``'s first element, in a form that marks all of it as used.
+
+    ``address_of(B[0, 0])`` would tell ``CompactBufferAllocation`` that only element 0 is
+    used, and a local intermediate passed to a kernel would shrink to one element that the
+    kernel then writes past.  ``B.data`` marks the whole buffer; it is element 0 when the
+    element offset is 0 (always so for parameters and allocations).  Otherwise
+    ``tvm_access_ptr`` adds the offset and states the whole extent.
+    """
+    offset = buffer.ty.elem_offset
+    if offset is None or (isinstance(offset, tirx.IntImm) and offset.value == 0):
+        return tirx.buffer_data(buffer)
+    return buffer.access_ptr(access, ptr_type=str(buffer.ty.dtype.dtype))
 
 
 def _whole(buffer: ir.Var):
@@ -59,7 +68,7 @@ def _as_int64(expr):
 def call_block(match: Match, intrinsic: Intrinsic, name: str) -> s_tir.SBlockRealize:
     """The opaque block that calls ``intrinsic`` for ``match``."""
     operands = [match.x, match.w] + ([match.bias] if match.bias is not None else [])
-    args = [_pointer(b) for b in [*operands, match.out]]
+    args = [_pointer(b, "r") for b in operands] + [_pointer(match.out, "w")]
     args += [_as_int64(e) for e in (match.m, match.n, match.k)]
     args.append(tirx.IntImm("int32", match.dtype.code))
     call = tirx.call_extern("int32", intrinsic.extern_symbol, *args)

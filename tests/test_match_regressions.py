@@ -1,0 +1,180 @@
+"""Regressions found by the property suite (tests/properties), each as before/expected TVMScript.
+
+Every test names the property that found the bug and the shrunk counterexample it came from.
+"""
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm.script import tirx as T
+
+import tir_byoc
+
+# --------------------------------------------------------------------------------------
+# A local buffer passed to a kernel must stay whole through lowering.
+# Found by the equivalence property: an MLP whose hidden layer is a local buffer (chain 1
+# writes it, chain 2 reads it) segfaulted after offloading.  The calls passed
+# T.address_of(H[0, 0]), so CompactBufferAllocation saw one element of H used and shrank it
+# to one element, which the kernel then wrote past.  H.data marks the whole buffer as used.
+# (tvm_access_ptr, the other way to say so, breaks the lowering of bfloat16 buffers: see the
+# bfloat16 test below.)
+# --------------------------------------------------------------------------------------
+
+
+@T.prim_func(s_tir=True)
+def mlp_before(
+    X: T.Buffer((4, 3), "float32"),
+    W1: T.Buffer((5, 3), "float32"),
+    W2: T.Buffer((2, 5), "float32"),
+    Z: T.Buffer((4, 2), "float32"),
+):
+    H = T.sblock_alloc_buffer((4, 5))
+    for i, j, k in T.grid(4, 5, 3):
+        with T.sblock("dense1"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                H[vi, vj] = T.float32(0)
+            H[vi, vj] = H[vi, vj] + X[vi, vk] * W1[vj, vk]
+    for i, j, k in T.grid(4, 2, 5):
+        with T.sblock("dense2"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                Z[vi, vj] = T.float32(0)
+            Z[vi, vj] = Z[vi, vj] + H[vi, vk] * W2[vj, vk]
+
+
+@T.prim_func(s_tir=True)
+def mlp_expected(
+    X: T.Buffer((4, 3), "float32"),
+    W1: T.Buffer((5, 3), "float32"),
+    W2: T.Buffer((2, 5), "float32"),
+    Z: T.Buffer((4, 2), "float32"),
+):
+    H = T.sblock_alloc_buffer((4, 5))
+    with T.sblock("dense_ref"):
+        T.reads(X[0:4, 0:3], W1[0:5, 0:3])
+        T.writes(H[0:4, 0:5])
+        T.sblock_attr({"tir_byoc.blocks": "dense1", "tir_byoc.intrinsic": "ref.dense"})
+        status: T.let[T.int32] = T.call_extern(
+            "int32",
+            "tir_byoc_ref_dense",
+            X.data,
+            W1.data,
+            H.data,
+            T.Cast("int64", 4),
+            T.Cast("int64", 5),
+            T.Cast("int64", 3),
+            65793,
+        )
+        assert status == 0, (
+            "RuntimeError",
+            [
+                "tir_byoc intrinsic ref.dense (tir_byoc_ref_dense) returned a non-zero status "
+                "for blocks dense1 of main; the codes are listed in intrinsics/include/tir_byoc.h"
+            ],
+        )
+    with T.sblock("dense_ref_1"):
+        T.reads(H[0:4, 0:5], W2[0:2, 0:5])
+        T.writes(Z[0:4, 0:2])
+        T.sblock_attr({"tir_byoc.blocks": "dense2", "tir_byoc.intrinsic": "ref.dense"})
+        status: T.let[T.int32] = T.call_extern(
+            "int32",
+            "tir_byoc_ref_dense",
+            H.data,
+            W2.data,
+            Z.data,
+            T.Cast("int64", 4),
+            T.Cast("int64", 2),
+            T.Cast("int64", 5),
+            65793,
+        )
+        assert status == 0, (
+            "RuntimeError",
+            [
+                "tir_byoc intrinsic ref.dense (tir_byoc_ref_dense) returned a non-zero status "
+                "for blocks dense2 of main; the codes are listed in intrinsics/include/tir_byoc.h"
+            ],
+        )
+
+
+def _main(func):
+    return func.with_attr("global_symbol", "main")
+
+
+def test_local_intermediate_is_passed_with_its_whole_extent():
+    after = tir_byoc.offload(_main(mlp_before))
+    tvm.ir.assert_structural_equal(after, _main(mlp_expected))
+
+
+def test_local_intermediate_keeps_its_size_through_lowering():
+    target = tvm.target.Target("llvm")
+    mod = tvm.IRModule({"main": tir_byoc.offload(_main(mlp_before))})
+    mod = tvm.tirx.transform.BindTarget(target.with_host(target))(mod)
+    pipeline, _, _ = tvm.tirx.get_default_tir_pipeline(target)
+    sizes = []
+
+    def on_alloc(alloc):
+        if alloc.buffer.name == "H":
+            sizes.append([int(e) for e in alloc.buffer.ty.shape])
+
+    tvm_ffi.structural_walk(pipeline(mod)["main"].body, (tvm.tirx.AllocBuffer, on_alloc))
+    assert sizes == [[20]], f"H allocated as {sizes}, expected one buffer of 4 * 5 elements"
+
+
+def test_local_intermediate_mlp_runs_like_numpy():
+    executable = tvm.compile(tvm.IRModule({"main": tir_byoc.offload(_main(mlp_before))}), "llvm")
+    rng = np.random.default_rng(0)
+    x, w1, w2 = (rng.standard_normal(s).astype("float32") for s in ((4, 3), (5, 3), (2, 5)))
+    z = tvm.runtime.tensor(np.zeros((4, 2), "float32"))
+    executable["main"](*(tvm.runtime.tensor(a) for a in (x, w1, w2)), z)
+    np.testing.assert_allclose(z.numpy(), x @ w1.T @ w2.T, rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------
+# A bfloat16 operand passed to a kernel must lower.
+# Found by the equivalence property while fixing the bug above: with tvm_access_ptr, lowering a
+# call on a bfloat16 buffer failed in TVM ("tvm_access_ptr element type must match the source
+# buffer", T.uint16 vs. T.bfloat16), because bfloat16 storage is legalized to uint16 without
+# updating the pointer's type annotation.  B.data has no element type to go stale.
+# --------------------------------------------------------------------------------------
+
+
+@T.prim_func(s_tir=True)
+def bf16_before(
+    X: T.Buffer((2, 3), "bfloat16"), W: T.Buffer((4, 3), "bfloat16"), Y: T.Buffer((2, 4), "float32")
+):
+    for i, j, k in T.grid(2, 4, 3):
+        with T.sblock("dense"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                Y[vi, vj] = T.float32(0)
+            Y[vi, vj] = Y[vi, vj] + T.Cast("float32", X[vi, vk]) * T.Cast("float32", W[vj, vk])
+
+
+def _bf16_registry():
+    from pathlib import Path
+
+    from tir_byoc.registry import Intrinsic, Registry
+
+    registry = Registry()
+    source = Path(__file__).parent / "properties" / "widening_gemm.c"
+    registry.register(
+        Intrinsic("proptest.dense", "dense", "tir_byoc_proptest_dense",
+                  "bfloat16,bfloat16->float32", source)
+    )
+    return registry
+
+
+def test_bfloat16_operands_lower_and_run():
+    import ml_dtypes
+
+    after = tir_byoc.offload(_main(bf16_before), registry=_bf16_registry())
+    call = after.body.block.body.block.body.seq[0].value
+    assert [str(a) for a in call.args[1:4]] == ["X.data", "W.data", "Y.data"]
+    executable = tvm.compile(tvm.IRModule({"main": after}), "llvm")
+    rng = np.random.default_rng(0)
+    x, w = (rng.standard_normal(s).astype(ml_dtypes.bfloat16) for s in ((2, 3), (4, 3)))
+    y = tvm.runtime.tensor(np.zeros((2, 4), "float32"))
+    executable["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w), y)
+    expected = x.astype("float32") @ w.astype("float32").T
+    np.testing.assert_allclose(y.numpy(), expected, rtol=1e-6, atol=1e-6)
