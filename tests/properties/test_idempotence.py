@@ -10,7 +10,7 @@ from tir_byoc.testing import strategies
 
 
 @profile(1.0)
-@given(strategies.any_programs())
+@given(strategies.all_programs())
 def test_offloading_twice_equals_offloading_once(program):
     with reported(program):
         for registry in (PROPERTY_REGISTRY, REGISTRY):

@@ -22,7 +22,7 @@ def _blocks(func) -> dict:
 
 
 @profile(1.0)
-@given(strategies.any_programs())
+@given(strategies.all_programs())
 def test_a_function_nothing_can_serve_is_unchanged(program):
     with reported(program):
         nothing = Registry()
@@ -35,7 +35,7 @@ def test_a_function_nothing_can_serve_is_unchanged(program):
 
 
 @profile(1.0)
-@given(strategies.any_programs())
+@given(strategies.all_programs())
 def test_blocks_outside_the_matches_are_kept_as_they_were(program):
     with reported(program):
         planned = tir_byoc.scan(program.func, registry=PROPERTY_REGISTRY)

@@ -17,7 +17,7 @@ _NOT_A_CANDIDATE = {"reduce_sum_not_product"}
 
 
 @profile(1.0)
-@given(strategies.any_programs())
+@given(strategies.all_programs())
 def test_scan_explain_and_offload_return_values_with_reasons(program):
     with reported(program):
         rejections = tir_byoc.explain(program.func)

@@ -33,6 +33,9 @@ except ImportError as missing:  # pragma: no cover - depends on the environment
         "(or pip install hypothesis)"
     ) from missing
 
+import tvm_ffi
+from tvm import s_tir, tirx
+
 from .programs import (
     DISTRACTORS,
     RELU_SPELLINGS,
@@ -151,8 +154,82 @@ def any_programs(**options) -> st.SearchStrategy[Program]:
     return st.one_of(programs(**options), mutants(**options))
 
 
+#: Schedule primitives :func:`scheduled_programs` applies; none changes what a function computes.
+SCHEDULE_STEPS = (
+    "split",
+    "reorder",
+    "fuse",
+    "unroll",
+    "parallel",
+    "compute_inline",
+    "reverse_compute_inline",
+    "decompose_reduction",
+)
+# Not fuse_reduction_epilogue: in TVM 0.27 it mixes up the iterators of a reduction block
+# whose iterators are not in (i, j, k) order (init ``Z[vj, vi] = b[vi]``), an out-of-bounds
+# write that makes the "original" itself undefined.
+
+
+def _apply_step(schedule, step: str, block_name: str, factor: int) -> None:
+    """Apply ``step`` to the block; a primitive that does not apply there is skipped."""
+    from tvm.s_tir.schedule import ScheduleError
+
+    try:
+        block = schedule.get_sblock(block_name)
+        loops = schedule.get_loops(block)
+        if step == "split":
+            schedule.split(loops[-1], factors=[None, factor])
+        elif step == "reorder" and len(loops) >= 2:
+            schedule.reorder(*reversed(loops))
+        elif step == "fuse" and len(loops) >= 2:
+            schedule.fuse(loops[0], loops[1])
+        elif step == "unroll" and isinstance(schedule.get(loops[-1]).extent, tirx.IntImm):
+            schedule.unroll(loops[-1])  # TVM cannot unroll a loop of symbolic extent
+        elif step == "parallel":
+            schedule.parallel(loops[0])
+        elif step == "compute_inline":
+            schedule.compute_inline(block)
+        elif step == "reverse_compute_inline":
+            schedule.reverse_compute_inline(block)
+        elif step == "decompose_reduction":
+            schedule.decompose_reduction(block, loops[0])
+    except (ScheduleError, ValueError, IndexError, RuntimeError):
+        pass
+
+
+@st.composite
+def scheduled_programs(draw, max_steps: int = 3, **options) -> Program:
+    """A positive after a few semantics-preserving schedule primitives (split, inline...).
+
+    The result's ``chains`` is empty: after scheduling, what the matcher should find is no
+    longer known (it may refuse a split loop nest, or find a folded epilogue).  Use these for
+    the properties that need no labels: equivalence, idempotence, non-interference, robustness.
+    """
+    program = draw(programs(**options))
+    schedule = s_tir.Schedule(program.func, error_render_level="none")
+    names = [block.name_hint for block in _leaf_blocks(program.func)]
+    for _ in range(draw(st.integers(1, max_steps))):
+        step = draw(st.sampled_from(SCHEDULE_STEPS))
+        _apply_step(schedule, step, draw(st.sampled_from(names)), draw(st.sampled_from((2, 3))))
+    func = schedule.mod["main"].with_attr("global_symbol", program.spec.name)
+    return Program(program.spec, func, (), program.bindings)
+
+
+def _leaf_blocks(func):
+    found = []
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, found.append))
+    return [block for block in found if block.name_hint != "root"]
+
+
+def all_programs(**options) -> st.SearchStrategy[Program]:
+    """Positives, near misses and scheduled positives."""
+    return st.one_of(programs(**options), mutants(**options), scheduled_programs(**options))
+
+
 __all__ = [
     "EXTENTS",
+    "SCHEDULE_STEPS",
+    "all_programs",
     "any_programs",
     "chain_specs",
     "distractor_specs",
@@ -160,4 +237,5 @@ __all__ = [
     "mutants",
     "program_specs",
     "programs",
+    "scheduled_programs",
 ]
