@@ -28,7 +28,7 @@ def _calls(func) -> int:
     return sum(INTRINSIC_ATTR in block.annotations for block in blocks)
 
 
-@profile(0.6)
+@profile(0.5)
 @given(program=strategies.all_programs(), seed=st.integers(0, 2**16))
 def test_offloaded_function_computes_the_same_results(program, seed):
     with reported(program):
