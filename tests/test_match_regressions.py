@@ -159,8 +159,13 @@ def _bf16_registry():
     registry = Registry()
     source = Path(__file__).parent / "properties" / "widening_gemm.c"
     registry.register(
-        Intrinsic("proptest.dense", "dense", "tir_byoc_proptest_dense",
-                  "bfloat16,bfloat16->float32", source)
+        Intrinsic(
+            "proptest.dense",
+            "dense",
+            "tir_byoc_proptest_dense",
+            "bfloat16,bfloat16->float32",
+            source,
+        )
     )
     return registry
 
