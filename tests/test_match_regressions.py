@@ -183,3 +183,91 @@ def test_bfloat16_operands_lower_and_run():
     executable["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w), y)
     expected = x.astype("float32") @ w.astype("float32").T
     np.testing.assert_allclose(y.numpy(), expected, rtol=1e-6, atol=1e-6)
+
+
+# --------------------------------------------------------------------------------------
+# An epilogue that covers only part of the output must not join the chain.
+# Found by the labels and equivalence properties (mutation epilogue_short): a relu block
+# looping over N - 1 of the N columns was matched as the end of a dense_relu chain, so the
+# kernel also wrote the last column, which the original leaves as it was.
+# --------------------------------------------------------------------------------------
+
+
+@T.prim_func(s_tir=True)
+def short_epilogue_before(
+    X: T.Buffer((3, 2), "float32"), W: T.Buffer((4, 2), "float32"), Z: T.Buffer((3, 4), "float32")
+):
+    Y = T.sblock_alloc_buffer((3, 4))
+    for i, j, k in T.grid(3, 4, 2):
+        with T.sblock("dense"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                Y[vi, vj] = T.float32(0)
+            Y[vi, vj] = Y[vi, vj] + X[vi, vk] * W[vj, vk]
+    for i, j in T.grid(3, 3):
+        with T.sblock("relu"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            Z[vi, vj] = T.max(Y[vi, vj], T.float32(0))
+
+
+@T.prim_func(s_tir=True)
+def short_epilogue_expected(
+    X: T.Buffer((3, 2), "float32"), W: T.Buffer((4, 2), "float32"), Z: T.Buffer((3, 4), "float32")
+):
+    Y = T.sblock_alloc_buffer((3, 4))
+    with T.sblock("dense_ref"):
+        T.reads(X[0:3, 0:2], W[0:4, 0:2])
+        T.writes(Y[0:3, 0:4])
+        T.sblock_attr({"tir_byoc.blocks": "dense", "tir_byoc.intrinsic": "ref.dense"})
+        status: T.let[T.int32] = T.call_extern(
+            "int32",
+            "tir_byoc_ref_dense",
+            X.data,
+            W.data,
+            Y.data,
+            T.Cast("int64", 3),
+            T.Cast("int64", 4),
+            T.Cast("int64", 2),
+            65793,
+        )
+        assert status == 0, (
+            "RuntimeError",
+            [
+                "tir_byoc intrinsic ref.dense (tir_byoc_ref_dense) returned a non-zero status "
+                "for blocks dense of main; the codes are listed in intrinsics/include/tir_byoc.h"
+            ],
+        )
+    for i, j in T.grid(3, 3):
+        with T.sblock("relu"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            Z[vi, vj] = T.max(Y[vi, vj], T.float32(0))
+
+
+def test_partial_epilogue_is_left_out_of_the_chain():
+    after = tir_byoc.offload(_main(short_epilogue_before))
+    tvm.ir.assert_structural_equal(after, _main(short_epilogue_expected))
+    (rejection,) = tir_byoc.explain(_main(short_epilogue_before))
+    assert rejection.blocks == ("relu",) and "covers 3 of N = 4" in rejection.reason
+
+
+@T.prim_func(s_tir=True)
+def whole_epilogue(
+    X: T.Buffer((3, 2), "float32"), W: T.Buffer((4, 2), "float32"), Z: T.Buffer((3, 4), "float32")
+):
+    Y = T.sblock_alloc_buffer((3, 4))
+    for i, j, k in T.grid(3, 4, 2):
+        with T.sblock("dense"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                Y[vi, vj] = T.float32(0)
+            Y[vi, vj] = Y[vi, vj] + X[vi, vk] * W[vj, vk]
+    for i, j in T.grid(3, 4):
+        with T.sblock("relu"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            Z[vi, vj] = T.max(Y[vi, vj], T.float32(0))
+
+
+def test_whole_epilogue_still_joins_the_chain():
+    (match,) = tir_byoc.scan(_main(whole_epilogue))
+    assert (match.pattern, match.blocks) == ("dense_relu", ("dense", "relu"))
+    assert tir_byoc.explain(_main(whole_epilogue)) == []
