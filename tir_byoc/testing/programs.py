@@ -304,6 +304,11 @@ def _can_alias(spec, c):
     return chain.dtypes[0] == chain.dtypes[2] and not chain.feeds_next and not linked_in
 
 
+def _writes_param(spec, c):
+    """The chain's output is a parameter, so a part left unwritten is still defined."""
+    return not spec.chains[c].feeds_next
+
+
 def _both(a, b):
     return lambda spec, c: a(spec, c) and b(spec, c)
 
@@ -338,6 +343,10 @@ MUTATIONS: dict[str, Mutation] = {
     ),
     "intermediate_read_after": Mutation(
         "the reduction's output is also read after the chain", _separate_epilogue
+    ),
+    "epilogue_short": Mutation(
+        "the last epilogue block stops one column short of N",
+        lambda s, c: _separate_epilogue(s, c) and s.chains[c].n >= 2 and _writes_param(s, c),
     ),
 }
 
@@ -600,7 +609,9 @@ class _ChainBuilder:
                 value = self._bias(value, vi, vj) if op == "bias" else self._relu(value)
             return tirx.BufferStore(target, value, [vi, vj])
 
-        axes = [("i", self.b.m, False), ("j", self.n, False)]
+        last = target is self.out
+        n = self.b.const(self.chain.n - 1) if last and self.mutation == "epilogue_short" else self.n
+        axes = [("i", self.b.m, False), ("j", n, False)]
         name = f"{'_'.join(group)}{self.c}"
         self.b.nest(name, axes, store, loop_order=self.chain.epilogue_order)
         return name
