@@ -57,5 +57,9 @@ def test_mutate_refuses_a_mutation_that_does_not_apply():
 
 
 def test_every_mutation_applies_somewhere():
-    spec = ProgramSpec(chains=(ChainSpec(bias="vector", relu="max(z, 0)", n=3, k=3),), m=3)
-    assert set(applicable_mutations(spec, 0)) == set(MUTATIONS)
+    separate = ChainSpec(bias="vector", relu="max(z, 0)", n=3, k=3)
+    folded = ChainSpec(bias="vector", relu="max(z, 0)", folded=True, n=3, k=3)
+    found = set()
+    for chain in (separate, folded):
+        found.update(applicable_mutations(ProgramSpec(chains=(chain,), m=3), 0))
+    assert found == set(MUTATIONS)

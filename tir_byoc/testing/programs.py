@@ -344,6 +344,10 @@ MUTATIONS: dict[str, Mutation] = {
     "intermediate_read_after": Mutation(
         "the reduction's output is also read after the chain", _separate_epilogue
     ),
+    "select_on_pre_bias": Mutation(
+        "one block computes select(Y > 0, Y + b, 0): the test misses the bias",
+        lambda s, c: s.chains[c].folded and s.chains[c].ops == ("bias", "relu"),
+    ),
     "epilogue_short": Mutation(
         "the last epilogue block stops one column short of N",
         lambda s, c: _separate_epilogue(s, c) and s.chains[c].n >= 2 and _writes_param(s, c),
@@ -605,8 +609,14 @@ class _ChainBuilder:
         def store(v):
             vi, vj = v["i"], v["j"]
             value = tirx.BufferLoad(source, [vj, vi] if swap else [vi, vj])
+            loaded = value
             for op in group:
-                value = self._bias(value, vi, vj) if op == "bias" else self._relu(value)
+                if op == "bias":
+                    value = self._bias(value, vi, vj)
+                elif self.mutation == "select_on_pre_bias":
+                    value = tirx.Select(loaded > _zero(self.acc), value, _zero(self.acc))
+                else:
+                    value = self._relu(value)
             return tirx.BufferStore(target, value, [vi, vj])
 
         last = target is self.out
