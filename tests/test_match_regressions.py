@@ -271,3 +271,50 @@ def test_whole_epilogue_still_joins_the_chain():
     (match,) = tir_byoc.scan(_main(whole_epilogue))
     assert (match.pattern, match.blocks) == ("dense_relu", ("dense", "relu"))
     assert tir_byoc.explain(_main(whole_epilogue)) == []
+
+
+# --------------------------------------------------------------------------------------
+# Symbolic extents that are not the same expression must be compared, not crash.
+# Found by the robustness property (mutation reduction_short_rows with a symbolic batch):
+# proving ``m - 1`` against ``m`` reached ``tvm.arith.Analyzer``, which TVM 0.27 no longer
+# has (it is ``tvm.sym.Analyzer``), and scan raised AttributeError.
+# --------------------------------------------------------------------------------------
+
+
+@T.prim_func(s_tir=True)
+def short_symbolic_rows(var_x: T.handle, W: T.Buffer((4, 3), "float32"), var_z: T.handle):
+    m = T.int64()
+    X = T.match_buffer(var_x, (m, 3), "float32")
+    Z = T.match_buffer(var_z, (m, 4), "float32")
+    for i, j, k in T.grid(m - T.int64(1), 4, 3):
+        with T.sblock("dense"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                Z[vi, vj] = T.float32(0)
+            Z[vi, vj] = Z[vi, vj] + X[vi, vk] * W[vj, vk]
+
+
+@T.prim_func(s_tir=True)
+def equal_symbolic_rows(var_x: T.handle, W: T.Buffer((4, 3), "float32"), var_z: T.handle):
+    m = T.int64()
+    X = T.match_buffer(var_x, (m * T.int64(2), 3), "float32")
+    Z = T.match_buffer(var_z, (m * T.int64(2), 4), "float32")
+    for i, j, k in T.grid(m + m, 4, 3):
+        with T.sblock("dense"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                Z[vi, vj] = T.float32(0)
+            Z[vi, vj] = Z[vi, vj] + X[vi, vk] * W[vj, vk]
+
+
+def test_symbolic_extent_short_of_the_output_is_refused_with_a_reason():
+    func = _main(short_symbolic_rows)
+    assert tir_byoc.scan(func) == []
+    (rejection,) = tir_byoc.explain(func)
+    assert "M runs over m - T.int64(1) but output Z has m" in rejection.reason
+    tvm.ir.assert_structural_equal(tir_byoc.offload(func), func)
+
+
+def test_symbolic_extents_proven_equal_are_matched():
+    (match,) = tir_byoc.scan(_main(equal_symbolic_rows))
+    assert (match.pattern, match.blocks) == ("dense", ("dense",))

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import tvm
 import tvm_ffi
-from tvm import ir, s_tir, tirx
+from tvm import ir, s_tir, sym, tirx
 
 from .patterns import PATTERNS, pattern_for
 from .signature import WIDENINGS, DtypeSignature
@@ -198,7 +198,7 @@ class _Extents:
         if a.same_as(b):
             return True
         if self._analyzer is None:
-            self._analyzer = tvm.arith.Analyzer()
+            self._analyzer = sym.Analyzer()
         a, b = _same_index_dtype(a, b)
         return bool(self._analyzer.can_prove_equal(a, b))
 
