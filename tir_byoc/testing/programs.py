@@ -329,6 +329,11 @@ MUTATIONS: dict[str, Mutation] = {
         "the bias is indexed by the row, b[i]", _both(_has("bias"), _static), square=("m", "n")
     ),
     "bias_full": Mutation("the bias is a full (M, N) matrix", _has("bias")),
+    "bias_second_row": Mutation("the bias is row 1 of a (2, N) array, b[1, j]", _has("bias")),
+    "reduction_short_rows": Mutation(
+        "the reduction, writing the output itself, stops one row short of M",
+        lambda s, c: not s.chains[c].ops and _writes_param(s, c) and (s.symbolic_m or s.m >= 2),
+    ),
     "bias_sub": Mutation("the bias is subtracted", _has("bias")),
     "bias_mul": Mutation("the bias multiplies", _has("bias")),
     "relu_threshold": Mutation("relu against 1, not 0", _has("relu")),
@@ -541,6 +546,8 @@ class _ChainBuilder:
             return (m,)
         if self.mutation == "bias_full":
             return (m, n)
+        if self.mutation == "bias_second_row":
+            return (2, n)
         return (n,) if self.chain.bias == "vector" else (1, n)
 
     def _bias_load(self, vi, vj):
@@ -548,6 +555,8 @@ class _ChainBuilder:
             return tirx.BufferLoad(self.bias, [vi])
         if self.mutation == "bias_full":
             return tirx.BufferLoad(self.bias, [vi, vj])
+        if self.mutation == "bias_second_row":
+            return tirx.BufferLoad(self.bias, [self.b.const(1), vj])
         if self.chain.bias == "vector":
             return tirx.BufferLoad(self.bias, [vj])
         return tirx.BufferLoad(self.bias, [self.b.const(0), vj])
@@ -584,7 +593,8 @@ class _ChainBuilder:
             start = tirx.const(1 if self.mutation == "init_one" else 0, self.acc)
             return tirx.BufferStore(out, start, [v["i"], v["j"]])
 
-        axes = [("i", b.m, False), ("j", self.n, False), ("k", k_extent, True)]
+        m_extent = b.m - b.const(1) if self.mutation == "reduction_short_rows" else b.m
+        axes = [("i", m_extent, False), ("j", self.n, False), ("k", k_extent, True)]
         name = f"{chain.layout}{self.c}"
         b.nest(
             name, axes, store, init=init, loop_order=chain.loop_order, iter_order=chain.iter_order
