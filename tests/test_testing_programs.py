@@ -60,6 +60,6 @@ def test_every_mutation_applies_somewhere():
     separate = ChainSpec(bias="vector", relu="max(z, 0)", n=3, k=3)
     folded = ChainSpec(bias="vector", relu="max(z, 0)", folded=True, n=3, k=3)
     found = set()
-    for chain in (separate, folded):
+    for chain in (separate, folded, ChainSpec()):
         found.update(applicable_mutations(ProgramSpec(chains=(chain,), m=3), 0))
     assert found == set(MUTATIONS)
