@@ -17,7 +17,7 @@ import tir_byoc
 # T.address_of(H[0, 0]), so CompactBufferAllocation saw one element of H used and shrank it
 # to one element, which the kernel then wrote past.  H.data marks the whole buffer as used.
 # (tvm_access_ptr, the other way to say so, breaks the lowering of bfloat16 buffers: see the
-# bfloat16 test below.)
+# bfloat16 tests below.)
 # --------------------------------------------------------------------------------------
 
 
@@ -318,3 +318,40 @@ def test_symbolic_extent_short_of_the_output_is_refused_with_a_reason():
 def test_symbolic_extents_proven_equal_are_matched():
     (match,) = tir_byoc.scan(_main(equal_symbolic_rows))
     assert (match.pattern, match.blocks) == ("dense", ("dense",))
+
+
+# --------------------------------------------------------------------------------------
+# A parameter bound with an element offset is passed at that offset, also in bfloat16.
+# Found while probing the fix above by hand: with tvm_access_ptr for offset buffers, a
+# bfloat16 parameter declared with elem_offset failed to lower (the same stale-type TVM bug).
+# Such a buffer is never compacted, so address_of(X[0, 0]) is safe and adds the offset.
+# --------------------------------------------------------------------------------------
+
+
+@T.prim_func(s_tir=True)
+def offset_before(var_x: T.handle, W: T.Buffer((4, 3), "bfloat16"), Y: T.Buffer((2, 4), "float32")):
+    x_offset = T.int32()
+    X = T.match_buffer(var_x, (2, 3), "bfloat16", elem_offset=x_offset)
+    for i, j, k in T.grid(2, 4, 3):
+        with T.sblock("dense"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                Y[vi, vj] = T.float32(0)
+            Y[vi, vj] = Y[vi, vj] + T.Cast("float32", X[vi, vk]) * T.Cast("float32", W[vj, vk])
+
+
+def test_offset_parameter_is_passed_at_its_offset():
+    import ml_dtypes
+
+    after = tir_byoc.offload(_main(offset_before), registry=_bf16_registry())
+    call = after.body.block.body.block.body.seq[0].value
+    assert [str(a) for a in call.args[1:4]] == ["T.address_of(X[0, 0])", "W.data", "Y.data"]
+    executable = tvm.compile(tvm.IRModule({"main": after}), "llvm")
+    rng = np.random.default_rng(0)
+    storage = rng.standard_normal(10).astype(ml_dtypes.bfloat16)
+    w = rng.standard_normal((4, 3)).astype(ml_dtypes.bfloat16)
+    x = tvm.runtime.tensor(storage)._create_view((2, 3), relative_byte_offset=8)  # storage[4:]
+    y = tvm.runtime.tensor(np.zeros((2, 4), "float32"))
+    executable["main"](x, tvm.runtime.tensor(w), y)
+    expected = storage[4:].reshape(2, 3).astype("float32") @ w.astype("float32").T
+    np.testing.assert_allclose(y.numpy(), expected, rtol=1e-6, atol=1e-6)

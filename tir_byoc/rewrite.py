@@ -41,19 +41,21 @@ def _zero(dtype: str):
     return tirx.IntImm(dtype, 0)
 
 
-def _pointer(buffer: ir.Var, access: str):
-    """Pointer to ``buffer``'s first element, in a form that marks all of it as used.
+def _pointer(buffer: ir.Var):
+    """Pointer to ``buffer``'s first element, in a form that lowering keeps correct.
 
-    ``address_of(B[0, 0])`` would tell ``CompactBufferAllocation`` that only element 0 is
-    used, and a local intermediate passed to a kernel would shrink to one element that the
-    kernel then writes past.  ``B.data`` marks the whole buffer; it is element 0 when the
-    element offset is 0 (always so for parameters and allocations).  Otherwise
-    ``tvm_access_ptr`` adds the offset and states the whole extent.
+    ``B.data`` marks the whole buffer as used, so ``CompactBufferAllocation`` keeps a local
+    intermediate whole (``address_of(B[0, 0])`` would shrink it to the one element it names,
+    which the kernel then writes past); it is element 0 when the element offset is 0, as it
+    always is for allocations.  A buffer with another offset (a parameter bound with one) is
+    never compacted, and ``address_of`` adds its offset.  (``tvm_access_ptr`` would say both,
+    but TVM's bfloat16 legalization leaves its element type stale and lowering fails.)
     """
     offset = buffer.ty.elem_offset
     if offset is None or (isinstance(offset, tirx.IntImm) and offset.value == 0):
         return tirx.buffer_data(buffer)
-    return buffer.access_ptr(access, ptr_type=str(buffer.ty.dtype.dtype))
+    index_dtype = str(buffer.ty.shape[0].ty.dtype) if buffer.ty.shape else "int32"
+    return tirx.address_of(tirx.BufferLoad(buffer, [_zero(index_dtype) for _ in buffer.ty.shape]))
 
 
 def _whole(buffer: ir.Var):
@@ -68,7 +70,7 @@ def _as_int64(expr):
 def call_block(match: Match, intrinsic: Intrinsic, name: str) -> s_tir.SBlockRealize:
     """The opaque block that calls ``intrinsic`` for ``match``."""
     operands = [match.x, match.w] + ([match.bias] if match.bias is not None else [])
-    args = [_pointer(b, "r") for b in operands] + [_pointer(match.out, "w")]
+    args = [_pointer(b) for b in [*operands, match.out]]
     args += [_as_int64(e) for e in (match.m, match.n, match.k)]
     args.append(tirx.IntImm("int32", match.dtype.code))
     call = tirx.call_extern("int32", intrinsic.extern_symbol, *args)
