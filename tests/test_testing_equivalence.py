@@ -65,3 +65,16 @@ def test_tolerances_are_exact_for_integers_and_grow_with_k():
     assert tolerance("float32", 100)[1] > tolerance("float32", 1)[1]
     assert tolerance("bfloat16", 1)[0] > tolerance("float16", 1)[0] > tolerance("float32", 1)[0]
     assert np.isfinite(tolerance("float16", 0)[1])
+
+
+def test_a_parameter_with_an_offset_is_run_as_a_view(monkeypatch):
+    # Passing X.data for a buffer bound at an offset reads the padding in front of the view.
+    from tvm import tirx
+
+    from tir_byoc import rewrite
+
+    program = _program(x_view=True, n=3, k=4)
+    assert_equivalent(program.func, tir_byoc.offload(program.func), seed=1)
+    monkeypatch.setattr(rewrite, "_pointer", tirx.buffer_data)
+    problems = differences(program.func, tir_byoc.offload(program.func), seed=1)
+    assert len(problems) == 1 and problems[0].startswith("Z0 (float32")

@@ -5,7 +5,8 @@ mismatches instead of raising).  Both functions are compiled into one module wit
 ``tvm.compile`` (the extern symbols of offloaded calls must already be loaded, as
 :func:`tir_byoc.offload` does), run on the same random contents of *every* parameter, and
 every parameter is compared afterwards, so an output nobody matched, an input written by
-mistake or an output left unwritten all show up.
+mistake or an output left unwritten all show up.  A parameter bound with a symbolic element
+offset is passed as a view into a larger tensor, so that the offset is not 0.
 
 Tolerances are per dtype, widened with the longest reduction (see :func:`tolerance`);
 integer results must be exact.
@@ -127,9 +128,26 @@ def _compile(original: tirx.PrimFunc, rewritten: tirx.PrimFunc, target):
     return executable
 
 
-def _run(executable, name, arrays):
+#: Bytes in front of a parameter bound with an element offset (a multiple of every alignment).
+_VIEW_PADDING = 64
+
+
+def _argument(array, param, device):
+    """A tensor holding ``array``; a view at an offset when ``param`` has a symbolic offset."""
+    if isinstance(param.ty.elem_offset, (tirx.IntImm, type(None))):
+        return tvm.runtime.tensor(array, device)
+    padding = _VIEW_PADDING // array.itemsize
+    storage = np.zeros(array.size + padding, array.dtype)
+    storage[padding:] = array.ravel()
+    view = tvm.runtime.tensor(storage, device)._create_view(
+        array.shape, relative_byte_offset=_VIEW_PADDING
+    )
+    return view
+
+
+def _run(executable, name, func, arrays):
     device = tvm.cpu()
-    tensors = [tvm.runtime.tensor(a, device) for a in arrays]
+    tensors = [_argument(a, p, device) for a, p in zip(arrays, func.params)]
     executable[name](*tensors)
     return [t.numpy() for t in tensors]
 
@@ -165,8 +183,8 @@ def differences(
         return ["the two functions take different parameters"]
     arrays = random_arguments(original, bindings, seed)
     executable = _compile(original, rewritten, target)
-    expected = _run(executable, "original", arrays)
-    actual = _run(executable, "rewritten", arrays)
+    expected = _run(executable, "original", original, arrays)
+    actual = _run(executable, "rewritten", rewritten, arrays)
     k = longest_reduction(original, bindings)
     problems = []
     for param, want, got in zip(original.params, expected, actual):

@@ -98,6 +98,9 @@ class ChainSpec:
         statement right before the block that first writes the buffer).
     feeds_next : bool
         The output is a local buffer read as X by the next chain (an MLP).
+    x_view : bool
+        X is a parameter with a symbolic element offset: it may be a view into a larger
+        tensor (ignored when X is the previous chain's output).
     mutation : str or None
         A key of :data:`MUTATIONS`; set by :func:`mutate`.
     """
@@ -117,6 +120,7 @@ class ChainSpec:
     accumulate_last: bool = False
     alloc: str = "sblock"
     feeds_next: bool = False
+    x_view: bool = False
     mutation: str | None = None
 
     @property
@@ -427,9 +431,17 @@ class _Builder:
         return tirx.IntImm(self.index_dtype, value)
 
     # Step 1. Buffers.
-    def buffer(self, name, shape, dtype, *, param=True, alloc="sblock"):
+    def buffer(self, name, shape, dtype, *, param=True, alloc="sblock", offset=False):
         shape = [self.const(s) if isinstance(s, int) else s for s in shape]
-        var = tirx.decl_buffer(shape, dtype, name=name, layout=None)
+        elem_offset = tirx.Var(f"{name}_offset", self.index_dtype) if offset else None
+        var = tirx.decl_buffer(
+            shape,
+            dtype,
+            name=name,
+            layout=None,
+            elem_offset=elem_offset,
+            offset_factor=1 if offset else 0,
+        )
         self.buffers[var] = var
         if param:
             self.params.append(var)
@@ -513,7 +525,7 @@ class _ChainBuilder:
         self.n, self.k = n, k
         alloc = chain.alloc
         # Step 1. Inputs (X may come from the previous chain; W and b may be made locally).
-        self.x = x if x is not None else b.buffer(f"X{c}", (b.m, k), x_dtype)
+        self.x = x if x is not None else b.buffer(f"X{c}", (b.m, k), x_dtype, offset=chain.x_view)
         w_shape = (n, k) if chain.layout == "dense" else (k, n)
         produced = {d.kind for d in b.spec.distractors if d.chain == c}
         local_w = "transpose_w_in" in produced

@@ -81,6 +81,7 @@ def chain_specs(
         commuted=draw(st.booleans()),
         accumulate_last=draw(st.booleans()),
         alloc=draw(st.sampled_from(("sblock", "stmt"))),
+        x_view=draw(st.booleans()),
     )
 
 
