@@ -225,16 +225,40 @@ class Program:
 
 def _chain_problem(chain: ChainSpec) -> str | None:
     checks = (
-        (chain.layout in ("dense", "matmul"), f"layout {chain.layout!r} is not dense/matmul"),
-        (chain.n >= 1 and chain.k >= 1, f"extents n={chain.n}, k={chain.k} must be >= 1"),
-        (chain.bias in (None, "vector", "row"), f"bias {chain.bias!r} is not vector/row/None"),
-        (chain.relu is None or chain.relu in RELU_SPELLINGS, f"relu {chain.relu!r} unknown"),
-        (tuple(chain.dtypes) in SIGNATURES, f"dtypes {chain.dtypes!r} not in SIGNATURES"),
-        (sorted(chain.loop_order) == list("ijk"), f"loop_order {chain.loop_order!r}"),
-        (sorted(chain.iter_order) == list("ijk"), f"iter_order {chain.iter_order!r}"),
-        (chain.epilogue_order in ("ij", "ji"), f"epilogue_order {chain.epilogue_order!r}"),
-        (chain.alloc in ("sblock", "stmt"), f"alloc {chain.alloc!r} is not sblock/stmt"),
-        (chain.mutation is None or chain.mutation in MUTATIONS, f"mutation {chain.mutation!r}"),
+        (
+            chain.layout in ("dense", "matmul"),
+            f"expected layout dense or matmul, got {chain.layout!r}",
+        ),
+        (chain.n >= 1 and chain.k >= 1, f"expected n, k >= 1, got n={chain.n}, k={chain.k}"),
+        (
+            chain.bias in (None, "vector", "row"),
+            f"expected bias vector, row or None, got {chain.bias!r}",
+        ),
+        (
+            chain.relu is None or chain.relu in RELU_SPELLINGS,
+            f"relu {chain.relu!r} unknown: expected a key of RELU_SPELLINGS or None",
+        ),
+        (
+            tuple(chain.dtypes) in SIGNATURES,
+            f"expected dtypes from SIGNATURES, got {chain.dtypes!r}",
+        ),
+        (
+            sorted(chain.loop_order) == list("ijk"),
+            f"expected loop_order a permutation of 'ijk', got {chain.loop_order!r}",
+        ),
+        (
+            sorted(chain.iter_order) == list("ijk"),
+            f"expected iter_order a permutation of 'ijk', got {chain.iter_order!r}",
+        ),
+        (
+            chain.epilogue_order in ("ij", "ji"),
+            f"expected epilogue_order 'ij' or 'ji', got {chain.epilogue_order!r}",
+        ),
+        (chain.alloc in ("sblock", "stmt"), f"expected alloc sblock or stmt, got {chain.alloc!r}"),
+        (
+            chain.mutation is None or chain.mutation in MUTATIONS,
+            f"mutation {chain.mutation!r} unknown: expected a key of MUTATIONS or None",
+        ),
     )
     return next((message for ok, message in checks if not ok), None)
 
