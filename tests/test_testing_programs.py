@@ -63,3 +63,21 @@ def test_every_mutation_applies_somewhere():
     for chain in (separate, folded, ChainSpec()):
         found.update(applicable_mutations(ProgramSpec(chains=(chain,), m=3), 0))
     assert found == set(MUTATIONS)
+
+
+def test_a_block_inside_a_chain_cuts_it_after_the_reduction():
+    chain = ChainSpec(bias="vector", relu="max(z, 0)")
+    spec = ProgramSpec(chains=(chain,), distractors=(DistractorSpec("bias_in", 0, inside=True),))
+    program = build_program(spec)
+    (match,) = tir_byoc.scan(program.func)
+    assert (
+        (match.pattern, match.blocks)
+        == ("dense", ("dense0",))
+        == (
+            program.chains[0].pattern,
+            program.chains[0].blocks,
+        )
+    )
+    assert applicable_mutations(spec, 0) == []
+    with pytest.raises(ValueError, match="a chain with an epilogue block to sit inside"):
+        ProgramSpec(distractors=(DistractorSpec("exp_x", 0, inside=True),))

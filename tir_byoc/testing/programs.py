@@ -60,6 +60,8 @@ DISTRACTORS = (
 _PRODUCERS = ("transpose_w_in", "bias_in")
 #: Distractors that must come after their chain (they read its output).
 _CONSUMERS = ("row_sum_out", "transpose_out", "inplace_out")
+#: Distractors that may sit between a reduction and its epilogue.
+INSIDE_KINDS = ("exp_x", "bias_in", "unrelated")
 
 
 @dataclass(frozen=True)
@@ -141,11 +143,25 @@ class ChainSpec:
 
 @dataclass(frozen=True)
 class DistractorSpec:
-    """An unrelated block: ``kind`` from :data:`DISTRACTORS`, next to chain ``chain``."""
+    """An unrelated block: ``kind`` from :data:`DISTRACTORS`, next to chain ``chain``.
+
+    It goes before the chain (``before``; producers always do), after it, or ``inside`` it:
+    between the reduction and the first epilogue block, which cuts the chain there (the
+    matcher only joins blocks that follow one another).
+    """
 
     kind: str
     chain: int = 0
     before: bool = False
+    inside: bool = False
+
+    @property
+    def placement(self) -> str:
+        if self.inside:
+            return "inside"
+        if self.kind in _PRODUCERS or (self.before and self.kind not in _CONSUMERS):
+            return "before"
+        return "after"
 
 
 @dataclass(frozen=True)
@@ -289,6 +305,11 @@ def _spec_problem(spec: ProgramSpec) -> str | None:
             return f"distractor {d} names an unknown kind or chain"
         if d.kind == "bias_in" and spec.chains[d.chain].bias is None:
             return f"distractor {d}: chain {d.chain} has no bias"
+        if d.inside and (d.kind not in INSIDE_KINDS or not spec.chains[d.chain].epilogue_blocks):
+            return (
+                f"distractor {d}: expected a kind in {INSIDE_KINDS} and a chain with an "
+                "epilogue block to sit inside"
+            )
     return None
 
 
@@ -389,7 +410,9 @@ MUTATIONS: dict[str, Mutation] = {
 
 
 def applicable_mutations(spec: ProgramSpec, c: int) -> list[str]:
-    """Names of the mutations chain ``c`` of ``spec`` can take."""
+    """Names of the mutations chain ``c`` of ``spec`` can take (none if a block cuts it)."""
+    if any(d.inside and d.chain == c for d in spec.distractors):
+        return []
     return [name for name, mutation in MUTATIONS.items() if mutation.applies(spec, c)]
 
 
@@ -757,6 +780,20 @@ def _row_sum(b: _Builder, name, source, target):
     b.nest(name, axes, store, init=init)
 
 
+def _cut_after_reduction(c, chain, built, reduction) -> ExpectedChain:
+    """What a chain cut by a block between its reduction and its epilogue scans as."""
+    return ExpectedChain(
+        index=c,
+        pattern=chain.layout,
+        blocks=(reduction,),
+        x=built.x.name,
+        w=built.w.name,
+        bias=None,
+        out=built.stages[0].name,
+        dtype=DtypeSignature(*chain.dtypes),
+    )
+
+
 def build_program(spec: ProgramSpec) -> Program:
     """Build ``spec`` into a PrimFunc and the report expected for each of its chains."""
     b = _Builder(spec)
@@ -767,17 +804,25 @@ def build_program(spec: ProgramSpec) -> Program:
         built = _ChainBuilder(b, c, chain, x)
         # Step 1. Producers and distractors placed before the chain.
         for n, d in around:
-            if d.kind in _PRODUCERS or (d.before and d.kind not in _CONSUMERS):
+            if d.placement == "before":
                 _distractor(b, d, built, f"{c}_{n}")
-        # Step 2. The chain.
-        blocks = (built.reduction(), *built.epilogues())
+        # Step 2. The chain, maybe cut after its reduction by blocks placed inside it.
+        reduction = built.reduction()
+        inside = [(n, d) for n, d in around if d.placement == "inside"]
+        for n, d in inside:
+            _distractor(b, d, built, f"{c}_{n}")
+        blocks = (reduction, *built.epilogues())
         if chain.mutation == "intermediate_read_after":
             peek = b.buffer(f"P{c}", (b.m, built.n), built.acc)
             _map(b, f"peek{c}", built.stages[0], peek)
         # Step 3. Distractors after it.
         for n, d in around:
-            if not (d.kind in _PRODUCERS or (d.before and d.kind not in _CONSUMERS)):
+            if d.placement == "after":
                 _distractor(b, d, built, f"{c}_{n}")
+        if inside:
+            expected.append(_cut_after_reduction(c, chain, built, reduction))
+            x = built.out if chain.feeds_next else None
+            continue
         expected.append(
             ExpectedChain(
                 index=c,
@@ -797,6 +842,7 @@ def build_program(spec: ProgramSpec) -> Program:
 
 __all__ = [
     "DISTRACTORS",
+    "INSIDE_KINDS",
     "MUTATIONS",
     "RELU_SPELLINGS",
     "SIGNATURES",

@@ -38,6 +38,7 @@ from tvm import s_tir, tirx
 
 from .programs import (
     DISTRACTORS,
+    INSIDE_KINDS,
     RELU_SPELLINGS,
     SIGNATURES,
     ChainSpec,
@@ -102,7 +103,10 @@ def distractor_specs(draw, chains: Sequence[ChainSpec], max_size: int = 3):
     for _ in range(draw(st.integers(0, max_size))):
         c = draw(st.integers(0, len(chains) - 1))
         kinds = [k for k in DISTRACTORS if k != "bias_in" or chains[c].bias is not None]
-        found.append(DistractorSpec(draw(st.sampled_from(kinds)), c, draw(st.booleans())))
+        kind = draw(st.sampled_from(kinds))
+        can_cut = kind in INSIDE_KINDS and chains[c].epilogue_blocks > 0
+        inside = can_cut and draw(st.integers(0, 3)) == 0
+        found.append(DistractorSpec(kind, c, draw(st.booleans()), inside))
     return tuple(found)
 
 
@@ -135,6 +139,9 @@ def program_specs(
 def mutant_specs(draw, **options) -> ProgramSpec:
     """A positive spec with exactly one chain mutated (see ``programs.MUTATIONS``)."""
     spec = draw(program_specs(**options))
+    # A cut chain takes no mutation; chain 0 is left whole so that some chain can.
+    uncut = tuple(replace(d, inside=False) if d.chain == 0 else d for d in spec.distractors)
+    spec = replace(spec, distractors=uncut)
     choices = [(c, name) for c in range(len(spec.chains)) for name in applicable_mutations(spec, c)]
     c, name = draw(st.sampled_from(choices))
     return mutate(spec, c, name)
