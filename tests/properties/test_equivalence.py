@@ -11,7 +11,7 @@ import pytest
 import tvm
 import tvm_ffi
 from harness import PROPERTY_REGISTRY, offload, profile, reported
-from hypothesis import event, given
+from hypothesis import event, given, note
 from hypothesis import strategies as st
 from tvm import s_tir
 
@@ -20,6 +20,7 @@ from tir_byoc.rewrite import INTRINSIC_ATTR
 from tir_byoc.testing import strategies
 from tir_byoc.testing.equivalence import assert_equivalent
 from tir_byoc.testing.programs import ChainSpec, ProgramSpec, build_program
+from tir_byoc.testing.script import to_tvmscript
 
 
 def _calls(func) -> int:
@@ -41,7 +42,11 @@ def test_offloaded_function_computes_the_same_results(program, seed):
             tvm.ir.assert_structural_equal(rewritten, program.func)
             return
         event(f"offloaded {len(planned)} chain(s)")
-        assert_equivalent(program.func, rewritten, bindings=program.bindings, seed=seed)
+        try:
+            assert_equivalent(program.func, rewritten, bindings=program.bindings, seed=seed)
+        except AssertionError:
+            note(f"the offloaded function:\n{to_tvmscript(rewritten)}")
+            raise
 
 
 @pytest.mark.xfail(
