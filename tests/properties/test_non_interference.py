@@ -49,3 +49,17 @@ def test_blocks_outside_the_matches_are_kept_as_they_were(program):
                 continue
             assert name in after, f"block {name} disappeared"
             tvm.ir.assert_structural_equal(after[name], block, map_free_vars=True)
+
+
+@profile(0.3)
+@given(strategies.any_programs(), strategies.any_programs())
+def test_a_module_is_offloaded_function_by_function_and_left_as_it_was(first, second):
+    with reported(first), reported(second):
+        funcs = {"first": first.func, "second": second.func}
+        mod = tvm.IRModule({n: f.with_attr("global_symbol", n) for n, f in funcs.items()})
+        before = {n: mod[n] for n in funcs}
+        result = tir_byoc.offload(mod, registry=PROPERTY_REGISTRY)
+        for name in funcs:
+            assert mod[name].same_as(before[name]), f"offload modified its input ({name})"
+            alone = tir_byoc.offload(before[name], registry=PROPERTY_REGISTRY)
+            tvm.ir.assert_structural_equal(result[name], alone)
