@@ -63,7 +63,7 @@ def reported(program: Program):
     """On failure, attach the program as paste-ready TVMScript to hypothesis' report."""
     try:
         yield
-    except BaseException:
+    except Exception:
         note(f"counterexample as TVMScript:\n{program.script()}")
         note(f"expected chains: {program.chains}")
         raise
