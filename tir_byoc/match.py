@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import tvm
 import tvm_ffi
-from tvm import ir, s_tir, tirx
+from tvm import ir, s_tir, sym, tirx
 
 from .patterns import PATTERNS, pattern_for
 from .signature import WIDENINGS, DtypeSignature
@@ -229,7 +229,7 @@ class _Extents:
         if a.same_as(b):
             return True
         if self._analyzer is None:
-            self._analyzer = tvm.arith.Analyzer()
+            self._analyzer = sym.Analyzer()
         a, b = _same_index_dtype(a, b)
         return bool(self._analyzer.can_prove_equal(a, b))
 
@@ -670,6 +670,7 @@ def _analyze_epilogue(nest: _Nest, chain: _Reduction, source, extents, index) ->
     ):
         raise _Refused(f"output {out.name} is not indexed by the block's two iterators")
     _check_shape(out, (chain.m, chain.n), ("M", "N"), extents)
+    _check_covers(block, (vi, vj), (chain.m, chain.n), extents)
     if _dtype(out) != chain.dtype.out:
         raise _Refused(f"output {out.name} is {_dtype(out)}, the chain computes {chain.dtype.out}")
     reason = _compact_global(out)
@@ -680,6 +681,17 @@ def _analyze_epilogue(nest: _Nest, chain: _Reduction, source, extents, index) ->
     if not ops:
         raise _Refused(f"block {block.name_hint} only copies {source.name}")
     return _Epilogue(nest, ops, parser.bias, out)
+
+
+def _check_covers(block, indices, dims, extents: _Extents) -> None:
+    """The epilogue's iterators run over all of M x N, as the kernel writes all of it."""
+    for var, dim, name in zip(indices, dims, ("M", "N")):
+        iter_var = next(iv for iv in block.iter_vars if iv.var.same_as(var))
+        if not extents.equal(iter_var.dom.extent, dim):
+            raise _Refused(
+                f"block {block.name_hint} covers {_expr_text(iter_var.dom.extent)} of "
+                f"{name} = {_expr_text(dim)} (the kernel would write all of it)"
+            )
 
 
 class _EpilogueParser:

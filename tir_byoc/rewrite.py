@@ -8,7 +8,8 @@ SBlock, at the place of the last block of its chain::
         T.writes(Y[0:M, 0:N])
         T.block_attr({"tir_byoc.intrinsic": "ref.dense_bias_relu", ...})
         status: T.int32 = T.call_extern("int32", "tir_byoc_ref_dense_bias_relu",
-                                        T.address_of(X[0, 0]), ..., M, N, K, signature)
+                                        T.tvm_access_ptr(..., X.data, ...), ..., M, N, K,
+                                        signature)
         assert status == 0, "tir_byoc intrinsic ref.dense_bias_relu ... failed"
 
 The other blocks of the chain are removed, and so are the intermediates nothing reads any

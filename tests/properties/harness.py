@@ -1,0 +1,69 @@
+"""Shared pieces of the property suite: the registry it offloads with, and failure reports.
+
+The registry holds the bundled intrinsics plus test-only ones (``widening_gemm.c`` beside
+this file) for the widening dtype signatures no bundled backend serves, so the equivalence
+property runs real numerics for every dtype the generators build.  It is a separate
+``Registry``: the process-wide one, which the other test directories use, is left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from hypothesis import note, settings
+
+import tir_byoc
+from tir_byoc.patterns import PATTERNS
+from tir_byoc.registry import REGISTRY, Backend, Intrinsic, Registry
+from tir_byoc.testing.programs import SIGNATURES, Program
+
+#: Signatures the test-only backend serves: every widening one the generators draw.
+WIDENING = tuple(",".join(s[:2]) + "->" + s[2] for s in SIGNATURES if s[0] != s[2])
+
+
+def _registry() -> Registry:
+    registry = Registry()
+    for name in REGISTRY.backends:
+        registry.register_backend(REGISTRY.backend(name))
+    for intrinsic in REGISTRY:
+        registry.register(intrinsic)
+    registry.register_backend(Backend("proptest", description="test-only widening kernels"))
+    source = Path(__file__).with_name("widening_gemm.c")
+    for pattern in PATTERNS:
+        registry.register(
+            Intrinsic(
+                f"proptest.{pattern}", pattern, f"tir_byoc_proptest_{pattern}", WIDENING, source
+            )
+        )
+    return registry
+
+
+#: The bundled intrinsics plus the widening test-only ones.
+PROPERTY_REGISTRY = _registry()
+
+
+def offload(func):
+    """Offload with :data:`PROPERTY_REGISTRY` (every generated dtype has an intrinsic)."""
+    return tir_byoc.offload(func, registry=PROPERTY_REGISTRY)
+
+
+#: The active profile (registered in conftest.py): ``$HYPOTHESIS_PROFILE``, else ``ci``.
+PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def profile(share: float = 1.0) -> settings:
+    """The active profile with ``share`` of its ``max_examples`` (at least 10)."""
+    return settings(PROFILE, max_examples=max(10, int(PROFILE.max_examples * share)))
+
+
+@contextlib.contextmanager
+def reported(program: Program):
+    """On failure, attach the program as paste-ready TVMScript to hypothesis' report."""
+    try:
+        yield
+    except Exception:
+        note(f"counterexample as TVMScript:\n{program.script()}")
+        note(f"expected chains: {program.chains}")
+        raise

@@ -1,0 +1,40 @@
+"""Property 5, robustness: scan, explain and offload never crash on what the generators build.
+
+A refusal is a value with a reason: a Rejection (falsy, with a non-empty reason and a
+printable form), or a Match without an intrinsic whose reason says why.  A near miss that is
+not offloaded whole is explained by a Rejection naming one of its blocks.
+"""
+
+from harness import PROPERTY_REGISTRY, profile, reported
+from hypothesis import given
+
+import tir_byoc
+from tir_byoc.registry import REGISTRY
+from tir_byoc.testing import strategies
+
+#: Mutations that leave no candidate at all: without a product the reduction is not a GEMM.
+_NOT_A_CANDIDATE = {"reduce_sum_not_product"}
+
+
+@profile(1.0)
+@given(strategies.all_programs())
+def test_scan_explain_and_offload_return_values_with_reasons(program):
+    with reported(program):
+        rejections = tir_byoc.explain(program.func)
+        for rejection in rejections:
+            assert not rejection
+            assert isinstance(rejection.reason, str) and rejection.reason.strip()
+            assert rejection.blocks and str(rejection)
+        for registry in (REGISTRY, PROPERTY_REGISTRY):
+            for match in tir_byoc.scan(program.func, registry=registry):
+                assert (match.intrinsic is None) == bool(match.reason), match
+            tir_byoc.offload(program.func, registry=registry)
+        mutated = program.mutated
+        if mutated is None or mutated.mutation in _NOT_A_CANDIDATE:
+            return
+        whole = [m for m in tir_byoc.scan(program.func) if m.blocks == mutated.blocks]
+        if not whole:
+            explained = {b for r in rejections for b in r.blocks}
+            assert explained & set(mutated.blocks), (
+                f"{mutated.mutation}: no rejection names a block of chain {mutated.index}"
+            )

@@ -1,0 +1,80 @@
+"""tir_byoc.testing.equivalence: it passes a correct rewrite and catches a wrong one."""
+
+import numpy as np
+import pytest
+
+import tir_byoc
+from tir_byoc.registry import REGISTRY, Intrinsic, Registry
+from tir_byoc.testing.equivalence import (
+    assert_equivalent,
+    differences,
+    random_arguments,
+    tolerance,
+)
+from tir_byoc.testing.programs import ChainSpec, ProgramSpec, build_program
+
+
+def _program(**chain):
+    return build_program(ProgramSpec(chains=(ChainSpec(**chain),), m=5))
+
+
+def test_a_correct_offload_is_equivalent():
+    program = _program(bias="vector", relu="max(z, 0)")
+    assert_equivalent(program.func, tir_byoc.offload(program.func), seed=3)
+
+
+def test_a_kernel_for_the_wrong_pattern_is_caught():
+    # dense_bias_relu served by the dense_bias kernel: negative outputs are not clamped.
+    registry = Registry()
+    registry.register_backend(REGISTRY.backend("ref"))
+    wrong = REGISTRY["ref.dense_bias"]
+    registry.register(
+        Intrinsic(
+            "ref.dense_bias_relu", "dense_bias_relu", wrong.extern_symbol, "float32", wrong.source
+        )
+    )
+    program = _program(bias="vector", relu="max(z, 0)", n=8, k=8)
+    rewritten = tir_byoc.offload(program.func, registry=registry)
+    problems = differences(program.func, rewritten, seed=3)
+    assert len(problems) == 1 and problems[0].startswith("Z0 (float32")
+    with pytest.raises(AssertionError, match="results differ after the rewrite"):
+        assert_equivalent(program.func, rewritten, seed=3)
+
+
+def test_random_arguments_cover_every_parameter_with_its_dtype():
+    program = build_program(
+        ProgramSpec(
+            chains=(ChainSpec(dtypes=("uint8", "int8", "int32"), bias="vector"),),
+            symbolic_m=True,
+            m=6,
+        )
+    )
+    arrays = random_arguments(program.func, program.bindings, seed=0)
+    assert [(a.shape, str(a.dtype)) for a in arrays] == [
+        ((6, 3), "uint8"),
+        ((4, 3), "int8"),
+        ((4,), "int32"),
+        ((6, 4), "int32"),
+    ]
+    with pytest.raises(ValueError, match="neither a constant nor a variable"):
+        random_arguments(program.func, {}, seed=0)
+
+
+def test_tolerances_are_exact_for_integers_and_grow_with_k():
+    assert tolerance("int32", 100) == (0.0, 0.0)
+    assert tolerance("float32", 100)[1] > tolerance("float32", 1)[1]
+    assert tolerance("bfloat16", 1)[0] > tolerance("float16", 1)[0] > tolerance("float32", 1)[0]
+    assert np.isfinite(tolerance("float16", 0)[1])
+
+
+def test_a_parameter_with_an_offset_is_run_as_a_view(monkeypatch):
+    # Passing X.data for a buffer bound at an offset reads the padding in front of the view.
+    from tvm import tirx
+
+    from tir_byoc import rewrite
+
+    program = _program(x_view=True, n=3, k=4)
+    assert_equivalent(program.func, tir_byoc.offload(program.func), seed=1)
+    monkeypatch.setattr(rewrite, "_pointer", tirx.buffer_data)
+    problems = differences(program.func, tir_byoc.offload(program.func), seed=1)
+    assert len(problems) == 1 and problems[0].startswith("Z0 (float32")

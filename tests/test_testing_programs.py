@@ -1,0 +1,83 @@
+"""tir_byoc.testing.programs: specs build into the functions they describe, and bad specs fail."""
+
+import pytest
+import tvm
+
+import tir_byoc
+from tir_byoc.testing.programs import (
+    MUTATIONS,
+    ChainSpec,
+    DistractorSpec,
+    ProgramSpec,
+    applicable_mutations,
+    build_program,
+    mutate,
+)
+
+
+def test_a_built_chain_is_well_formed_and_scans_as_its_pattern():
+    spec = ProgramSpec(chains=(ChainSpec(layout="matmul", bias="row", relu="max(0, z)"),))
+    program = build_program(spec)
+    assert tvm.s_tir.analysis.verify_well_formed(program.func)
+    (match,) = tir_byoc.scan(program.func)
+    assert (match.pattern, match.blocks) == ("matmul_bias_relu", ("matmul0", "bias0", "relu0"))
+    assert program.chains[0].pattern == "matmul_bias_relu"
+
+
+def test_a_feeding_chain_keeps_its_output_local():
+    spec = ProgramSpec(chains=(ChainSpec(n=5, feeds_next=True), ChainSpec(k=5)))
+    program = build_program(spec)
+    assert [p.name for p in program.func.params] == ["X0", "W0", "W1", "Z1"]
+    assert program.chains[1].x == "Z0"
+
+
+def test_a_spec_that_cannot_be_built_names_the_problem():
+    with pytest.raises(ValueError, match="chain 0 feeds chain 1: expected k=5, got 3"):
+        ProgramSpec(chains=(ChainSpec(n=5, feeds_next=True), ChainSpec(k=3)))
+    with pytest.raises(ValueError, match="chain 0 has no bias"):
+        ProgramSpec(distractors=(DistractorSpec("bias_in", 0),))
+    with pytest.raises(ValueError, match="relu 'gelu' unknown"):
+        ProgramSpec(chains=(ChainSpec(relu="gelu"),))
+
+
+def test_mutate_squares_the_extents_the_mutation_needs():
+    spec = ProgramSpec(chains=(ChainSpec(bias="vector", n=4, k=3),), m=7)
+    mutant = mutate(spec, 0, "bias_row_axis")
+    assert (mutant.chains[0].n, mutant.chains[0].mutation) == (7, "bias_row_axis")
+    assert build_program(mutant).mutated.mutation == "bias_row_axis"
+
+
+def test_mutate_refuses_a_mutation_that_does_not_apply():
+    spec = ProgramSpec(chains=(ChainSpec(),))
+    assert "bias_sub" not in applicable_mutations(spec, 0)
+    with pytest.raises(ValueError, match="does not apply"):
+        mutate(spec, 0, "bias_sub")
+    with pytest.raises(ValueError, match="unknown mutation"):
+        mutate(spec, 0, "typo")
+
+
+def test_every_mutation_applies_somewhere():
+    separate = ChainSpec(bias="vector", relu="max(z, 0)", n=3, k=3)
+    folded = ChainSpec(bias="vector", relu="max(z, 0)", folded=True, n=3, k=3)
+    found = set()
+    for chain in (separate, folded, ChainSpec()):
+        found.update(applicable_mutations(ProgramSpec(chains=(chain,), m=3), 0))
+    assert found == set(MUTATIONS)
+
+
+def test_a_block_inside_a_chain_cuts_it_after_the_reduction():
+    chain = ChainSpec(bias="vector", relu="max(z, 0)")
+    spec = ProgramSpec(chains=(chain,), distractors=(DistractorSpec("bias_in", 0, inside=True),))
+    program = build_program(spec)
+    (match,) = tir_byoc.scan(program.func)
+    assert (
+        (match.pattern, match.blocks)
+        == ("dense", ("dense0",))
+        == (
+            program.chains[0].pattern,
+            program.chains[0].blocks,
+        )
+    )
+    assert applicable_mutations(spec, 0) == []
+    with pytest.raises(ValueError, match="a chain with an epilogue block to sit inside"):
+        ProgramSpec(distractors=(DistractorSpec("exp_x", 0, inside=True),))

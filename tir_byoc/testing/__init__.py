@@ -1,0 +1,18 @@
+"""Testing helpers for tir_byoc and for people who register their own intrinsics.
+
+Modules
+-------
+programs
+    Programs of the pattern family described as data (:class:`ChainSpec`,
+    :class:`ProgramSpec`) and built into real S-TIR PrimFuncs by :func:`build_program`,
+    together with what the matcher should report for them; near-miss mutants.
+    Needs nothing beyond tir_byoc's own dependencies.
+strategies
+    hypothesis strategies over those programs (``programs()``, ``mutants()``).  Needs the
+    ``hypothesis`` package (``pip install tir-byoc[dev]``).
+equivalence
+    Run two versions of a function on the same random inputs and compare every buffer, with
+    tolerances per dtype (:func:`assert_equivalent`).
+script
+    :func:`to_tvmscript`: a PrimFunc as TVMScript that parses back, also with symbolic shapes.
+"""

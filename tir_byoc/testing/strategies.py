@@ -1,0 +1,266 @@
+"""hypothesis strategies over programs of the pattern family, and over their near misses.
+
+Entry points: :func:`programs` (positives: functions whose chains all compute a pattern),
+:func:`mutants` (a positive with one chain changed so that it no longer computes its
+pattern), and the spec-level strategies they are built from (:func:`chain_specs`,
+:func:`program_specs`, :func:`mutant_specs`).  Each program is a
+:class:`~tir_byoc.testing.programs.Program`: a real S-TIR PrimFunc plus what the matcher
+should report for it.
+
+This module needs ``hypothesis`` (a development dependency: ``pip install tir-byoc[dev]``).
+Use it to test your own intrinsics the way tir_byoc tests its own::
+
+    from hypothesis import given
+    from tir_byoc.testing import strategies
+    from tir_byoc.testing.equivalence import assert_equivalent
+
+    @given(strategies.programs(signatures=[("float32", "float32", "float32")]))
+    def test_my_backend(program):
+        rewritten = tir_byoc.offload(program.func, backends=["mine"])
+        assert_equivalent(program.func, rewritten, bindings=program.bindings)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+try:
+    from hypothesis import strategies as st
+except ImportError as missing:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "tir_byoc.testing.strategies needs hypothesis: pip install 'tir-byoc[dev]' "
+        "(or pip install hypothesis)"
+    ) from missing
+
+import tvm_ffi
+from tvm import s_tir, tirx
+
+from .programs import (
+    DISTRACTORS,
+    INSIDE_KINDS,
+    RELU_SPELLINGS,
+    SIGNATURES,
+    ChainSpec,
+    DistractorSpec,
+    Program,
+    ProgramSpec,
+    applicable_mutations,
+    build_program,
+    mutate,
+)
+
+#: Extents drawn by default: 1, small primes and powers of two (shrinking goes to the left).
+EXTENTS = (1, 2, 3, 4, 5, 7, 8, 13, 16, 17, 31, 32)
+
+_PERMUTATIONS = ("ijk", "ikj", "jik", "jki", "kij", "kji")
+
+
+@st.composite
+def chain_specs(
+    draw,
+    *,
+    layouts: Sequence[str] = ("dense", "matmul"),
+    signatures: Sequence[tuple[str, str, str]] = SIGNATURES,
+    extents: Sequence[int] = EXTENTS,
+) -> ChainSpec:
+    """One chain: layout, epilogue, spelling, dtypes and extents drawn independently."""
+    bias = draw(st.sampled_from((None, "vector", "row")))
+    relu = draw(st.sampled_from((None, *RELU_SPELLINGS)))
+    return ChainSpec(
+        layout=draw(st.sampled_from(tuple(layouts))),
+        n=draw(st.sampled_from(tuple(extents))),
+        k=draw(st.sampled_from(tuple(extents))),
+        bias=bias,
+        bias_first=draw(st.booleans()),
+        relu=relu,
+        folded=bool(bias and relu) and draw(st.booleans()),
+        dtypes=draw(st.sampled_from(tuple(tuple(s) for s in signatures))),
+        loop_order=draw(st.sampled_from(_PERMUTATIONS)),
+        iter_order=draw(st.sampled_from(_PERMUTATIONS)),
+        epilogue_order=draw(st.sampled_from(("ij", "ji"))),
+        commuted=draw(st.booleans()),
+        accumulate_last=draw(st.booleans()),
+        alloc=draw(st.sampled_from(("sblock", "stmt"))),
+        x_view=draw(st.booleans()),
+    )
+
+
+def _link(chains: list[ChainSpec], feeds: list[bool]) -> list[ChainSpec]:
+    """Make chain c + 1 read chain c's output where ``feeds[c]`` and both can be float32."""
+    fp32 = ("float32",) * 3
+    for c in range(len(chains) - 1):
+        if feeds[c] and chains[c].dtypes[2] == "float32":
+            chains[c] = replace(chains[c], feeds_next=True)
+            chains[c + 1] = replace(chains[c + 1], dtypes=fp32, k=chains[c].n)
+    return chains
+
+
+@st.composite
+def distractor_specs(draw, chains: Sequence[ChainSpec], max_size: int = 3):
+    """Unrelated blocks next to the chains (a bias producer only where there is a bias)."""
+    found = []
+    for _ in range(draw(st.integers(0, max_size))):
+        c = draw(st.integers(0, len(chains) - 1))
+        kinds = [k for k in DISTRACTORS if k != "bias_in" or chains[c].bias is not None]
+        kind = draw(st.sampled_from(kinds))
+        can_cut = kind in INSIDE_KINDS and chains[c].epilogue_blocks > 0
+        inside = can_cut and draw(st.integers(0, 3)) == 0
+        found.append(DistractorSpec(kind, c, draw(st.booleans()), inside))
+    return tuple(found)
+
+
+@st.composite
+def program_specs(
+    draw,
+    *,
+    max_chains: int = 3,
+    max_distractors: int = 3,
+    symbolic: bool = True,
+    index_dtypes: Sequence[str] = ("int32", "int64"),
+    extents: Sequence[int] = EXTENTS,
+    **chain_options,
+) -> ProgramSpec:
+    """A function of 1..max_chains chains (maybe feeding one another) and distractors."""
+    count = draw(st.integers(1, max_chains))
+    chains = [draw(chain_specs(extents=extents, **chain_options)) for _ in range(count)]
+    feeds = [draw(st.booleans()) for _ in range(count - 1)]
+    chains = _link(chains, feeds)
+    return ProgramSpec(
+        chains=tuple(chains),
+        distractors=draw(distractor_specs(chains, max_distractors)),
+        m=draw(st.sampled_from(tuple(extents))),
+        symbolic_m=symbolic and draw(st.booleans()),
+        index_dtype=draw(st.sampled_from(tuple(index_dtypes))),
+    )
+
+
+@st.composite
+def mutant_specs(draw, **options) -> ProgramSpec:
+    """A positive spec with exactly one chain mutated (see ``programs.MUTATIONS``)."""
+    spec = draw(program_specs(**options))
+    # A cut chain takes no mutation; chain 0 is left whole so that some chain can.
+    uncut = tuple(replace(d, inside=False) if d.chain == 0 else d for d in spec.distractors)
+    spec = replace(spec, distractors=uncut)
+    choices = [(c, name) for c in range(len(spec.chains)) for name in applicable_mutations(spec, c)]
+    c, name = draw(st.sampled_from(choices))
+    return mutate(spec, c, name)
+
+
+def programs(**options) -> st.SearchStrategy[Program]:
+    """Built positives; keyword options are those of :func:`program_specs`."""
+    return program_specs(**options).map(build_program)
+
+
+def mutants(**options) -> st.SearchStrategy[Program]:
+    """Built near misses; keyword options are those of :func:`program_specs`."""
+    return mutant_specs(**options).map(build_program)
+
+
+def any_programs(**options) -> st.SearchStrategy[Program]:
+    """Positives and near misses."""
+    return st.one_of(programs(**options), mutants(**options))
+
+
+#: Schedule primitives :func:`scheduled_programs` applies; none changes what a function computes.
+SCHEDULE_STEPS = (
+    "split",
+    "reorder",
+    "fuse",
+    "unroll",
+    "parallel",
+    "compute_inline",
+    "reverse_compute_inline",
+    "decompose_reduction",
+    "fuse_reduction_epilogue",
+)
+# fuse_reduction_epilogue only on a reduction whose iterators are in (i, j, k) order: in TVM
+# 0.27 it mixes them up otherwise (init ``Z[vj, vi] = b[vi]``), an out-of-bounds write that
+# makes the "original" itself undefined.
+
+
+def _apply_step(schedule, step: str, block_name: str, factor: int) -> None:
+    """Apply ``step`` to the block; a primitive that does not apply there is skipped."""
+    from tvm.s_tir.schedule import ScheduleError
+
+    try:
+        block = schedule.get_sblock(block_name)
+        loops = schedule.get_loops(block)
+        if step == "split":
+            schedule.split(loops[-1], factors=[None, factor])
+        elif step == "reorder" and len(loops) >= 2:
+            schedule.reorder(*reversed(loops))
+        elif step == "fuse" and len(loops) >= 2:
+            schedule.fuse(loops[0], loops[1])
+        elif step == "unroll" and isinstance(schedule.get(loops[-1]).extent, tirx.IntImm):
+            schedule.unroll(loops[-1])  # TVM cannot unroll a loop of symbolic extent
+        elif step == "parallel":
+            schedule.parallel(loops[0])
+        elif step == "compute_inline":
+            schedule.compute_inline(block)
+        elif step == "reverse_compute_inline":
+            schedule.reverse_compute_inline(block)
+        elif step == "decompose_reduction":
+            schedule.decompose_reduction(block, loops[0])
+        elif step == "fuse_reduction_epilogue" and _iterators_in_order(schedule.get(block)):
+            consumers = schedule.get_consumers(block)
+            if consumers:
+                schedule.fuse_reduction_epilogue(block, consumers[0])
+    except (ScheduleError, ValueError, IndexError, RuntimeError):
+        pass
+
+
+def _iterators_in_order(block) -> bool:
+    """Spatial, spatial, reduction, and the output indexed by the first two in order."""
+    kinds = [iv.iter_type for iv in block.iter_vars]
+    store = block.body
+    return (
+        kinds == [tirx.IterVar.DataPar, tirx.IterVar.DataPar, tirx.IterVar.CommReduce]
+        and isinstance(store, tirx.BufferStore)
+        and len(store.indices) == 2
+        and all(i.same_as(iv.var) for i, iv in zip(store.indices, block.iter_vars))
+    )
+
+
+@st.composite
+def scheduled_programs(draw, max_steps: int = 3, **options) -> Program:
+    """A positive after a few semantics-preserving schedule primitives (split, inline...).
+
+    The result's ``chains`` is empty: after scheduling, what the matcher should find is no
+    longer known (it may refuse a split loop nest, or find a folded epilogue).  Use these for
+    the properties that need no labels: equivalence, idempotence, non-interference, robustness.
+    """
+    program = draw(programs(**options))
+    schedule = s_tir.Schedule(program.func, error_render_level="none")
+    names = [block.name_hint for block in _leaf_blocks(program.func)]
+    for _ in range(draw(st.integers(1, max_steps))):
+        step = draw(st.sampled_from(SCHEDULE_STEPS))
+        _apply_step(schedule, step, draw(st.sampled_from(names)), draw(st.sampled_from((2, 3))))
+    func = schedule.mod["main"].with_attr("global_symbol", program.spec.name)
+    return Program(program.spec, func, (), program.bindings)
+
+
+def _leaf_blocks(func):
+    found = []
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, found.append))
+    return [block for block in found if block.name_hint != "root"]
+
+
+def all_programs(**options) -> st.SearchStrategy[Program]:
+    """Positives, near misses and scheduled positives."""
+    return st.one_of(programs(**options), mutants(**options), scheduled_programs(**options))
+
+
+__all__ = [
+    "EXTENTS",
+    "SCHEDULE_STEPS",
+    "all_programs",
+    "any_programs",
+    "chain_specs",
+    "distractor_specs",
+    "mutant_specs",
+    "mutants",
+    "program_specs",
+    "programs",
+    "scheduled_programs",
+]
