@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tvm
-from conftest import intrinsic_calls
+from byoc_testing import intrinsic_calls
 from test_rewrite import two_layers
 from tvm import relax
 

@@ -7,7 +7,7 @@ negative cases check that nothing is offloaded, why, and that the function is un
 import numpy as np
 import pytest
 import tvm
-from conftest import assert_equivalent, only_match, random_arguments, reasons, run
+from byoc_testing import assert_equivalent, only_match, random_arguments, reasons, run
 from tvm.script import tirx as T
 
 import tir_byoc

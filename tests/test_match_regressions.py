@@ -4,11 +4,14 @@ Every test names the property that found the bug and the shrunk counterexample i
 """
 
 import numpy as np
+import pytest
 import tvm
 import tvm_ffi
 from tvm.script import tirx as T
 
 import tir_byoc
+
+pytestmark = pytest.mark.usefixtures("reference_backend")
 
 # --------------------------------------------------------------------------------------
 # A local buffer passed to a kernel must stay whole through lowering.
@@ -61,9 +64,9 @@ def mlp_expected(
             X.data,
             W1.data,
             H.data,
-            T.Cast("int64", 4),
-            T.Cast("int64", 5),
-            T.Cast("int64", 3),
+            T.int64(4),
+            T.int64(5),
+            T.int64(3),
             65793,
         )
         assert status == 0, (
@@ -83,9 +86,9 @@ def mlp_expected(
             H.data,
             W2.data,
             Z.data,
-            T.Cast("int64", 4),
-            T.Cast("int64", 2),
-            T.Cast("int64", 5),
+            T.int64(4),
+            T.int64(2),
+            T.int64(5),
             65793,
         )
         assert status == 0, (
@@ -225,9 +228,9 @@ def short_epilogue_expected(
             X.data,
             W.data,
             Y.data,
-            T.Cast("int64", 3),
-            T.Cast("int64", 4),
-            T.Cast("int64", 2),
+            T.int64(3),
+            T.int64(4),
+            T.int64(2),
             65793,
         )
         assert status == 0, (
@@ -311,7 +314,7 @@ def test_symbolic_extent_short_of_the_output_is_refused_with_a_reason():
     func = _main(short_symbolic_rows)
     assert tir_byoc.scan(func) == []
     (rejection,) = tir_byoc.explain(func)
-    assert "M runs over m - T.int64(1) but output Z has m" in rejection.reason
+    assert "i runs over 0..(m - 1)-1 of m (axis 0 of output Z)" in rejection.reason
     tvm.ir.assert_structural_equal(tir_byoc.offload(func), func)
 
 

@@ -4,7 +4,7 @@ import re
 import textwrap
 
 import pytest
-from conftest import assert_equivalent
+from byoc_testing import assert_equivalent
 from test_match import dense_bias_relu_blocks, reordered_loops_and_operands
 
 import tir_byoc

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tvm
-from conftest import assert_equivalent, intrinsic_calls, random_arguments, run
+from byoc_testing import assert_equivalent, intrinsic_calls, random_arguments, run
 from test_match import dense_bias_relu_blocks
 from tvm.script import tirx as T
 
@@ -39,10 +39,10 @@ def expected_dense_bias_relu(
             status: T.let[T.int32] = T.call_extern(
                 "int32",
                 "tir_byoc_ref_dense_bias_relu",
-                T.tvm_access_ptr(T.type_annotation("float32"), X.data, 0, 128, 1),
-                T.tvm_access_ptr(T.type_annotation("float32"), W.data, 0, 192, 1),
-                T.tvm_access_ptr(T.type_annotation("float32"), B.data, 0, 12, 1),
-                T.tvm_access_ptr(T.type_annotation("float32"), Out.data, 0, 96, 2),
+                X.data,
+                W.data,
+                B.data,
+                Out.data,
                 T.int64(8),
                 T.int64(12),
                 T.int64(16),
@@ -111,10 +111,10 @@ def expected_two_layers(
         status: T.let[T.int32] = T.call_extern(
             "int32",
             "tir_byoc_ref_dense_bias_relu",
-            T.tvm_access_ptr(T.type_annotation("float32"), X.data, 0, 24, 1),
-            T.tvm_access_ptr(T.type_annotation("float32"), W1.data, 0, 30, 1),
-            T.tvm_access_ptr(T.type_annotation("float32"), B1.data, 0, 5, 1),
-            T.tvm_access_ptr(T.type_annotation("float32"), H.data, 0, 20, 2),
+            X.data,
+            W1.data,
+            B1.data,
+            H.data,
             T.int64(4),
             T.int64(5),
             T.int64(6),
@@ -135,9 +135,9 @@ def expected_two_layers(
         status: T.let[T.int32] = T.call_extern(
             "int32",
             "tir_byoc_ref_dense",
-            T.tvm_access_ptr(T.type_annotation("float32"), H.data, 0, 20, 1),
-            T.tvm_access_ptr(T.type_annotation("float32"), W2.data, 0, 15, 1),
-            T.tvm_access_ptr(T.type_annotation("float32"), Out.data, 0, 12, 2),
+            H.data,
+            W2.data,
+            Out.data,
             T.int64(4),
             T.int64(3),
             T.int64(5),

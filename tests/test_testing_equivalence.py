@@ -13,6 +13,8 @@ from tir_byoc.testing.equivalence import (
 )
 from tir_byoc.testing.programs import ChainSpec, ProgramSpec, build_program
 
+pytestmark = pytest.mark.usefixtures("reference_backend")
+
 
 def _program(**chain):
     return build_program(ProgramSpec(chains=(ChainSpec(**chain),), m=5))

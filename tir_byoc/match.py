@@ -16,6 +16,7 @@ The matcher only reads IR; :mod:`tir_byoc.rewrite` builds the replacement from a
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import tvm
@@ -26,6 +27,7 @@ from .patterns import PATTERNS, pattern_for
 from .signature import WIDENINGS, DtypeSignature
 
 _DATA_PAR = 0
+_INT_LITERAL = re.compile(r"T\.u?int[0-9]+\((-?[0-9]+)\)")
 _COMM_REDUCE = 2
 _ZERO_DTYPES = ("float", "bfloat", "int", "uint")
 
@@ -636,7 +638,10 @@ def _check_shape(buf, dims, names, extents: _Extents, what="output"):
 
 def _last_index(extent) -> str:
     value = _const_value(extent)
-    return str(value - 1) if value is not None else f"{_expr_text(extent)}-1"
+    if value is not None:
+        return str(value - 1)
+    text = _INT_LITERAL.sub(r"\1", _expr_text(extent))
+    return f"({text})-1"
 
 
 # --------------------------------------------------------------------------------------

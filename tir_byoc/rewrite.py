@@ -8,8 +8,7 @@ SBlock, at the place of the last block of its chain::
         T.writes(Y[0:M, 0:N])
         T.block_attr({"tir_byoc.intrinsic": "ref.dense_bias_relu", ...})
         status: T.int32 = T.call_extern("int32", "tir_byoc_ref_dense_bias_relu",
-                                        T.tvm_access_ptr(..., X.data, ...), ..., M, N, K,
-                                        signature)
+                                        X.data, W.data, b.data, Y.data, M, N, K, signature)
         assert status == 0, "tir_byoc intrinsic ref.dense_bias_relu ... failed"
 
 The other blocks of the chain are removed, and so are the intermediates nothing reads any
@@ -41,34 +40,21 @@ def _zero(dtype: str):
     return tirx.IntImm(dtype, 0)
 
 
-#: Element types whose storage TVM legalizes to another type before lowering intrinsics.
-_STORAGE_DTYPES = {"bfloat16": "uint16"}
+def _pointer(buffer: ir.Var):
+    """Pointer to ``buffer``'s first element, in a form that lowering keeps correct.
 
-
-def _pointer(buffer: ir.Var, access: str):
-    """Pointer to the first element of ``buffer`` (its element offset included).
-
-    ``tvm_access_ptr`` declares the whole buffer as accessed, so that passes which shrink
-    allocations to the accessed region (``CompactBufferAllocation``) keep intermediates whole.
-    bfloat16 buffers are annotated with their storage type: ``BF16StorageLegalize`` turns the
-    buffer into uint16 but leaves the annotation, which ``LowerIntrin`` then rejects.
+    ``B.data`` marks the whole buffer as used, so ``CompactBufferAllocation`` keeps a local
+    intermediate whole (``address_of(B[0, 0])`` would shrink it to the one element it names,
+    which the kernel then writes past); it is element 0 when the element offset is 0, as it
+    always is for allocations.  A buffer with another offset (a parameter bound with one) is
+    never compacted, and ``address_of`` adds its offset.  (``tvm_access_ptr`` would say both,
+    but TVM's bfloat16 legalization leaves its element type stale and lowering fails.)
     """
-    dtype = str(buffer.ty.dtype)
-    if dtype not in _STORAGE_DTYPES:
-        return buffer.access_ptr(access, ptr_type=dtype)
-    extent = 1
-    for dim in buffer.ty.shape:
-        extent = extent * dim
-    mask = {"r": 1, "w": 2}[access]
-    return tirx.call_intrin(
-        "handle",
-        "tirx.tvm_access_ptr",
-        tirx.type_annotation(_STORAGE_DTYPES[dtype]),
-        tirx.buffer.buffer_data(buffer),
-        buffer.ty.elem_offset,
-        extent,
-        mask,
-    )
+    offset = buffer.ty.elem_offset
+    if offset is None or (isinstance(offset, tirx.IntImm) and offset.value == 0):
+        return tirx.buffer_data(buffer)
+    index_dtype = str(buffer.ty.shape[0].ty.dtype) if buffer.ty.shape else "int32"
+    return tirx.address_of(tirx.BufferLoad(buffer, [_zero(index_dtype) for _ in buffer.ty.shape]))
 
 
 def _whole(buffer: ir.Var):
@@ -85,7 +71,7 @@ def _as_int64(expr):
 def call_block(match: Match, intrinsic: Intrinsic, name: str) -> s_tir.SBlockRealize:
     """The opaque block that calls ``intrinsic`` for ``match``."""
     operands = [match.x, match.w] + ([match.bias] if match.bias is not None else [])
-    args = [_pointer(b, "r") for b in operands] + [_pointer(match.out, "w")]
+    args = [_pointer(b) for b in [*operands, match.out]]
     args += [_as_int64(e) for e in (match.m, match.n, match.k)]
     args.append(tirx.IntImm("int32", match.dtype.code))
     call = tirx.call_extern("int32", intrinsic.extern_symbol, *args)

@@ -57,7 +57,7 @@ def test_offloaded_function_computes_the_same_results(program, seed):
 )
 def test_relu_of_nan_is_unchanged_by_offloading():
     program = build_program(ProgramSpec(chains=(ChainSpec(relu="max(z, 0)", n=1, k=1),), m=1))
-    rewritten = offload(program.func)
+    rewritten = tir_byoc.offload(program.func, registry=PROPERTY_REGISTRY, backends=["ref"])
     x, w = np.full((1, 1), np.nan, "float32"), np.ones((1, 1), "float32")
     results = []
     for func in (program.func, rewritten):
