@@ -198,6 +198,35 @@ class Registry:
         self._backends[backend.name] = backend
         return backend
 
+    def register_family(
+        self,
+        backend: Backend,
+        source: str | os.PathLike,
+        dtypes: Sequence[str],
+        priority: int,
+        check: Callable[[Match], str | None] | None = None,
+    ) -> list[Intrinsic]:
+        """Register ``backend`` and one intrinsic per pattern of the family, from one source.
+
+        The names follow the bundled convention: intrinsic ``<backend>.<pattern>``, C symbol
+        ``tir_byoc_<backend>_<pattern>``.
+        """
+        self.register_backend(backend)
+        return [
+            self.register(
+                Intrinsic(
+                    name=f"{backend.name}.{pattern}",
+                    pattern=pattern,
+                    extern_symbol=f"tir_byoc_{backend.name}_{pattern}",
+                    dtypes=tuple(dtypes),
+                    source=Path(source),
+                    priority=priority,
+                    check=check,
+                )
+            )
+            for pattern in PATTERNS
+        ]
+
     def unregister(self, name: str) -> None:
         """Remove the intrinsic ``name`` (its backend stays)."""
         if name not in self._intrinsics:

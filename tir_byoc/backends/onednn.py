@@ -15,8 +15,7 @@ from pathlib import Path
 
 from .. import threads
 from ..match import Match
-from ..patterns import PATTERNS
-from ..registry import REGISTRY, Backend, Intrinsic, LinkSpec
+from ..registry import REGISTRY, Backend, LinkSpec
 from ..signature import DtypeSignature
 from ..toolchain import intrinsics_dir
 from .wheels import installed_file
@@ -76,22 +75,13 @@ def _check(match: Match) -> str | None:
 
 
 def _register() -> None:
-    REGISTRY.register_backend(
-        Backend("onednn", locate, "oneDNN 3.2 matmul primitives (fp32, bf16, fp16, int8)")
+    REGISTRY.register_family(
+        Backend("onednn", locate, "oneDNN 3.2 matmul primitives (fp32, bf16, fp16, int8)"),
+        intrinsics_dir() / "onednn" / "matmul.cpp",
+        dtypes=tuple(DTYPE_CPU_FLAGS),
+        priority=PRIORITY,
+        check=_check,
     )
-    source = intrinsics_dir() / "onednn" / "matmul.cpp"
-    for pattern in PATTERNS:
-        REGISTRY.register(
-            Intrinsic(
-                name=f"onednn.{pattern}",
-                pattern=pattern,
-                extern_symbol=f"tir_byoc_onednn_{pattern}",
-                dtypes=tuple(DTYPE_CPU_FLAGS),
-                source=source,
-                priority=PRIORITY,
-                check=_check,
-            )
-        )
 
 
 _register()

@@ -10,8 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import threads
-from ..patterns import PATTERNS
-from ..registry import REGISTRY, Backend, BackendUnavailable, Intrinsic, LinkSpec
+from ..registry import REGISTRY, Backend, BackendUnavailable, LinkSpec
 from ..toolchain import intrinsics_dir
 from .wheels import installed_file
 
@@ -38,21 +37,12 @@ def locate() -> LinkSpec:
 
 
 def _register() -> None:
-    REGISTRY.register_backend(
-        Backend("openblas", locate, "OpenBLAS sgemm from the scipy-openblas32 wheel (fp32)")
+    REGISTRY.register_family(
+        Backend("openblas", locate, "OpenBLAS sgemm from the scipy-openblas32 wheel (fp32)"),
+        intrinsics_dir() / "openblas" / "gemm.c",
+        dtypes=("float32",),
+        priority=PRIORITY,
     )
-    source = intrinsics_dir() / "openblas" / "gemm.c"
-    for pattern in PATTERNS:
-        REGISTRY.register(
-            Intrinsic(
-                name=f"openblas.{pattern}",
-                pattern=pattern,
-                extern_symbol=f"tir_byoc_openblas_{pattern}",
-                dtypes=("float32",),
-                source=source,
-                priority=PRIORITY,
-            )
-        )
 
 
 _register()
