@@ -142,8 +142,13 @@ def mutant_specs(draw, **options) -> ProgramSpec:
     # A cut chain takes no mutation; chain 0 is left whole so that some chain can.
     uncut = tuple(replace(d, inside=False) if d.chain == 0 else d for d in spec.distractors)
     spec = replace(spec, distractors=uncut)
-    choices = [(c, name) for c in range(len(spec.chains)) for name in applicable_mutations(spec, c)]
-    c, name = draw(st.sampled_from(choices))
+    # Mutation first, then a chain that can take it: rare mutations are drawn as often.
+    takers = {}
+    for c in range(len(spec.chains)):
+        for name in applicable_mutations(spec, c):
+            takers.setdefault(name, []).append(c)
+    name = draw(st.sampled_from(sorted(takers)))
+    c = draw(st.sampled_from(takers[name]))
     return mutate(spec, c, name)
 
 
