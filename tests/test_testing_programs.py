@@ -1,7 +1,11 @@
-"""tir_byoc.testing.programs: specs build into the functions they describe, and bad specs fail."""
+"""tir_byoc.testing.programs: specs build into the functions they describe, and bad specs fail.
+
+Also the scheduling step of ``strategies.scheduled_programs``, which must not corrupt a program.
+"""
 
 import pytest
 import tvm
+from tvm import s_tir
 
 import tir_byoc
 from tir_byoc.testing.programs import (
@@ -13,6 +17,7 @@ from tir_byoc.testing.programs import (
     build_program,
     mutate,
 )
+from tir_byoc.testing.strategies import _apply_step, _leaf_blocks
 
 
 def test_a_built_chain_is_well_formed_and_scans_as_its_pattern():
@@ -81,3 +86,21 @@ def test_a_block_inside_a_chain_cuts_it_after_the_reduction():
     assert applicable_mutations(spec, 0) == []
     with pytest.raises(ValueError, match="a chain with an epilogue block to sit inside"):
         ProgramSpec(distractors=(DistractorSpec("exp_x", 0, inside=True),))
+
+
+def test_scheduling_never_inlines_a_consumer_whose_producer_has_another_reader():
+    # Chain 0 feeds chain 1 and an exp block also reads Z0.  TVM 0.27 would reverse-inline the
+    # exp into relu0 and drop the store to Z0 that dense1 reads (found by the thorough run).
+    feeding = ChainSpec(bias="vector", relu="max(z, 0)", n=3, k=3, feeds_next=True)
+    spec = ProgramSpec(
+        chains=(feeding, ChainSpec(n=3, k=3)), distractors=(DistractorSpec("exp_x", 1, before=True),)
+    )
+    program = build_program(spec)
+    schedule = s_tir.Schedule(program.func)
+    _apply_step(schedule, "reverse_compute_inline", "exp_x1_0", 2)
+    tvm.ir.assert_structural_equal(schedule.mod["main"], program.func)
+
+    lone = build_program(ProgramSpec(chains=(ChainSpec(bias="vector", relu="max(z, 0)"),)))
+    schedule = s_tir.Schedule(lone.func)
+    _apply_step(schedule, "reverse_compute_inline", "relu0", 2)
+    assert "relu0" not in {block.name_hint for block in _leaf_blocks(schedule.mod["main"])}

@@ -184,6 +184,19 @@ SCHEDULE_STEPS = (
 # init out of bounds (``Z[vj, vi] = b[vi]``).  Each makes the "original" itself wrong.
 
 
+def _sole_consumer(schedule, block) -> bool:
+    """Whether ``block`` is the only consumer of each of its producers.
+
+    TVM 0.27's reverse_compute_inline checks this only when the producer is a reduction: into
+    a spatial producer whose output another block also reads, it inlines anyway and drops the
+    producer's store, leaving the other reader with a buffer nobody allocates or writes.
+    """
+    producers = schedule.get_producers(block)
+    return bool(producers) and all(
+        len(schedule.get_consumers(producer)) == 1 for producer in producers
+    )
+
+
 def _apply_step(schedule, step: str, block_name: str, factor: int) -> None:
     """Apply ``step`` to the block; a primitive that does not apply there is skipped."""
     from tvm.s_tir.schedule import ScheduleError
@@ -203,7 +216,7 @@ def _apply_step(schedule, step: str, block_name: str, factor: int) -> None:
             schedule.parallel(loops[0])
         elif step == "compute_inline":
             schedule.compute_inline(block)
-        elif step == "reverse_compute_inline":
+        elif step == "reverse_compute_inline" and _sole_consumer(schedule, block):
             schedule.reverse_compute_inline(block)
         elif step == "decompose_reduction":
             schedule.decompose_reduction(block, loops[0])
