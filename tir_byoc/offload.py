@@ -50,8 +50,14 @@ def _as_module(mod_or_func) -> tuple[tvm.IRModule, bool]:
     )
 
 
-def _plan(mod: tvm.IRModule, backends, registry: Registry) -> list[_Plan]:
+def _plan(mod: tvm.IRModule, backends, registry: Registry, scans=None) -> list[_Plan]:
+    """Each PrimFunc's scan and the intrinsic chosen per match.
+
+    ``scans`` ({(name, func): FunctionScan}, keyed by object identity) carries scans across
+    calls: the transpose fold scans each folded callee once, and the module plan reuses it.
+    """
     order = backend_order(backends, registry)
+    scans = {} if scans is None else scans
 
     def unavailable(backend):
         return toolchain.unavailable(backend, registry)
@@ -60,19 +66,22 @@ def _plan(mod: tvm.IRModule, backends, registry: Registry) -> list[_Plan]:
     for gvar, func in mod.functions_items():
         if not isinstance(func, tirx.PrimFunc):
             continue
-        found = scan_function(gvar.name_hint, func)
+        key = (gvar.name_hint, func)
+        found = scans.get(key)
+        if found is None:
+            found = scans[key] = scan_function(gvar.name_hint, func)
         matches = tuple(choose(m, registry, unavailable, order) for m in found.matches)
         plans.append(_Plan(gvar, func, found, matches))
     return plans
 
 
-def _fold_transposes(mod: tvm.IRModule, backends, registry: Registry) -> tvm.IRModule:
+def _fold_transposes(mod: tvm.IRModule, backends, registry: Registry, scans) -> tvm.IRModule:
     """Relax modules: matmuls on a transposed weight become dense on the original weight."""
     if not any(isinstance(f, relax.Function) for f in mod.functions.values()):
         return mod
 
     def served(name, func, weight) -> bool:
-        plan = _plan(tvm.IRModule({name: func}), backends, registry)[0]
+        plan = _plan(tvm.IRModule({name: func}), backends, registry, scans)[0]
         return any(m.intrinsic and m.w.same_as(weight) for m in plan.matches)
 
     folded, report = relax_transpose.fold_weight_transposes(mod, served)
@@ -109,9 +118,10 @@ def scan(
         Each with ``intrinsic`` set, or ``intrinsic=None`` and ``reason``.
     """
     mod, _ = _as_module(mod_or_func)
+    scans = {}
     if fold_transposes:
-        mod = _fold_transposes(mod, backends, registry)
-    return [m for plan in _plan(mod, backends, registry) for m in plan.matches]
+        mod = _fold_transposes(mod, backends, registry, scans)
+    return [m for plan in _plan(mod, backends, registry, scans) for m in plan.matches]
 
 
 def explain(mod_or_func) -> list[Rejection]:
@@ -167,9 +177,10 @@ def offload(
         The same kind as the input.  Unmatched blocks and functions are kept as they were.
     """
     mod, wrapped = _as_module(mod_or_func)
+    scans = {}
     if fold_transposes and not wrapped:
-        mod = _fold_transposes(mod, backends, registry)
-    plans = _plan(mod, backends, registry)
+        mod = _fold_transposes(mod, backends, registry, scans)
+    plans = _plan(mod, backends, registry, scans)
     # Step 1. Every match gets an intrinsic, or (strict) nothing happens.
     missing = [m for p in plans for m in p.matches if m.intrinsic is None]
     if strict and missing:
