@@ -5,7 +5,7 @@
  * usage: direct_openblas WARMUP REPEATS LAYER [LAYER...]
  *   LAYER = M:N:K:f32:LAYOUT:BIAS:RELU, LAYOUT dense | matmul, BIAS and RELU 0 | 1.
  * Each timed run computes every layer the way a C programmer would with cblas: the bias
- * broadcast into the output, one sgemm with beta = 1, a relu pass.  Layers chain like the
+ * broadcast into the output, one sgemm (sgemv for one row) with beta = 1, a relu pass.  Layers chain like the
  * oneDNN harness.  Prints the median milliseconds of a run and the OpenBLAS core in use.
  */
 #include <cblas.h>
@@ -39,9 +39,17 @@ static float *filled(size_t count, int modulus) {
 static void run(const Layer *L) {
   if (L->bias)
     for (int i = 0; i < L->m; ++i) memcpy(L->y + (size_t)i * L->n, L->b, L->n * sizeof(float));
-  scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, L->dense ? CblasTrans : CblasNoTrans, L->m,
-                    L->n, L->k, 1.0f, L->x, L->k, L->w, L->dense ? L->k : L->n,
-                    L->bias ? 1.0f : 0.0f, L->y, L->n);
+  float beta = L->bias ? 1.0f : 0.0f;
+  if (L->m == 1 && L->dense)
+    scipy_cblas_sgemv(CblasRowMajor, CblasNoTrans, L->n, L->k, 1.0f, L->w, L->k, L->x, 1, beta,
+                      L->y, 1);
+  else if (L->m == 1)
+    scipy_cblas_sgemv(CblasRowMajor, CblasTrans, L->k, L->n, 1.0f, L->w, L->n, L->x, 1, beta,
+                      L->y, 1);
+  else
+    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, L->dense ? CblasTrans : CblasNoTrans, L->m,
+                      L->n, L->k, 1.0f, L->x, L->k, L->w, L->dense ? L->k : L->n, beta, L->y,
+                      L->n);
   if (L->relu)
     for (size_t i = 0; i < (size_t)L->m * L->n; ++i) L->y[i] = L->y[i] > 0.0f ? L->y[i] : 0.0f;
 }

@@ -42,8 +42,9 @@ TOLERANCES = {
     "int8,int8->int32": (0, 0),
 }
 
-#: (M, N, K) run through one compiled function with symbolic extents; K = 0 is an empty sum.
-SHAPES = ((3, 5, 7), (17, 33, 65), (2, 3, 0))
+#: (M, N, K) run through one compiled function with symbolic extents; K = 0 is an empty sum,
+#: M = 1 a GEMV (which the OpenBLAS intrinsics serve with sgemv).
+SHAPES = ((3, 5, 7), (17, 33, 65), (2, 3, 0), (1, 9, 11), (1, 4, 0))
 
 
 def describe(pattern: str, signature: str):

@@ -1,7 +1,8 @@
 /*
- * openblas/gemm.c - the OpenBLAS intrinsics (fp32): one cblas sgemm per call, with the bias
- * broadcast into the output first (sgemm then adds the product, beta = 1) and the relu applied
- * in one pass afterwards.  Symbols tir_byoc_openblas_<pattern>, registry keys
+ * openblas/gemm.c - the OpenBLAS intrinsics (fp32): one cblas sgemm per call (sgemv for a
+ * single row, which OpenBLAS's sgemm runs several times slower), with the bias broadcast into
+ * the output first (the product is then added, beta = 1) and the relu applied in one pass
+ * afterwards.  Symbols tir_byoc_openblas_<pattern>, registry keys
  * openblas.<pattern>; calling convention and status codes as in tir_byoc.h.
  *
  * Linked against the scipy-openblas32 wheel: 32-bit BLAS integers, symbols prefixed `scipy_`.
@@ -34,7 +35,16 @@ static int32_t openblas_gemm(const float *x, const float *w, const float *bias, 
   if (m == 0 || n == 0) return TIR_BYOC_OK;
   // Step 2. y = bias (or 0), then y += x . w, then relu.
   if (bias != NULL) broadcast_bias(y, bias, m, n);
-  if (k > 0) {
+  if (k > 0 && m == 1) {
+    // y = W x for an N x K weight, y = W^T x for a K x N one.
+    float beta = bias != NULL ? 1.0f : 0.0f;
+    if (layout == LAYOUT_NK)
+      scipy_cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)n, (blasint)k, 1.0f, w,
+                        (blasint)k, x, 1, beta, y, 1);
+    else
+      scipy_cblas_sgemv(CblasRowMajor, CblasTrans, (blasint)k, (blasint)n, 1.0f, w,
+                        (blasint)n, x, 1, beta, y, 1);
+  } else if (k > 0) {
     enum CBLAS_TRANSPOSE w_op = layout == LAYOUT_NK ? CblasTrans : CblasNoTrans;
     blasint ldw = (blasint)(layout == LAYOUT_NK ? k : n);
     scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, w_op, (blasint)m, (blasint)n, (blasint)k,
