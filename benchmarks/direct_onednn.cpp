@@ -15,8 +15,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <unordered_map>
@@ -37,13 +39,40 @@ struct Layer {
   void IntegerEpilogue() {
     int32_t *out = reinterpret_cast<int32_t *>(y.data());
     const int32_t *add = reinterpret_cast<const int32_t *>(b.data());
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) {
-        int32_t v = out[i * n + j] + (bias ? add[j] : 0);
-        out[i * n + j] = relu && v < 0 ? 0 : v;
-      }
+    for (int64_t i = 0; i < m; ++i) {
+      int32_t *row = out + i * n;
+      if (bias)
+        for (int64_t j = 0; j < n; ++j) row[j] += add[j];
+      if (relu)
+        for (int64_t j = 0; j < n; ++j) row[j] = std::max(row[j], 0);
+    }
   }
 };
+
+/* buffer[i] = (i % modulus) * 0.25 - 0.5 as floats, i % modulus as unsigned integers,
+ * i % modulus - 2 as signed ones (mixed signs, as in the random data tir_byoc is timed on). */
+static void Fill(std::vector<char> *buffer, dt type, int modulus) {
+  const size_t size = dnnl::memory::data_type_size(type);
+  for (size_t i = 0; i < buffer->size() / size; ++i) {
+    const float value = static_cast<float>(i % modulus) * 0.25f - 0.5f;
+    char *at = buffer->data() + i * size;
+    if (type == dt::f32) {
+      std::memcpy(at, &value, 4);
+    } else if (type == dt::bf16) {
+      uint32_t bits;
+      std::memcpy(&bits, &value, 4);
+      const uint16_t high = static_cast<uint16_t>(bits >> 16);  // exact: value has 3 bits
+      std::memcpy(at, &high, 2);
+    } else if (type == dt::s32) {
+      const int32_t integer = static_cast<int32_t>(i % modulus) - 2;
+      std::memcpy(at, &integer, 4);
+    } else if (type == dt::s8) {
+      *at = static_cast<char>(static_cast<int>(i % modulus) - 2);
+    } else {
+      *at = static_cast<char>(i % modulus);
+    }
+  }
+}
 
 static Layer Create(const std::string &spec, bool prepacked, dnnl::engine &engine,
                     dnnl::stream &stream, Layer *previous) {
@@ -78,11 +107,11 @@ static Layer Create(const std::string &spec, bool prepacked, dnnl::engine &engin
   dnnl::matmul::primitive_desc desc(engine, src, prepacked ? any_w : plain_w, bias_md, dst, attr);
   L.primitive = dnnl::matmul(desc);
   L.implementation = desc.impl_info_str();
-  // Step 2. Buffers with small deterministic values, created once.
+  // Step 2. Buffers with small deterministic values of their dtype, created once (bytes
+  // i % 7 read as floats would be near-denormal, which slows some kernels down).
   L.x.resize(src.get_size()), L.w.resize(plain_w.get_size()), L.y.resize(dst.get_size());
   L.b.resize(static_cast<size_t>(L.n) * 4);
-  for (size_t i = 0; i < L.x.size(); ++i) L.x[i] = static_cast<char>(i % 7);
-  for (size_t i = 0; i < L.w.size(); ++i) L.w[i] = static_cast<char>(i % 5);
+  Fill(&L.x, x_dt, 7), Fill(&L.w, w_dt, 5), Fill(&L.b, y_dt, 3);
   void *x_data = L.x.data();
   if (previous != nullptr && previous->m == L.m && previous->n == L.k &&
       previous->integer == L.integer && x_dt == dt::f32)

@@ -340,7 +340,7 @@ def _direct_binary(library: str) -> Path:
         flags = [f"-I{d}" for d in spec.include_dirs] + list(spec.compile_flags)
         command = [
             compiler.path,
-            "-O2",
+            "-O3",  # as tir_byoc builds its intrinsics (toolchain._BASE_FLAGS)
             *flags,
             str(source),
             "-o",
