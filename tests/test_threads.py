@@ -24,6 +24,7 @@ def clean_env(monkeypatch):
     for name in VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(threads, "_applied", {})
+    monkeypatch.setattr(threads, "_loaded", lambda fragment: False)  # libraries not loaded yet
     return monkeypatch
 
 
@@ -70,3 +71,22 @@ def test_unknown_library_is_an_error(clean_env):
         ValueError, match=r"expected a library in \['openblas', 'openmp'\], got 'mkl'"
     ):
         threads.configure("mkl")
+
+
+def test_tvm_pool_sleeps_at_once_when_libgomp_loaded_too_early(clean_env):
+    import os
+
+    threads.configure("openblas")  # TVM's spin default set first, as when OpenBLAS loads first
+    clean_env.setattr(threads, "_loaded", lambda fragment: fragment == "libgomp")
+    applied = threads.configure("openmp")
+    assert "GOMP_SPINCOUNT" not in os.environ  # it would no longer apply
+    assert applied["TVM_THREAD_POOL_SPIN_COUNT"] == os.environ["TVM_THREAD_POOL_SPIN_COUNT"] == "0"
+
+
+def test_tvm_spin_set_by_the_user_is_kept_when_libgomp_loaded_too_early(clean_env):
+    import os
+
+    clean_env.setenv("TVM_THREAD_POOL_SPIN_COUNT", "500")
+    clean_env.setattr(threads, "_loaded", lambda fragment: fragment == "libgomp")
+    assert threads.configure("openmp") == {}
+    assert os.environ["TVM_THREAD_POOL_SPIN_COUNT"] == "500"

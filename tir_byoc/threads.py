@@ -14,7 +14,10 @@ What it sets, and why (measured on a 2-core machine, see ``docs/backends.md``):
   next kernel of another pool (TVM, OpenMP and OpenBLAS kernels alternate in an offloaded
   model).  The libraries' idle spin is cut to a short time (``GOMP_SPINCOUNT``,
   ``OPENBLAS_THREAD_TIMEOUT``) and TVM's (``TVM_THREAD_POOL_SPIN_COUNT``) likewise, unless
-  the user set them or ``OMP_WAIT_POLICY``.
+  the user set them or ``OMP_WAIT_POLICY``.  When libgomp is already loaded as oneDNN is
+  located (PyTorch loads it, and ``import tvm`` imports PyTorch when it is installed), it has
+  read its environment and keeps its long spin; TVM's pool is then told not to spin at all
+  (``TVM_THREAD_POOL_SPIN_COUNT=0``), so that the two do not fight over the cores.
 """
 
 from __future__ import annotations
@@ -85,12 +88,23 @@ def configure(library: str) -> dict[str, str]:
         if tvm_threads:
             _set_default(count_var, tvm_threads)
         # Step 2. Idle spin, for the library and for TVM's pool.
+        tvm_spin = IDLE_DEFAULTS["TVM_THREAD_POOL_SPIN_COUNT"]
         if not any(v in os.environ for v in _USER_IDLE_CHOICE.get(idle_var, ())):
-            _set_default(idle_var, IDLE_DEFAULTS[idle_var])
-        _set_default("TVM_THREAD_POOL_SPIN_COUNT", IDLE_DEFAULTS["TVM_THREAD_POOL_SPIN_COUNT"])
-        new = {k: v for k, v in _applied.items() if k not in before}
+            if library == "openmp" and idle_var not in os.environ and _loaded("libgomp"):
+                # libgomp read its environment when it loaded (PyTorch loads it, and tvm_ffi
+                # imports PyTorch whenever it is installed), so its workers keep spinning ~5-9
+                # ms after each oneDNN call.  TVM's pool spinning against them made a oneDNN
+                # call alternating with a TVM-parallel kernel 3x slower (bench-threads); a TVM
+                # pool that sleeps at once does not.
+                tvm_spin = "0"
+            else:
+                _set_default(idle_var, IDLE_DEFAULTS[idle_var])
+        if tvm_spin == "0" and _applied.get("TVM_THREAD_POOL_SPIN_COUNT"):
+            os.environ["TVM_THREAD_POOL_SPIN_COUNT"] = _applied["TVM_THREAD_POOL_SPIN_COUNT"] = "0"
+        _set_default("TVM_THREAD_POOL_SPIN_COUNT", tvm_spin)
+        new = {k: v for k, v in _applied.items() if before.get(k) != v}
     fragment = {"openmp": "libgomp", "openblas": "libscipy_openblas"}[library]
-    if new and _loaded(fragment):
+    if any(k in LIBRARY_VARIABLES[library] for k in new) and _loaded(fragment):
         logger.info(
             "%s is already loaded, so its thread settings %s take effect only in new processes",
             fragment,
