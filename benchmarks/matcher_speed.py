@@ -1,4 +1,4 @@
-"""How fast the matcher is: scan time per PrimFunc on lowered models and 1,000 PrimFuncs.
+"""How fast the matcher is: scan time per PrimFunc on lowered models and 1,000 / 2,000 PrimFuncs.
 
 Entry point: ``python benchmarks/run.py --matcher`` (or this file).  Target: under 1 ms per
 PrimFunc, about 1 s per 1,000.  Times :func:`tir_byoc.match.scan_function` alone (the
@@ -82,14 +82,15 @@ def main() -> int:
         "seed MLP (Relax)": lowered_mlp(),
         "MLP block, Relax (Linear-GELU-Linear-add-LayerNorm)": lowered(Block(), (8, 256)),
         "synthetic module of 1,000 PrimFuncs": synthetic(1000),
+        "synthetic module of 2,000 PrimFuncs (linear: same ms/func)": synthetic(2000),
     }
-    print(f"| {'module':<52} | PrimFuncs | matcher ms/func | scan ms/func | scan total ms |")
-    print(f"|{'-' * 54}|-----------|-----------------|--------------|---------------|")
+    print(f"| {'module':<58} | PrimFuncs | matcher ms/func | scan ms/func | scan total ms |")
+    print(f"|{'-' * 60}|-----------|-----------------|--------------|---------------|")
     for name, mod in cases.items():
         scan_function("warm-up", tir_byoc.describe("dense"))
         matcher, full, count = time_scans(mod)
         print(
-            f"| {name:<52} | {count:9d} | {matcher:15.3f} | {full:12.3f} | {full * count:13.1f} |"
+            f"| {name:<58} | {count:9d} | {matcher:15.3f} | {full:12.3f} | {full * count:13.1f} |"
         )
     return 0
 

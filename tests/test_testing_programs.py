@@ -93,7 +93,8 @@ def test_scheduling_never_inlines_a_consumer_whose_producer_has_another_reader()
     # exp into relu0 and drop the store to Z0 that dense1 reads (found by the thorough run).
     feeding = ChainSpec(bias="vector", relu="max(z, 0)", n=3, k=3, feeds_next=True)
     spec = ProgramSpec(
-        chains=(feeding, ChainSpec(n=3, k=3)), distractors=(DistractorSpec("exp_x", 1, before=True),)
+        chains=(feeding, ChainSpec(n=3, k=3)),
+        distractors=(DistractorSpec("exp_x", 1, before=True),),
     )
     program = build_program(spec)
     schedule = s_tir.Schedule(program.func)
