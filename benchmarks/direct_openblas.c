@@ -31,7 +31,9 @@ static int compare(const void *a, const void *b) {
 }
 
 static float *filled(size_t count, int modulus) {
-  float *p = malloc(count * sizeof(float));
+  /* 64-byte aligned, as TVM allocates tensors (malloc gives 16 bytes). */
+  size_t bytes = (count * sizeof(float) + 63) / 64 * 64;
+  float *p = aligned_alloc(64, bytes > 0 ? bytes : 64);
   for (size_t i = 0; i < count; ++i) p[i] = (float)(i % modulus) * 0.25f - 1.0f;
   return p;
 }
