@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean bench bench-matcher bench-threads
+.PHONY: demo test install clean bench bench-matcher bench-threads bench-bridge
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ bench: $(BENCH_STAMP)
 # The matcher's own speed (scan time per PrimFunc).
 bench-matcher: $(STAMP)
 	$(BIN)/python benchmarks/run.py --matcher
+
+# tir_byoc's oneDNN intrinsics against direct oneDNN calls, interleaved in one process.
+bench-bridge: $(STAMP)
+	$(BIN)/python benchmarks/run.py --bridge
 
 # How TVM's, OpenMP's and OpenBLAS's thread pools get along, with and without tir_byoc's settings.
 bench-threads: $(STAMP)

@@ -2,7 +2,7 @@
  * direct_onednn.cpp - oneDNN called directly from C++, without TVM or tir_byoc: the baseline
  * the benchmark compares tir_byoc's oneDNN intrinsics against (the "bridge overhead").
  *
- * usage: direct_onednn WARMUP REPEATS plain|prepacked LAYER [LAYER...]
+ * usage: direct_onednn WARMUP REPEATS plain|prepacked|interleaved:LIBRARY LAYER [LAYER...]
  *   LAYER = M:N:K:DTYPES:LAYOUT:BIAS:RELU, DTYPES f32 | bf16 | u8s8 | s8s8,
  *   LAYOUT dense | matmul, BIAS and RELU 0 | 1.
  * Primitives and memory objects are created once, as a hand-written program would; each timed
@@ -10,11 +10,19 @@
  * reads that output, so two layers make the seed MLP).  "prepacked" reorders each weight once
  * to the layout oneDNN prefers: a best case tir_byoc cannot use, as it never copies weights.
  * Prints the median milliseconds of a run and the implementation names.
+ *
+ * "interleaved:LIBRARY" measures the bridge without crossing processes: it loads tir_byoc's
+ * compiled oneDNN intrinsics (LIBRARY) and, in every timed run, runs the layers once through
+ * the primitives directly and once through the intrinsics (tir_byoc_onednn_<pattern>, on the
+ * same buffers), alternating, so that both see the same machine.  Prints both medians.
  */
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "tir_byoc.h"
+
 #include <algorithm>
 #include <chrono>
+#include <dlfcn.h>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -49,7 +57,9 @@ using Buffer = std::vector<char, Aligned64<char>>;
 
 struct Layer {
   int64_t m, n, k;
-  bool integer, bias, relu;
+  bool integer, bias, relu, dense;
+  int32_t signature;  // the intrinsic's dtype code
+  void *x_data;
   dnnl::matmul primitive;
   std::string implementation;
   std::unordered_map<int, dnnl::memory> args;
@@ -110,7 +120,15 @@ static Layer Create(const std::string &spec, bool prepacked, dnnl::engine &engin
   if (f[3] == "u8s8") x_dt = dt::u8, w_dt = dt::s8, y_dt = dt::s32;
   if (f[3] == "s8s8") x_dt = dt::s8, w_dt = dt::s8, y_dt = dt::s32;
   const bool dense = f[4] == "dense";
-  L.bias = f[5] == "1", L.relu = f[6] == "1", L.integer = y_dt == dt::s32;
+  L.bias = f[5] == "1", L.relu = f[6] == "1", L.integer = y_dt == dt::s32, L.dense = dense;
+  const int32_t code_x = x_dt == dt::bf16 ? TIR_BYOC_BFLOAT16
+                         : x_dt == dt::u8 ? TIR_BYOC_UINT8
+                         : x_dt == dt::s8 ? TIR_BYOC_INT8
+                                          : TIR_BYOC_FLOAT32;
+  const int32_t code_w = w_dt == dt::bf16 ? TIR_BYOC_BFLOAT16
+                         : w_dt == dt::s8 ? TIR_BYOC_INT8
+                                          : TIR_BYOC_FLOAT32;
+  L.signature = TIR_BYOC_SIGNATURE(code_x, code_w, L.integer ? TIR_BYOC_INT32 : TIR_BYOC_FLOAT32);
   // Step 1. Descriptors as the intrinsic builds them (the weight by strides, not copied).
   dnnl::memory::desc src({L.m, L.k}, x_dt, dims{L.k, 1});
   dnnl::memory::desc plain_w({L.k, L.n}, w_dt, dense ? dims{1, L.k} : dims{L.n, 1});
@@ -136,6 +154,7 @@ static Layer Create(const std::string &spec, bool prepacked, dnnl::engine &engin
   if (previous != nullptr && previous->m == L.m && previous->n == L.k &&
       previous->integer == L.integer && x_dt == dt::f32)
     x_data = previous->y.data();
+  L.x_data = x_data;
   L.args[DNNL_ARG_SRC] = dnnl::memory(src, engine, x_data);
   dnnl::memory weights(plain_w, engine, L.w.data());
   if (prepacked) {
@@ -150,13 +169,62 @@ static Layer Create(const std::string &spec, bool prepacked, dnnl::engine &engin
   return L;
 }
 
+using NoBias = int32_t (*)(const void *, const void *, void *, int64_t, int64_t, int64_t,
+                          int32_t);
+using WithBias = int32_t (*)(const void *, const void *, const void *, void *, int64_t, int64_t,
+                             int64_t, int32_t);
+
+/* The intrinsic serving ``L`` in the loaded library, by the registry's naming. */
+static void *Intrinsic(void *library, const Layer &L) {
+  std::string name = std::string("tir_byoc_onednn_") + (L.dense ? "dense" : "matmul") +
+                     (L.bias ? "_bias" : "") + (L.relu ? "_relu" : "");
+  void *symbol = dlsym(library, name.c_str());
+  if (symbol == nullptr) {
+    std::fprintf(stderr, "%s not found in the intrinsic library\n", name.c_str());
+    std::exit(2);
+  }
+  return symbol;
+}
+
+static void RunDirect(std::vector<Layer> &layers, dnnl::stream &stream) {
+  for (Layer &layer : layers) {
+    layer.primitive.execute(stream, layer.args);
+    stream.wait();
+    if (layer.integer && (layer.bias || layer.relu)) layer.IntegerEpilogue();
+  }
+}
+
+static void RunIntrinsics(std::vector<Layer> &layers, const std::vector<void *> &symbols) {
+  for (size_t i = 0; i < layers.size(); ++i) {
+    Layer &L = layers[i];
+    int32_t status =
+        L.bias ? reinterpret_cast<WithBias>(symbols[i])(L.x_data, L.w.data(), L.b.data(),
+                                                        L.y.data(), L.m, L.n, L.k, L.signature)
+               : reinterpret_cast<NoBias>(symbols[i])(L.x_data, L.w.data(), L.y.data(), L.m,
+                                                      L.n, L.k, L.signature);
+    if (status != TIR_BYOC_OK) {
+      std::fprintf(stderr, "intrinsic returned status %d\n", status);
+      std::exit(1);
+    }
+  }
+}
+
+static double Median(std::vector<double> times) {
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
 int main(int argc, char **argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: %s WARMUP REPEATS plain|prepacked LAYER [LAYER...]\n", argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s WARMUP REPEATS plain|prepacked|interleaved:LIBRARY LAYER [LAYER...]\n",
+                 argv[0]);
     return 2;
   }
   const int warmup = std::atoi(argv[1]), repeats = std::atoi(argv[2]);
-  const bool prepacked = std::string(argv[3]) == "prepacked";
+  const std::string mode = argv[3];
+  const bool prepacked = mode == "prepacked";
+  const bool interleaved = mode.rfind("interleaved:", 0) == 0;
   dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   dnnl::stream stream(engine);
   std::vector<Layer> layers;
@@ -164,20 +232,33 @@ int main(int argc, char **argv) {
   for (int i = 4; i < argc; ++i)
     layers.push_back(Create(argv[i], prepacked, engine, stream,
                             layers.empty() ? nullptr : &layers.back()));
-  // Step 3. Warm up, then time each run of all layers.
-  std::vector<double> times;
-  for (int r = 0; r < warmup + repeats; ++r) {
-    auto start = std::chrono::steady_clock::now();
-    for (Layer &layer : layers) {
-      layer.primitive.execute(stream, layer.args);
-      stream.wait();
-      if (layer.integer && (layer.bias || layer.relu)) layer.IntegerEpilogue();
+  std::vector<void *> symbols;
+  if (interleaved) {
+    void *library = dlopen(mode.substr(12).c_str(), RTLD_NOW | RTLD_GLOBAL);
+    if (library == nullptr) {
+      std::fprintf(stderr, "cannot load %s: %s\n", mode.substr(12).c_str(), dlerror());
+      return 2;
     }
-    auto stop = std::chrono::steady_clock::now();
-    if (r >= warmup) times.push_back(std::chrono::duration<double, std::milli>(stop - start).count());
+    for (const Layer &layer : layers) symbols.push_back(Intrinsic(library, layer));
   }
-  std::sort(times.begin(), times.end());
-  std::printf("%.6f", times[times.size() / 2]);
+  // Step 3. Warm up, then time each run of all layers (interleaved: each way in turn).
+  std::vector<double> direct, bridged;
+  using clock = std::chrono::steady_clock;
+  for (int r = 0; r < warmup + repeats; ++r) {
+    const bool bridged_first = interleaved && r % 2 == 1;  // neither always runs second
+    auto start = clock::now();
+    bridged_first ? RunIntrinsics(layers, symbols) : RunDirect(layers, stream);
+    auto middle = clock::now();
+    if (interleaved) bridged_first ? RunDirect(layers, stream) : RunIntrinsics(layers, symbols);
+    auto stop = clock::now();
+    if (r < warmup) continue;
+    const double first = std::chrono::duration<double, std::milli>(middle - start).count();
+    const double second = std::chrono::duration<double, std::milli>(stop - middle).count();
+    direct.push_back(bridged_first ? second : first);
+    bridged.push_back(bridged_first ? first : second);
+  }
+  std::printf("%.6f", Median(direct));
+  if (interleaved) std::printf(" %.6f", Median(bridged));
   for (const Layer &layer : layers) std::printf(" %s", layer.implementation.c_str());
   std::printf("\n");
   return 0;

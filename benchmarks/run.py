@@ -337,7 +337,8 @@ def _direct_binary(library: str) -> Path:
     if not binary.exists() or binary.stat().st_mtime < source.stat().st_mtime:
         binary.parent.mkdir(parents=True, exist_ok=True)
         compiler = toolchain.cxx_compiler() if library == "onednn" else toolchain.c_compiler()
-        flags = [f"-I{d}" for d in spec.include_dirs] + list(spec.compile_flags)
+        include = [*spec.include_dirs, str(HERE.parent / "intrinsics" / "include")]
+        flags = [f"-I{d}" for d in include] + list(spec.compile_flags)
         command = [
             compiler.path,
             "-O3",  # as tir_byoc builds its intrinsics (toolchain._BASE_FLAGS)
@@ -369,6 +370,36 @@ def measure_direct(library, layers, budget, prepacked=False):
     command = [str(binary), str(warmup), str(repeat * number), *mode, *layers]
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout.split()
     return float(output[0]), " ".join(sorted(set(output[1:])))
+
+
+def measure_bridge(budget: float) -> int:
+    """Print the direct oneDNN call against tir_byoc's intrinsic, interleaved in one process.
+
+    This is the bridge without TVM's own call (a compiled PrimFunc reaches the intrinsic by a
+    plain C call) and without the drift between processes that the main table suffers.
+    """
+    import tir_byoc
+
+    library = tir_byoc.toolchain.shared_library("onednn")
+    binary = _direct_binary("onednn")
+    mode = f"interleaved:{library}"
+    cases = [(w.name, dtype, [_layer(w, dtype)]) for w in WORKLOADS for dtype in DTYPES]
+    mlp = ["64:500:800:f32:dense:1:1", "64:10:500:f32:dense:1:0"]
+    cases.append(("seed MLP, both layers", "fp32", mlp))
+    print("| workload | dtype | oneDNN direct ms | tir_byoc intrinsic ms | intrinsic / direct |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    for name, dtype, layers in cases:
+        probe = [str(binary), "1", "3", mode, *layers]
+        first = float(
+            subprocess.run(probe, capture_output=True, text=True, check=True).stdout.split()[0]
+        )
+        number, repeat = _plan(first * 1e-3, budget)
+        warmup = max(3, min(200, int(200 / max(first, 1e-6))))
+        command = [str(binary), str(warmup), str(repeat * number), mode, *layers]
+        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout.split()
+        direct, bridged = float(out[0]), float(out[1])
+        print(f"| {name} | {dtype} | {direct:.4f} | {bridged:.4f} | {bridged / direct:.3f} |")
+    return 0
 
 
 def _blas_note() -> str:
@@ -717,6 +748,11 @@ def main(argv=None) -> int:
     parser.add_argument("--no-mlp", action="store_true", help="skip the end-to-end MLP")
     parser.add_argument("--matcher", action="store_true", help="time the matcher instead")
     parser.add_argument(
+        "--bridge",
+        action="store_true",
+        help="time tir_byoc's oneDNN intrinsics against direct oneDNN calls in one process",
+    )
+    parser.add_argument(
         "--rounds", type=int, default=1, help="measure everything N times, keep the best"
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -726,6 +762,8 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(child(args)))
         return 0
+    if args.bridge:
+        return measure_bridge(args.budget)
     if args.matcher:
         from matcher_speed import main as matcher_main
 
