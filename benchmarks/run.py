@@ -57,6 +57,8 @@ WORKLOADS = (
 )
 MLP = Workload("seed MLP (Relax VM)", 64, 0, 0, "mlp")
 MLP_FLOPS = 2.0 * 64 * (800 * 500 + 500 * 10)
+#: The seed MLP's two layers, as the direct harnesses take them (``_layer``'s format).
+MLP_LAYERS = ["64:500:800:f32:dense:1:1", "64:10:500:f32:dense:1:0"]
 #: dtype label -> tir_byoc signature; bf16 / int8 only for implementations that take them.
 DTYPES = {"fp32": "float32", "bf16": "bfloat16,bfloat16->float32", "int8": "uint8,int8->int32"}
 TIR_BYOC = ("tir_byoc+onednn", "tir_byoc+openblas", "tir_byoc+ref")
@@ -358,17 +360,26 @@ def _layer(workload: Workload, dtype: str) -> str:
     return f"{workload.m}:{workload.n}:{workload.k}:{short}:dense:{bias}:{relu}"
 
 
-def measure_direct(library, layers, budget, prepacked=False):
+def _run_direct(library: str, layers, budget: float, mode: str | None = None) -> list[str]:
+    """The direct harness's output, timing ``layers`` for about ``budget`` seconds.
+
+    ``mode`` is the oneDNN harness's third argument (plain, prepacked, interleaved:LIBRARY).
+    """
     binary = _direct_binary(library)
-    probe = [str(binary), "1", "3"] + (["plain"] if library == "onednn" else []) + layers
-    first = float(
-        subprocess.run(probe, capture_output=True, text=True, check=True).stdout.split()[0]
-    )
+    modes = [mode] if mode else []
+
+    def run(warmup: int, repeats: int) -> list[str]:
+        command = [str(binary), str(warmup), str(repeats), *modes, *layers]
+        return subprocess.run(command, capture_output=True, text=True, check=True).stdout.split()
+
+    first = float(run(1, 3)[0])
     number, repeat = _plan(first * 1e-3, budget)
-    warmup = max(3, min(200, int(200 / max(first, 1e-6))))
-    mode = ["prepacked" if prepacked else "plain"] if library == "onednn" else []
-    command = [str(binary), str(warmup), str(repeat * number), *mode, *layers]
-    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout.split()
+    return run(max(3, min(200, int(200 / max(first, 1e-6)))), repeat * number)
+
+
+def measure_direct(library, layers, budget, prepacked=False):
+    mode = ("prepacked" if prepacked else "plain") if library == "onednn" else None
+    output = _run_direct(library, layers, budget, mode)
     return float(output[0]), " ".join(sorted(set(output[1:])))
 
 
@@ -380,24 +391,13 @@ def measure_bridge(budget: float) -> int:
     """
     import tir_byoc
 
-    library = tir_byoc.toolchain.shared_library("onednn")
-    binary = _direct_binary("onednn")
-    mode = f"interleaved:{library}"
+    mode = f"interleaved:{tir_byoc.toolchain.shared_library('onednn')}"
     cases = [(w.name, dtype, [_layer(w, dtype)]) for w in WORKLOADS for dtype in DTYPES]
-    mlp = ["64:500:800:f32:dense:1:1", "64:10:500:f32:dense:1:0"]
-    cases.append(("seed MLP, both layers", "fp32", mlp))
+    cases.append(("seed MLP, both layers", "fp32", MLP_LAYERS))
     print("| workload | dtype | oneDNN direct ms | tir_byoc intrinsic ms | intrinsic / direct |")
     print("| --- | --- | ---: | ---: | ---: |")
     for name, dtype, layers in cases:
-        probe = [str(binary), "1", "3", mode, *layers]
-        first = float(
-            subprocess.run(probe, capture_output=True, text=True, check=True).stdout.split()[0]
-        )
-        number, repeat = _plan(first * 1e-3, budget)
-        warmup = max(3, min(200, int(200 / max(first, 1e-6))))
-        command = [str(binary), str(warmup), str(repeat * number), mode, *layers]
-        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout.split()
-        direct, bridged = float(out[0]), float(out[1])
+        direct, bridged = (float(t) for t in _run_direct("onednn", layers, budget, mode)[:2])
         print(f"| {name} | {dtype} | {direct:.4f} | {bridged:.4f} | {bridged / direct:.3f} |")
     return 0
 
@@ -434,8 +434,7 @@ def measure_mlp(implementation, budget):
         return _mlp_python(implementation, x, params, budget)
     if implementation in DIRECT.values():
         library = "onednn" if "oneDNN" in implementation else "openblas"
-        layers = ["64:500:800:f32:dense:1:1", "64:10:500:f32:dense:1:0"]
-        return measure_direct(library, layers, budget)
+        return measure_direct(library, MLP_LAYERS, budget)
     mod = lowered_mlp()
     note = ""
     if implementation.startswith("tir_byoc"):

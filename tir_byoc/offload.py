@@ -50,14 +50,13 @@ def _as_module(mod_or_func) -> tuple[tvm.IRModule, bool]:
     )
 
 
-def _plan(mod: tvm.IRModule, backends, registry: Registry, scans=None) -> list[_Plan]:
+def _plan(mod: tvm.IRModule, backends, registry: Registry, scans: dict) -> list[_Plan]:
     """Each PrimFunc's scan and the intrinsic chosen per match.
 
     ``scans`` ({(name, func): FunctionScan}, keyed by object identity) carries scans across
     calls: the transpose fold scans each folded callee once, and the module plan reuses it.
     """
     order = backend_order(backends, registry)
-    scans = {} if scans is None else scans
 
     def unavailable(backend):
         return toolchain.unavailable(backend, registry)
