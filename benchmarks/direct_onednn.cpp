@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <new>
 #include <sstream>
 #include <string>
@@ -109,8 +110,17 @@ static Layer Create(const std::string &spec, bool prepacked, dnnl::engine &engin
   std::vector<std::string> f;
   std::stringstream in(spec);
   for (std::string part; std::getline(in, part, ':');) f.push_back(part);
-  if (f.size() != 7) {
-    std::fprintf(stderr, "bad layer %s: expected M:N:K:DTYPES:LAYOUT:BIAS:RELU\n", spec.c_str());
+  const auto one_of = [](const std::string &v, std::initializer_list<const char *> choices) {
+    for (const char *choice : choices)
+      if (v == choice) return true;
+    return false;
+  };
+  if (f.size() != 7 || !one_of(f[3], {"f32", "bf16", "u8s8", "s8s8"}) ||
+      !one_of(f[4], {"dense", "matmul"})) {
+    std::fprintf(stderr,
+                 "bad layer %s: expected M:N:K:DTYPES:LAYOUT:BIAS:RELU with DTYPES f32, bf16, "
+                 "u8s8 or s8s8 and LAYOUT dense or matmul\n",
+                 spec.c_str());
     std::exit(2);
   }
   Layer L;
