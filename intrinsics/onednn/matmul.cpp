@@ -42,21 +42,35 @@ struct Dtypes {
   bool integer;
 };
 
+/* Bits of oneDNN's dnnl_cpu_isa_t (a bit mask of instruction-set features) that a dtype needs
+ * to be computed exactly: without VNNI oneDNN's int8 kernels sum pairs in saturating int16,
+ * and bf16 / fp16 fall back to conversions tir_byoc does not vouch for.  The same policy as
+ * DTYPE_CPU_FLAGS in tir_byoc/backends/onednn.py, checked here too so that a library built on
+ * one machine and loaded on a lesser one refuses instead of computing a wrong result. */
+constexpr uint32_t kIsaAny = 0;
+constexpr uint32_t kIsaVnni = 0x8 | 0x40;  // avx2_vnni, avx512_core_vnni
+constexpr uint32_t kIsaBf16 = 0x80;        // avx512_core_bf16 (and AMX)
+constexpr uint32_t kIsaFp16 = 0x100;       // avx512_core_fp16
+
 bool Decode(int32_t signature, Dtypes *out) {
   const int32_t f32 = TIR_BYOC_FLOAT32;
   struct Known {
     int32_t x, w, y;
     Dtypes dtypes;
+    uint32_t isa;
   };
   static const Known kKnown[] = {
-      {f32, f32, f32, {dt::f32, dt::f32, dt::f32, false}},
-      {TIR_BYOC_BFLOAT16, TIR_BYOC_BFLOAT16, f32, {dt::bf16, dt::bf16, dt::f32, false}},
-      {TIR_BYOC_FLOAT16, TIR_BYOC_FLOAT16, f32, {dt::f16, dt::f16, dt::f32, false}},
-      {TIR_BYOC_UINT8, TIR_BYOC_INT8, TIR_BYOC_INT32, {dt::u8, dt::s8, dt::s32, true}},
-      {TIR_BYOC_INT8, TIR_BYOC_INT8, TIR_BYOC_INT32, {dt::s8, dt::s8, dt::s32, true}},
+      {f32, f32, f32, {dt::f32, dt::f32, dt::f32, false}, kIsaAny},
+      {TIR_BYOC_BFLOAT16, TIR_BYOC_BFLOAT16, f32, {dt::bf16, dt::bf16, dt::f32, false}, kIsaBf16},
+      {TIR_BYOC_FLOAT16, TIR_BYOC_FLOAT16, f32, {dt::f16, dt::f16, dt::f32, false}, kIsaFp16},
+      {TIR_BYOC_UINT8, TIR_BYOC_INT8, TIR_BYOC_INT32, {dt::u8, dt::s8, dt::s32, true}, kIsaVnni},
+      {TIR_BYOC_INT8, TIR_BYOC_INT8, TIR_BYOC_INT32, {dt::s8, dt::s8, dt::s32, true}, kIsaVnni},
   };
   for (const Known &known : kKnown) {
     if (TIR_BYOC_SIGNATURE(known.x, known.w, known.y) == signature) {
+      if (known.isa != kIsaAny &&
+          (static_cast<uint32_t>(dnnl_get_effective_cpu_isa()) & known.isa) == 0)
+        return false;
       *out = known.dtypes;
       return true;
     }
