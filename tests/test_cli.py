@@ -174,7 +174,7 @@ def test_scan_json_of_an_unserved_match_has_a_reason(capsys):
 def test_scan_notes_functions_without_blocks(capsys, symbolic_file):
     status, out, err = run(capsys, "scan", symbolic_file)
     assert status == 0 and len(out.splitlines()) == 2
-    assert "note: no_blocks has no SBlocks (not S-TIR), so it was not scanned" in err
+    assert "note: no_blocks has no SBlocks; its loop nests were read as plain loops" in err
 
 
 def test_scan_qualifies_functions_of_modules_when_a_file_has_several(capsys, tmp_path):
@@ -224,7 +224,7 @@ def test_explain_gives_the_nearest_pattern_and_the_reason(capsys):
     assert table["bias_by_row", "T_add"].endswith(
         "bias b is indexed by the row vi; the pattern needs the column vj"
     )
-    assert table["init_one", "dense"].endswith("the reduction is initialised to 1.0, not 0")
+    assert table["init_one", "dense"].endswith("the reduction is initialised to 1.0, not 0 or a bias b[j]")
     assert table["init_one", "T_add"].split()[2] == "-"
     assert "k runs over 0..399 of 800" in table["half_k", "dense"]
 
@@ -244,7 +244,7 @@ def test_explain_json_follows_the_schema(capsys):
             "function": "init_one",
             "blocks": ["dense"],
             "nearest": "dense",
-            "reason": "the reduction is initialised to 1.0, not 0",
+            "reason": "the reduction is initialised to 1.0, not 0 or a bias b[j]",
         },
         {
             "schema_version": 1,

@@ -253,12 +253,12 @@ def test_element_offsets_are_honoured():
 
 
 def test_the_blocks_left_to_tvm_can_still_be_scheduled():
-    from test_match import unrelated_block_between
+    from test_match import intermediate_read_after_chain
 
-    func = unrelated_block_between.with_attr("global_symbol", "main")
+    func = intermediate_read_after_chain.with_attr("global_symbol", "main")
     offloaded = tir_byoc.offload(func)
     sch = tvm.s_tir.Schedule(offloaded)
-    for name in ("exp", "T_add"):
+    for name in ("T_add", "exp"):
         outer, inner = sch.get_loops(sch.get_sblock(name))
         sch.parallel(outer)
         sch.vectorize(inner)

@@ -64,28 +64,42 @@ def test_mutate_refuses_a_mutation_that_does_not_apply():
 def test_every_mutation_applies_somewhere():
     separate = ChainSpec(bias="vector", relu="max(z, 0)", n=3, k=3)
     folded = ChainSpec(bias="vector", relu="max(z, 0)", folded=True, n=3, k=3)
+    in_place = ChainSpec(bias="vector", relu="max(z, 0)", n=3, k=3, init="block", in_place=True)
     found = set()
-    for chain in (separate, folded, ChainSpec()):
+    for chain in (separate, folded, in_place, ChainSpec()):
         found.update(applicable_mutations(ProgramSpec(chains=(chain,), m=3), 0))
     assert found == set(MUTATIONS)
 
 
-def test_a_block_inside_a_chain_cuts_it_after_the_reduction():
+def test_a_block_inside_a_chain_cuts_it_only_when_it_writes_what_the_chain_reads():
     chain = ChainSpec(bias="vector", relu="max(z, 0)")
-    spec = ProgramSpec(chains=(chain,), distractors=(DistractorSpec("bias_in", 0, inside=True),))
-    program = build_program(spec)
-    (match,) = tir_byoc.scan(program.func)
-    assert (
-        (match.pattern, match.blocks)
-        == ("dense", ("dense0",))
-        == (
-            program.chains[0].pattern,
-            program.chains[0].blocks,
-        )
-    )
-    assert applicable_mutations(spec, 0) == []
+    for kind, blocks in [("bias_in", ("dense0", "bias0", "relu0")), ("overwrite_x", ("dense0",))]:
+        spec = ProgramSpec(chains=(chain,), distractors=(DistractorSpec(kind, 0, inside=True),))
+        program = build_program(spec)
+        (match,) = tir_byoc.scan(program.func)
+        assert match.blocks == blocks == program.chains[0].blocks
+        assert match.pattern == program.chains[0].pattern
+        assert applicable_mutations(spec, 0) == []
     with pytest.raises(ValueError, match="a chain with an epilogue block to sit inside"):
         ProgramSpec(distractors=(DistractorSpec("exp_x", 0, inside=True),))
+    with pytest.raises(ValueError, match="reads the bias before it is made"):
+        ProgramSpec(
+            chains=(ChainSpec(bias="vector", relu="max(z, 0)", init="bias"),),
+            distractors=(DistractorSpec("bias_in", 0, inside=True),),
+        )
+
+
+def test_inits_and_in_place_epilogues_scan_as_built():
+    for init in ("zero", "bias", "block"):
+        for in_place in (False, True):
+            chain = ChainSpec(bias="row", relu="select(z < 0, 0, z)", init=init, in_place=in_place)
+            program = build_program(ProgramSpec(chains=(chain,)))
+            (match,) = tir_byoc.scan(program.func)
+            expected = program.chains[0]
+            assert (match.pattern, match.blocks) == (expected.pattern, expected.blocks)
+            assert match.pattern == "dense_bias_relu" and match.relu_nan == "keep"
+    with pytest.raises(ValueError, match="init 'bias' needs a chain with a bias"):
+        ProgramSpec(chains=(ChainSpec(init="bias"),))
 
 
 def test_scheduling_never_inlines_a_consumer_whose_producer_has_another_reader():

@@ -250,11 +250,14 @@ def _check_backends(args) -> None:
         raise UsageError(str(err)) from None
 
 
-def _note_unscanned(definitions: list[Definition], func: str | None, out: _Output) -> None:
+def _note_plain_loops(definitions: list[Definition], func: str | None, out: _Output) -> None:
     for definition in definitions:
         for name, prim_func in _functions(definition).items():
             if (func is None or name == func) and not is_s_tir(prim_func):
-                out.note(f"note: {name} has no SBlocks (not S-TIR), so it was not scanned")
+                out.note(
+                    f"note: {name} has no SBlocks; its loop nests were read as plain loops, "
+                    "each named after the buffer it writes"
+                )
 
 
 def _function_label(definition: Definition, func: str, qualify: bool) -> str:
@@ -306,7 +309,7 @@ def cmd_scan(args, out: _Output) -> int:
     if args.json:
         out.json([match_record(d, m) for d, m in rows])
         return EXIT_OK
-    _note_unscanned(definitions, args.func, out)
+    _note_plain_loops(definitions, args.func, out)
     if rows:
         out.table(_match_table(rows, qualify=len(definitions) > 1))
     served = sum(1 for _, m in rows if m.intrinsic)
@@ -336,7 +339,7 @@ def cmd_explain(args, out: _Output) -> int:
     if args.json:
         out.json([rejection_record(d, r) for d, r in rows])
         return EXIT_OK
-    _note_unscanned(definitions, args.func, out)
+    _note_plain_loops(definitions, args.func, out)
     if not rows:
         out.note(f"nothing to explain: no candidate block was refused in {args.file}")
         return EXIT_OK

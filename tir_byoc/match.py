@@ -22,14 +22,20 @@ from dataclasses import dataclass, field
 import tvm
 import tvm_ffi
 from tvm import ir, s_tir, sym, tirx
+from tvm.tirx.layout import TileLayout
 
 from .patterns import PATTERNS, pattern_for
+from .plain_loops import lift_nest
 from .signature import WIDENINGS, DtypeSignature
 
 _DATA_PAR = 0
+
+#: What a relu makes of NaN (:attr:`Match.relu_nan`): TVM's ``max(z, 0)`` gives 0,
+#: ``max(0, z)`` and ``select(z < 0, 0, z)`` keep NaN.  Intrinsics are told which.
+RELU_NAN_TO_ZERO = "zero"
+RELU_KEEPS_NAN = "keep"
 _INT_LITERAL = re.compile(r"T\.u?int[0-9]+\((-?[0-9]+)\)")
 _COMM_REDUCE = 2
-_ZERO_DTYPES = ("float", "bfloat", "int", "uint")
 
 
 # --------------------------------------------------------------------------------------
@@ -59,6 +65,9 @@ class Match:
         Buffers written and read only inside the chain; dead once it is offloaded.
     stmts : tuple of tvm.tirx.Stmt
         The loop nests of ``blocks``, siblings in one ``SeqStmt``; the rewrite replaces them.
+    relu_nan : str or None
+        For a pattern with relu: what its TIR spelling makes of a NaN,
+        :data:`RELU_NAN_TO_ZERO` (``max(z, 0)``) or :data:`RELU_KEEPS_NAN` (``max(0, z)``).
     intrinsic : str or None
         The registered intrinsic chosen for this match, or None.
     reason : str or None
@@ -78,6 +87,7 @@ class Match:
     out: ir.Var
     intermediates: tuple[ir.Var, ...] = ()
     stmts: tuple[tirx.Stmt, ...] = field(default=(), repr=False, compare=False)
+    relu_nan: str | None = None
     intrinsic: str | None = None
     reason: str | None = None
 
@@ -129,7 +139,6 @@ class FunctionScan:
     func: str
     matches: tuple[Match, ...] = ()
     rejections: tuple[Rejection, ...] = ()
-    skipped: str | None = None
 
 
 class _Refused(Exception):
@@ -245,7 +254,8 @@ def _same_index_dtype(a, b):
 def _compact_global(var) -> str | None:
     """Why a buffer cannot be handed to a C kernel as a dense row-major array, or None."""
     ty = var.ty
-    if ty.layout is not None:
+    # Buffers of functions without SBlocks carry their row-major layout explicitly.
+    if ty.layout is not None and not (isinstance(ty.layout, TileLayout) and ty.layout.is_trivial()):
         return f"buffer {var.name} has a custom layout"
     if str(ty.storage_scope) not in ("global", ""):
         return f"buffer {var.name} lives in scope {ty.storage_scope!r}, not global memory"
@@ -303,7 +313,11 @@ def _is_leaf(block) -> bool:
 
 
 class _FunctionIndex:
-    """One pass over a PrimFunc: its leaf nests, allocations, views and buffer uses."""
+    """One pass over a PrimFunc: its leaf nests, allocations, views and buffer uses.
+
+    In a function without SBlocks (plain loops, as TVM's lowering leaves them), each perfect
+    loop nest around one store is read as the SBlock it denotes (:mod:`tir_byoc.plain_loops`).
+    """
 
     def __init__(self, func: tirx.PrimFunc):
         self.params = {p for p in func.params if _is_buffer(p)}
@@ -312,13 +326,17 @@ class _FunctionIndex:
         self.nests: list[_Nest] = []
         self.inner_blocks: list[s_tir.SBlock] = []  # blocks that are not single-store leaves
         self.owners: dict[ir.Var, dict[int, int]] = {}  # buffer -> {nest index or -1: count}
+        self.uses: dict[int, set[ir.Var]] = {}  # nest index -> the buffers it uses
         self.sequences: dict[int, list[tirx.Stmt]] = {}
+        self._lifted_names = set() if not is_s_tir(func) else None
         self._visit(func.body, seq=-1, index=0)
         self._positions = {(n.seq, n.index): p for p, n in enumerate(self.nests) if n.seq >= 0}
 
     # Step 1. Structure: find nests and allocations; count buffer uses per owner.
     def _visit(self, stmt, seq, index):
         nest = _unwrap_nest(stmt)
+        if nest is None and self._lifted_names is not None:
+            nest = lift_nest(stmt, self._lifted_names)
         if nest is not None:
             loops, realize = nest
             position = len(self.nests)
@@ -368,6 +386,8 @@ class _FunctionIndex:
     def _count_var(self, var, owner):
         counts = self.owners.setdefault(var, {})
         counts[owner] = counts.get(owner, 0) + 1
+        if owner >= 0:
+            self.uses.setdefault(owner, set()).add(var)
 
     # Step 2. Queries.
     def only_used_by(self, buffer, *positions) -> bool:
@@ -381,15 +401,24 @@ class _FunctionIndex:
             names.append(f"block {self.nests[owner].name}" if owner >= 0 else "other code")
         return names
 
-    def next_sibling(self, nest: _Nest) -> int | None:
-        """Position of the nest that directly follows ``nest`` in its statement list."""
-        if nest.seq < 0:
-            return None
-        stmts = self.sequences[nest.seq]
-        following = nest.index + 1
-        while following < len(stmts) and isinstance(stmts[following], tirx.AllocBuffer):
-            following += 1
-        return self._positions.get((nest.seq, following))
+    def siblings_after(self, nest: _Nest):
+        """(position or None, statement) of each statement after ``nest`` in its list.
+
+        The position is the nest's index in :attr:`nests`, None for a statement that is not a
+        leaf nest; allocation statements are left out (they only declare a buffer).
+        """
+        stmts = self.sequences.get(nest.seq, []) if nest.seq >= 0 else []
+        for following in range(nest.index + 1, len(stmts)):
+            if not isinstance(stmts[following], tirx.AllocBuffer):
+                yield self._positions.get((nest.seq, following)), stmts[following]
+
+    def sibling_before(self, nest: _Nest) -> int | None:
+        """Position of the nest that directly precedes ``nest`` in its statement list."""
+        stmts = self.sequences.get(nest.seq, []) if nest.seq >= 0 else []
+        before = nest.index - 1
+        while before >= 0 and isinstance(stmts[before], tirx.AllocBuffer):
+            before -= 1
+        return self._positions.get((nest.seq, before)) if before >= 0 else None
 
 
 def _check_binding(nest: _Nest, extents: _Extents) -> None:
@@ -442,14 +471,42 @@ class _Reduction:
     n: tvm.ir.PrimExpr
     k: tvm.ir.PrimExpr
     dtype: DtypeSignature
+    bias: ir.Var | None = None  # a bias vector the output is initialised with
+    init_nest: _Nest | None = None  # the init as a block of its own (decompose_reduction)
+
+
+@dataclass(frozen=True)
+class _Init:
+    """How a reduction's output is initialised: the store and the iterators of its row/column."""
+
+    store: tirx.BufferStore
+    row: tirx.Var
+    col: tirx.Var
+    nest: _Nest | None = None  # None for the reduction block's own init
+
+
+def _is_element(expr) -> bool:
+    """True for a buffer element, possibly through casts."""
+    while isinstance(expr, tirx.Cast):
+        expr = expr.value
+    return isinstance(expr, ir.TensorLoad)
 
 
 def _looks_like_gemm(block) -> bool:
-    """A reduction whose update multiplies something: worth explaining if it is refused."""
+    """A reduction that multiplies two buffer elements (through casts): a GEMM candidate.
+
+    Anything else (a sum, a variance's ``(x - mean) * (x - mean)``, a product of computed
+    values) is not a GEMM, so its refusal is not worth a user's attention.
+    """
     if not any(iv.iter_type == _COMM_REDUCE for iv in block.iter_vars):
         return False
     found = []
-    tvm_ffi.structural_walk(block.body, (tirx.Mul, found.append))
+
+    def on_product(product):
+        if _is_element(product.a) and _is_element(product.b):
+            found.append(product)
+
+    tvm_ffi.structural_walk(block.body, (tirx.Mul, on_product))
     return bool(found)
 
 
@@ -479,7 +536,10 @@ def _unpack_operand(expr, acc_dtype):
     raise _Refused(f"operand {expr} is not a buffer element")
 
 
-def _analyze_reduction(nest: _Nest, extents: _Extents, index: _FunctionIndex) -> _Reduction:
+def _analyze_reduction(
+    nest: _Nest, extents: _Extents, index: _FunctionIndex, init_nest: _Nest | None = None
+) -> _Reduction:
+    """Read ``nest`` as ``Y[i, j] = sum_k X[i, k] * W`` (initialised in ``init_nest`` if given)."""
     block = nest.block
     spatial = [iv for iv in block.iter_vars if iv.iter_type == _DATA_PAR]
     reduce = [iv for iv in block.iter_vars if iv.iter_type == _COMM_REDUCE]
@@ -521,21 +581,17 @@ def _analyze_reduction(nest: _Nest, extents: _Extents, index: _FunctionIndex) ->
     if _dtype(value) != acc_dtype:
         raise _Refused(f"the update is computed in {_dtype(value)}, the output is {acc_dtype}")
 
-    # Step 3. The init: C[i, j] = 0.
-    init = block.init
-    if init is None:
-        raise _Refused(f"the reduction has no init, so {out.name} is not reset to 0")
-    if (
-        not isinstance(init, tirx.BufferStore)
-        or not init.buffer.same_as(out)
-        or len(init.indices) != 2
-        or not all(a.same_as(b) for a, b in zip(init.indices, store.indices))
-    ):
-        raise _Refused(f"the init does not write {out.name}[{vi.name}, {vj.name}]")
-    if not _is_zero(init.value):
-        value = _const_value(init.value)
-        shown = value if value is not None else init.value
-        raise _Refused(f"the reduction is initialised to {shown}, not 0")
+    # Step 3. The init: C[i, j] = 0 or b[j], in the block or in a block of its own before it.
+    if block.init is not None:
+        init = _Init(block.init, vi, vj)
+    elif init_nest is not None:
+        init = _init_block(init_nest, out, extents)
+    else:
+        raise _Refused(
+            f"the reduction has no init, and the block before it does not set {out.name} "
+            "to 0, so it is not reset"
+        )
+    _check_init(init, out)
 
     # Step 4. Operands: which one is X[i, k], and how the weight is indexed.
     a, a_dtype = _unpack_operand(product.a, acc_dtype)
@@ -561,16 +617,20 @@ def _analyze_reduction(nest: _Nest, extents: _Extents, index: _FunctionIndex) ->
             x,
             w,
             (iter_i, iter_j, reduce[0]),
+            init,
             DtypeSignature(x_dtype, w_dtype, acc_dtype),
             extents,
             index,
         )
     except _Refused as refused:
-        raise _Refused(refused.reason, refused.nearest or layout) from None
+        nearest = refused.nearest or (layout if _is_zero(init.store.value) else f"{layout}_bias")
+        raise _Refused(refused.reason, nearest) from None
 
 
-def _check_reduction_buffers(nest, layout, out, x, w, iters, dtype, extents, index) -> _Reduction:
-    """Steps 5 and 6 of :func:`_analyze_reduction`, once the operand roles are known."""
+def _check_reduction_buffers(
+    nest, layout, out, x, w, iters, init, dtype, extents, index
+) -> _Reduction:
+    """Steps 5 to 7 of :func:`_analyze_reduction`, once the operand roles are known."""
     iter_i, iter_j, iter_k = iters
     # Step 5. Extents: the loops cover the whole output and the whole K.
     m, n, k = iter_i.dom.extent, iter_j.dom.extent, iter_k.dom.extent
@@ -578,6 +638,8 @@ def _check_reduction_buffers(nest, layout, out, x, w, iters, dtype, extents, ind
     _check_shape(x.source, (m, k), ("M", "K"), extents, what="input")
     w_dims = ((n, k), ("N", "K")) if layout == "dense" else ((k, n), ("K", "N"))
     _check_shape(w.source, *w_dims, extents, what="weight")
+    if init.nest is not None:
+        _check_covers(init.nest.block, (init.row, init.col), (m, n), extents)
 
     # Step 6. Buffers a C kernel can take: distinct, compact, in global memory.
     for buf in (out, x.source, w.source):
@@ -588,7 +650,77 @@ def _check_reduction_buffers(nest, layout, out, x, w, iters, dtype, extents, ind
             raise _Refused(f"buffer {buf.name} is a view of another buffer and may alias it")
     if out.same_as(x.source) or out.same_as(w.source):
         raise _Refused(f"output {out.name} is also read as an operand (in-place update)")
-    return _Reduction(nest, layout, x.source, w.source, out, m, n, k, dtype)
+
+    # Step 7. A bias the output starts from: b[j] or b[0, j], like an epilogue's.
+    bias = None
+    if not _is_zero(init.store.value):
+        bias = _bias_vector(init.store.value, init.row, init.col, n, dtype.out, extents)
+    return _Reduction(nest, layout, x.source, w.source, out, m, n, k, dtype, bias, init.nest)
+
+
+def _init_block(nest: _Nest, out, extents: _Extents) -> _Init:
+    """The init of a reduction as a block of its own: ``out[i, j] = 0`` (or ``b[j]``)."""
+    block = nest.block
+    if not _is_spatial(block) or block.init is not None or len(block.iter_vars) != 2:
+        raise _Refused(
+            f"the reduction has no init, and block {block.name_hint} before it is not a "
+            f"2-D elementwise init of {out.name}"
+        )
+    _check_binding(nest, extents)
+    store = block.body
+    iters = [iv.var for iv in block.iter_vars]
+    if len(store.indices) != 2 or not all(isinstance(e, tirx.Var) for e in store.indices):
+        raise _Refused(f"init block {block.name_hint} does not write {out.name}[i, j]")
+    row, col = store.indices
+    if row.same_as(col) or not all(any(v.same_as(i) for i in iters) for v in (row, col)):
+        raise _Refused(f"init block {block.name_hint} does not write {out.name}[i, j]")
+    return _Init(store, row, col, nest)
+
+
+def _check_init(init: _Init, out) -> None:
+    """The init writes ``out[row, col]`` with 0 or with a plain read (a bias, checked later)."""
+    store = init.store
+    if (
+        not isinstance(store, tirx.BufferStore)
+        or not store.buffer.same_as(out)
+        or len(store.indices) != 2
+        or not (store.indices[0].same_as(init.row) and store.indices[1].same_as(init.col))
+    ):
+        raise _Refused(f"the init does not write {out.name}[{init.row.name}, {init.col.name}]")
+    if not _is_zero(store.value) and not isinstance(store.value, ir.TensorLoad):
+        value = _const_value(store.value)
+        shown = value if value is not None else store.value
+        raise _Refused(f"the reduction is initialised to {shown}, not 0 or a bias b[j]")
+
+
+def _bias_vector(load, row, col, n, out_dtype, extents: _Extents):
+    """The buffer of a bias read ``b[j]`` or ``b[0, j]`` (``row``, ``col`` = i, j); else refused."""
+    buf, indices = load.source, list(load.indices)
+    shape = _shape(buf)
+    if len(shape) == 2 and len(indices) == 2 and _is_var(indices[0], row):
+        raise _Refused(f"bias {buf.name} has a full (M, N) shape; the pattern needs (N,) or (1, N)")
+    j_index = indices[-1] if indices else None
+    if indices and _is_var(j_index, row):
+        raise _Refused(
+            f"bias {buf.name} is indexed by the row {row.name}; "
+            f"the pattern needs the column {col.name}"
+        )
+    if not _is_var(j_index, col) or (len(indices) == 2 and not _is_zero(indices[0])):
+        raise _Refused(f"bias {buf.name}{_index_text(load)} is not indexed as b[j] or b[0, j]")
+    if len(shape) not in (1, 2) or len(indices) != len(shape):
+        raise _Refused(f"bias {buf.name} has shape {list(shape)}, expected (N,) or (1, N)")
+    if len(shape) == 2 and not extents.equal(shape[0], 1):
+        raise _Refused(f"bias {buf.name} has shape {list(shape)}, expected (1, N)")
+    if not extents.equal(shape[-1], n):
+        raise _Refused(
+            f"bias {buf.name} has {_expr_text(shape[-1])} elements, expected N = {_expr_text(n)}"
+        )
+    if _dtype(buf) != out_dtype:
+        raise _Refused(f"bias {buf.name} is {_dtype(buf)}, expected {out_dtype}")
+    reason = _compact_global(buf)
+    if reason:
+        raise _Refused(reason)
+    return buf
 
 
 def _split_accumulate(value, out, vi, vj):
@@ -655,6 +787,7 @@ class _Epilogue:
     ops: tuple[str, ...]
     bias: ir.Var | None
     out: ir.Var
+    relu_nan: str | None  # what the relu's spelling makes of NaN (RELU_NAN_TO_ZERO, ...)
 
 
 def _analyze_epilogue(nest: _Nest, chain: _Reduction, source, extents, index) -> _Epilogue:
@@ -685,7 +818,10 @@ def _analyze_epilogue(nest: _Nest, chain: _Reduction, source, extents, index) ->
     ops = parser.parse(store.value)
     if not ops:
         raise _Refused(f"block {block.name_hint} only copies {source.name}")
-    return _Epilogue(nest, ops, parser.bias, out)
+    relu_nan = parser.relu_nan
+    if relu_nan is not None and not chain.dtype.out.startswith(("float", "bfloat")):
+        relu_nan = RELU_NAN_TO_ZERO  # integers have no NaN: every spelling agrees
+    return _Epilogue(nest, ops, parser.bias, out, relu_nan)
 
 
 def _check_covers(block, indices, dims, extents: _Extents) -> None:
@@ -699,13 +835,23 @@ def _check_covers(block, indices, dims, extents: _Extents) -> None:
             )
 
 
+_IF_THEN_ELSE = "prim.if_then_else"
+
+
 class _EpilogueParser:
-    """Turns an elementwise expression of ``source[i, j]`` into a tuple of family ops."""
+    """Turns an elementwise expression of ``source[i, j]`` into a tuple of family ops.
+
+    It also records what the relu's spelling makes of NaN, which TVM's code keeps: ``max(a,
+    b)`` and ``select(c, a, b)`` are ``a > b ? a : b`` and ``c ? a : b``, so a NaN reaching
+    ``max(z, 0)`` or ``select(z > 0, z, 0)`` gives 0, and one reaching ``max(0, z)`` or
+    ``select(z < 0, 0, z)`` stays NaN.
+    """
 
     def __init__(self, source, vi, vj, chain: _Reduction, extents: _Extents):
         self.source, self.vi, self.vj = source, vi, vj
         self.chain, self.extents = chain, extents
         self.bias = None
+        self.relu_nan = None
 
     def parse(self, expr) -> tuple[str, ...]:
         if isinstance(expr, ir.TensorLoad) and expr.source.same_as(self.source):
@@ -721,7 +867,9 @@ class _EpilogueParser:
         if isinstance(expr, tirx.Max):
             return self._relu_max(expr)
         if isinstance(expr, tirx.Select):
-            return self._relu_select(expr)
+            return self._relu_select(expr.condition, expr.true_value, expr.false_value)
+        if isinstance(expr, tvm.ir.Call) and getattr(expr.op, "name", None) == _IF_THEN_ELSE:
+            return self._relu_select(*expr.args, spelled="if_then_else()")
         if isinstance(expr, tirx.Min):
             raise _Refused("applies min(): a clipped relu is not part of the family", op="relu")
         if isinstance(expr, tirx.Cast):
@@ -758,41 +906,18 @@ class _EpilogueParser:
         return (*ops, "bias")
 
     def _check_bias(self, load):
-        buf, indices = load.source, list(load.indices)
-        shape = _shape(buf)
-        n = self.chain.n
-        if len(shape) == 2 and len(indices) == 2 and _is_var(indices[0], self.vi):
-            raise _Refused(
-                f"bias {buf.name} has a full (M, N) shape; the pattern needs (N,) or (1, N)"
-            )
-        j_index = indices[-1] if indices else None
-        if indices and _is_var(j_index, self.vi):
-            raise _Refused(
-                f"bias {buf.name} is indexed by the row {self.vi.name}; "
-                f"the pattern needs the column {self.vj.name}"
-            )
-        if not _is_var(j_index, self.vj) or (len(indices) == 2 and not _is_zero(indices[0])):
-            raise _Refused(f"bias {buf.name}{_index_text(load)} is not indexed as b[j] or b[0, j]")
-        if len(shape) not in (1, 2) or len(indices) != len(shape):
-            raise _Refused(f"bias {buf.name} has shape {list(shape)}, expected (N,) or (1, N)")
-        if len(shape) == 2 and not self.extents.equal(shape[0], 1):
-            raise _Refused(f"bias {buf.name} has shape {list(shape)}, expected (1, N)")
-        if not self.extents.equal(shape[-1], n):
-            raise _Refused(
-                f"bias {buf.name} has {_expr_text(shape[-1])} elements, expected N = "
-                f"{_expr_text(n)}"
-            )
-        if _dtype(buf) != self.chain.dtype.out:
-            raise _Refused(f"bias {buf.name} is {_dtype(buf)}, expected {self.chain.dtype.out}")
-        reason = _compact_global(buf)
-        if reason:
-            raise _Refused(reason)
-        if self.bias is not None:
+        chain = self.chain
+        buf = _bias_vector(load, self.vi, self.vj, chain.n, chain.dtype.out, self.extents)
+        if self.bias is not None or chain.bias is not None:
             raise _Refused("adds a second bias")
         self.bias = buf
 
     def _relu_max(self, expr) -> tuple[str, ...]:
-        for value, bound in ((expr.a, expr.b), (expr.b, expr.a)):
+        # max(a, b) is a > b ? a : b: NaN in a gives b, NaN in b stays.
+        for value, bound, nan in (
+            (expr.a, expr.b, RELU_NAN_TO_ZERO),
+            (expr.b, expr.a, RELU_KEEPS_NAN),
+        ):
             if self._contains_source(value) and not self._contains_source(bound):
                 threshold = _const_value(bound)
                 if threshold is None:
@@ -801,22 +926,31 @@ class _EpilogueParser:
                     )
                 if threshold != 0:
                     raise _Refused(f"relu threshold is {threshold}, not 0", op="relu")
-                return (*self.parse(value), "relu")
+                return self._relu(value, nan)
         raise _Refused(
             "max() of two computed values (a leaky relu is not in the family)", op="relu"
         )
 
-    def _relu_select(self, expr) -> tuple[str, ...]:
-        cond, then, other = expr.condition, expr.true_value, expr.false_value
-        for value, zero, keep_when in ((then, other, "positive"), (other, then, "negative")):
+    def _relu_select(self, cond, then, other, spelled="select()") -> tuple[str, ...]:
+        # Every comparison with NaN is false, so NaN takes the false branch.
+        branches = (
+            (then, other, "positive", RELU_NAN_TO_ZERO),
+            (other, then, "negative", RELU_KEEPS_NAN),
+        )
+        for value, zero, keep_when, nan in branches:
             if not _is_zero(zero) or not self._contains_source(value):
                 continue
             if _is_relu_condition(cond, value, keep_when):
-                return (*self.parse(value), "relu")
+                return self._relu(value, nan)
             raise _Refused(
-                f"select() condition {cond} does not compare the value with 0", op="relu"
+                f"{spelled} condition {cond} does not compare the value with 0", op="relu"
             )
-        raise _Refused("select() does not choose between the value and 0", op="relu")
+        raise _Refused(f"{spelled} does not choose between the value and 0", op="relu")
+
+    def _relu(self, value, nan) -> tuple[str, ...]:
+        ops = self.parse(value)
+        self.relu_nan = nan
+        return (*ops, "relu")
 
 
 def _is_relu_condition(cond, value, keep_when) -> bool:
@@ -838,15 +972,15 @@ def _is_relu_condition(cond, value, keep_when) -> bool:
 # --------------------------------------------------------------------------------------
 
 
-def _extend_chain(start: int, core: _Reduction, index: _FunctionIndex, extents, func_name):
-    """Grow a chain from a reduction through epilogue blocks.
+def _extend_chain(positions, core: _Reduction, index: _FunctionIndex, extents, func_name):
+    """Grow a chain from a reduction (and its init block, if separate) through epilogue blocks.
 
     Returns the Match, the Rejections of epilogue-like blocks that could not join it, and the
     positions of the nests it covers.
     """
-    members = [start]
-    ops: tuple[str, ...] = ()
-    bias = None
+    members = list(positions)
+    ops: tuple[str, ...] = ("bias",) if core.bias is not None else ()
+    bias, relu_nan = core.bias, None
     current = core.out
     intermediates = []
     rejections = []
@@ -855,7 +989,7 @@ def _extend_chain(start: int, core: _Reduction, index: _FunctionIndex, extents, 
         if not consumers:
             break
         try:
-            epilogue = _next_epilogue(
+            position, epilogue = _next_epilogue(
                 consumers, members, current, core, ops, bias, intermediates, index, extents
             )
         except _Refused as refused:
@@ -868,10 +1002,12 @@ def _extend_chain(start: int, core: _Reduction, index: _FunctionIndex, extents, 
                     reason = refused.reason
                     rejections.append(Rejection(func_name, (target.name,), nearest, reason))
             break
-        members.append(consumers[0])
-        intermediates.append(current)
+        members.append(position)
+        if not epilogue.out.same_as(current):
+            intermediates.append(current)
         ops, current = ops + epilogue.ops, epilogue.out
         bias = epilogue.bias if epilogue.bias is not None else bias
+        relu_nan = epilogue.relu_nan or relu_nan
     nests = [index.nests[p] for p in members]
     match = Match(
         func=func_name,
@@ -887,32 +1023,39 @@ def _extend_chain(start: int, core: _Reduction, index: _FunctionIndex, extents, 
         out=current,
         intermediates=tuple(intermediates),
         stmts=tuple(n.stmt for n in nests),
+        relu_nan=relu_nan,
     )
     return match, rejections, members
 
 
 def _next_epilogue(consumers, members, current, core, ops, bias, intermediates, index, extents):
-    """The epilogue that extends the chain through ``current``, or _Refused saying why not."""
+    """(position, epilogue) that extends the chain through ``current``, or _Refused why not.
+
+    The epilogue is the next statement after the chain that uses ``current``.  It either reads
+    it into a new buffer (then ``current`` must be a local buffer nobody else uses), or
+    updates it in place (``Y[i, j] = Y[i, j] + b[j]``; later readers see the final value
+    either way).
+    """
     last = index.nests[members[-1]]
-    # Step 1. The intermediate must be private to the two blocks it links.
-    if len(consumers) != 1 or consumers[0] < 0:
+    # Step 1. The next user, past statements that leave the chain's buffers alone: the call
+    # that replaces the chain runs at the place of its last block, after them.
+    written = {*intermediates, current}
+    read = {core.x, core.w, bias} - {None}
+    position = _next_user(last, current, consumers, written, read, index)
+    target = index.nests[position]
+    in_place = target.block.body.buffer.same_as(current)
+    if not in_place and (len(consumers) != 1 or consumers[0] < 0):
         users = index.other_users(current, *members)
         raise _Refused(
             f"{current.name} is read by {len(users)} places ({', '.join(users)}), so it "
             f"stays materialized and the chain ends at block {last.name}"
         )
-    target = index.nests[consumers[0]]
-    if current in index.params or current not in index.local:
+    if not in_place and (current in index.params or current not in index.local):
         raise _Refused(
             f"{current.name} is a function parameter, so it stays materialized and the chain "
             f"ends at block {last.name}"
         )
-    if consumers[0] != index.next_sibling(last):
-        raise _Refused(
-            f"block {target.name} does not directly follow block {last.name}, so the chain "
-            "ends before it"
-        )
-    # Step 2. The consumer must be a family epilogue over the intermediate.
+    # Step 2. The consumer must be a family epilogue over ``current``.
     epilogue = _analyze_epilogue(target, core, current, extents, index)
     new_ops = ops + epilogue.ops
     if pattern_for(core.layout, new_ops) is None:
@@ -923,13 +1066,52 @@ def _next_epilogue(consumers, members, current, core, ops, bias, intermediates, 
     # Step 3. Nothing the chain writes may be something it reads.
     outputs = {*intermediates, current, epilogue.out}
     inputs = {core.x, core.w, bias, epilogue.bias} - {None}
-    if epilogue.out.same_as(current) or outputs & inputs:
+    if (epilogue.out.same_as(current) and not in_place) or outputs & inputs:
         raise _Refused(
             f"block {target.name} writes {epilogue.out.name}, which the chain also reads (aliasing)"
         )
     if epilogue.out in index.views or epilogue.bias in index.views:
         raise _Refused(f"block {target.name} uses a buffer view that may alias another buffer")
-    return epilogue
+    return position, epilogue
+
+
+def _next_user(last: _Nest, current, consumers, written, read, index: _FunctionIndex) -> int:
+    """Position of the first of ``consumers`` after ``last`` in its statement list.
+
+    Every statement in between must use none of the buffers the chain writes (``written``)
+    and write none it reads (``read``): the chain's blocks move past it.
+    """
+    for position, stmt in index.siblings_after(last):
+        if position in consumers:
+            return position
+        if position is None:  # not a leaf nest: anything it uses may be written
+            touched = _buffers_used(stmt) & (written | read)
+            what = _STATEMENT_WORDS.get(type(stmt), type(stmt).__name__)
+        else:
+            between = index.nests[position]
+            touched = index.uses.get(position, set()) & written
+            if between.block.body.buffer in read:
+                touched.add(between.block.body.buffer)
+            what = f"block {between.name}"
+        if touched:
+            names = ", ".join(sorted(v.name for v in touched))
+            raise _Refused(
+                f"{what} between block {last.name} and the next use of {current.name} "
+                f"touches {names}, which the chain reads or writes, so the chain ends at "
+                f"block {last.name}"
+            )
+    targets = [index.nests[c].name for c in consumers if c >= 0]
+    named = f"block {targets[0]}" if targets else f"the next use of {current.name}"
+    raise _Refused(
+        f"{named} does not follow block {last.name} in the same statement list, so the chain "
+        "ends before it"
+    )
+
+
+def _buffers_used(stmt) -> set:
+    found = set()
+    tvm_ffi.structural_walk(stmt, (ir.Var, lambda var: found.add(var) if _is_buffer(var) else None))
+    return found
 
 
 def _is_spatial(block) -> bool:
@@ -941,10 +1123,12 @@ def _stranded_epilogues(start: int, index: _FunctionIndex, func_name: str):
     rejections, seen = [], {start}
     pending = [start]
     while pending:
-        producer = index.nests[pending.pop(0)]
+        position = pending.pop(0)
+        producer = index.nests[position]
         written = producer.block.body.buffer
         for owner in index.owners.get(written, {}):
-            if owner < 0 or owner in seen or not _is_spatial(index.nests[owner].block):
+            # Nests are indexed in program order: an earlier user (an init) is not downstream.
+            if owner <= position or owner in seen or not _is_spatial(index.nests[owner].block):
                 continue
             seen.add(owner)
             pending.append(owner)
@@ -985,8 +1169,20 @@ def _unreadable_candidates(index: _FunctionIndex, func_name: str) -> list[Reject
 
 
 def is_s_tir(func: tirx.PrimFunc) -> bool:
-    """True if ``func`` is written with SBlocks (S-TIR), the form tir_byoc matches."""
+    """True if ``func`` is written with SBlocks (S-TIR); otherwise it is read as plain loops."""
     return isinstance(func.body, s_tir.SBlockRealize)
+
+
+def _separate_init(nest: _Nest, index: _FunctionIndex, covered) -> tuple[int, ...]:
+    """The position of the block that initialises a reduction with no init, if any (0 or 1)."""
+    if nest.block.init is not None:
+        return ()
+    before = index.sibling_before(nest)
+    if before is None or before in covered:
+        return ()
+    if not index.nests[before].block.body.buffer.same_as(nest.block.body.buffer):
+        return ()
+    return (before,)
 
 
 def scan_function(name: str, func: tirx.PrimFunc) -> FunctionScan:
@@ -1003,8 +1199,6 @@ def scan_function(name: str, func: tirx.PrimFunc) -> FunctionScan:
     -------
     FunctionScan
     """
-    if not is_s_tir(func):
-        return FunctionScan(name, skipped="not an S-TIR function (no SBlocks); left as it is")
     index = _FunctionIndex(func)
     extents = _Extents()
     matches, rejections, covered = [], [], set()
@@ -1012,14 +1206,16 @@ def scan_function(name: str, func: tirx.PrimFunc) -> FunctionScan:
     for position, nest in enumerate(index.nests):
         if position in covered or not _looks_like_gemm(nest.block):
             continue
+        init = _separate_init(nest, index, covered)
         try:
-            core = _analyze_reduction(nest, extents, index)
+            core = _analyze_reduction(nest, extents, index, *(index.nests[p] for p in init))
         except _Refused as refused:
             nearest = refused.nearest or "dense"
             rejections.append(Rejection(name, (nest.name,), nearest, refused.reason))
             stranded += _stranded_epilogues(position, index, name)
             continue
-        match, refused, members = _extend_chain(position, core, index, extents, name)
+        positions = (*init, position)
+        match, refused, members = _extend_chain(positions, core, index, extents, name)
         covered.update(members)
         matches.append(match)
         rejections.extend(refused)

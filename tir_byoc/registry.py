@@ -16,12 +16,15 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .match import Match
+from .match import RELU_KEEPS_NAN, RELU_NAN_TO_ZERO, Match
 from .patterns import PATTERNS
 from .signature import DtypeSignature
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SOURCE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx")
+
+#: ``relu_nan`` of an intrinsic that honours ``TIR_BYOC_RELU_KEEPS_NAN``: both behaviours.
+RELU_NAN_BOTH = (RELU_NAN_TO_ZERO, RELU_KEEPS_NAN)
 
 #: Environment variable holding a comma-separated backend order, e.g. ``openblas,ref``.
 BACKENDS_ENV = "TIR_BYOC_BACKENDS"
@@ -96,6 +99,12 @@ class Intrinsic:
     check : callable, optional
         ``check(match) -> str | None``: a shape constraint; returns why the intrinsic cannot
         serve ``match``, or None if it can.
+    relu_nan : tuple of str
+        What its relu can make of a NaN: ``"zero"`` (``v > 0 ? v : 0``, TVM's ``max(z, 0)``,
+        the default) and/or ``"keep"`` (``v < 0 ? 0 : v``, TVM's ``max(0, z)``).  An intrinsic
+        declaring both is told which one a call needs by ``TIR_BYOC_RELU_KEEPS_NAN`` in its
+        ``dtypes`` argument (see ``tir_byoc.h``); a relu spelled the other way is never
+        handed to an intrinsic that did not declare it.
     """
 
     name: str
@@ -105,6 +114,7 @@ class Intrinsic:
     source: Path
     priority: int = 0
     check: Callable[[Match], str | None] | None = field(default=None, compare=False)
+    relu_nan: tuple[str, ...] = (RELU_NAN_TO_ZERO,)
 
     def __post_init__(self):
         parts = self.name.split(".") if isinstance(self.name, str) else []
@@ -146,6 +156,13 @@ class Intrinsic:
             raise ValueError(
                 f"intrinsic {self.name!r}: expected a callable check, got {self.check!r}"
             )
+        relu_nan = (self.relu_nan,) if isinstance(self.relu_nan, str) else tuple(self.relu_nan)
+        known = (RELU_NAN_TO_ZERO, RELU_KEEPS_NAN)
+        if not relu_nan or any(r not in known for r in relu_nan):
+            raise ValueError(
+                f"intrinsic {self.name!r}: expected relu_nan made of {known}, got {self.relu_nan!r}"
+            )
+        object.__setattr__(self, "relu_nan", relu_nan)
 
     @property
     def backend(self) -> str:
@@ -158,6 +175,11 @@ class Intrinsic:
         if match.dtype not in self.dtypes:
             supported = ", ".join(str(d) for d in self.dtypes)
             return f"dtype {match.dtype} not supported (supports {supported})"
+        if match.relu_nan is not None and match.relu_nan not in self.relu_nan:
+            return (
+                f"the relu's spelling {'keeps' if match.relu_nan == RELU_KEEPS_NAN else 'zeroes'}"
+                f" NaN (relu_nan={match.relu_nan!r}), the intrinsic declares {self.relu_nan}"
+            )
         if self.check is not None:
             return self.check(match)
         return None
@@ -205,11 +227,12 @@ class Registry:
         dtypes: Sequence[str],
         priority: int,
         check: Callable[[Match], str | None] | None = None,
+        relu_nan: Sequence[str] = (RELU_NAN_TO_ZERO,),
     ) -> list[Intrinsic]:
         """Register ``backend`` and one intrinsic per pattern of the family, from one source.
 
         The names follow the bundled convention: intrinsic ``<backend>.<pattern>``, C symbol
-        ``tir_byoc_<backend>_<pattern>``.
+        ``tir_byoc_<backend>_<pattern>``.  ``relu_nan`` as for :class:`Intrinsic`.
         """
         self.register_backend(backend)
         return [
@@ -222,6 +245,7 @@ class Registry:
                     source=Path(source),
                     priority=priority,
                     check=check,
+                    relu_nan=tuple(relu_nan),
                 )
             )
             for pattern in PATTERNS
@@ -276,6 +300,7 @@ def register_intrinsic(
     check: Callable[[Match], str | None] | None = None,
     registry: Registry | None = None,
     override: bool = False,
+    relu_nan: Sequence[str] | str = (RELU_NAN_TO_ZERO,),
 ) -> Intrinsic:
     """Register an extern C function as the implementation of a pattern.
 
@@ -288,7 +313,9 @@ def register_intrinsic(
             priority=100,
         )
     """
-    intrinsic = Intrinsic(name, pattern, extern_symbol, dtypes, Path(source), priority, check)
+    intrinsic = Intrinsic(
+        name, pattern, extern_symbol, dtypes, Path(source), priority, check, relu_nan
+    )
     return (registry or REGISTRY).register(intrinsic, override=override)
 
 

@@ -23,8 +23,9 @@ import tvm_ffi
 from tvm import ir, s_tir, tirx
 from tvm.tirx import _ffi_api as _tirx_ffi
 
-from .match import Match
+from .match import RELU_KEEPS_NAN, Match
 from .registry import Intrinsic
+from .signature import RELU_KEEPS_NAN_FLAG
 
 #: Block annotation naming the intrinsic an offloaded block calls.
 INTRINSIC_ATTR = "tir_byoc.intrinsic"
@@ -73,7 +74,8 @@ def call_block(match: Match, intrinsic: Intrinsic, name: str) -> s_tir.SBlockRea
     operands = [match.x, match.w] + ([match.bias] if match.bias is not None else [])
     args = [_pointer(b) for b in [*operands, match.out]]
     args += [_as_int64(e) for e in (match.m, match.n, match.k)]
-    args.append(tirx.IntImm("int32", match.dtype.code))
+    flags = RELU_KEEPS_NAN_FLAG if match.relu_nan == RELU_KEEPS_NAN else 0
+    args.append(tirx.IntImm("int32", match.dtype.code | flags))
     call = tirx.call_extern("int32", intrinsic.extern_symbol, *args)
     status = tirx.Var("status", "int32")
     message = (

@@ -21,6 +21,10 @@ DTYPE_CODES = {
     "float64": 7,
 }
 
+#: Epilogue flags or-ed into the packed signature (``TIR_BYOC_RELU_KEEPS_NAN`` in
+#: ``tir_byoc.h``): the relu keeps a NaN instead of mapping it to 0.
+RELU_KEEPS_NAN_FLAG = 1 << 24
+
 #: Input dtypes that may be widened to an accumulator dtype inside the reduction.
 WIDENINGS = {
     "float16": ("float32", "float64"),

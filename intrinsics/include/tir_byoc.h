@@ -9,8 +9,9 @@
  * x is the (m, k) input, w the weight ((n, k) for the dense patterns, (k, n)
  * for the matmul patterns), bias the (n,) vector of the *_bias patterns and y
  * the (m, n) output; all are compact row-major.  `dtypes` packs the dtype
- * signature of the match (TIR_BYOC_SIGNATURE below), so each entry point checks
- * that it was called with a signature it implements.  A non-zero status makes
+ * signature of the match (TIR_BYOC_SIGNATURE below) in its low 24 bits, so each
+ * entry point checks that it was called with a signature it implements, and
+ * epilogue flags (TIR_BYOC_RELU_KEEPS_NAN) above them.  A non-zero status makes
  * the TVM function fail with an error naming the intrinsic.
  */
 #ifndef TIR_BYOC_H_
@@ -36,6 +37,17 @@
 #define TIR_BYOC_FLOAT64 7
 
 #define TIR_BYOC_SIGNATURE(x, w, y) ((int32_t)((x) | ((w) << 8) | ((y) << 16)))
+
+/* Epilogue flags, or-ed into `dtypes` above the signature.
+ *
+ * TIR_BYOC_RELU_KEEPS_NAN: the relu must keep a NaN, as TVM computes max(0, z) and
+ * select(z < 0, 0, z).  Without it a NaN becomes 0, as TVM computes max(z, 0) (topi's and
+ * Relax's relu) and select(z > 0, z, 0).  The flag is only passed to intrinsics registered
+ * with relu_nan=("zero", "keep"); the others are never given a relu that keeps NaN. */
+#define TIR_BYOC_RELU_KEEPS_NAN (1 << 24)
+#define TIR_BYOC_FLAGS_MASK ((int32_t)0x7F000000)
+#define TIR_BYOC_SIGNATURE_OF(dtypes) ((int32_t)((dtypes) & 0x00FFFFFF))
+#define TIR_BYOC_FLAGS_OF(dtypes) ((int32_t)((dtypes) & TIR_BYOC_FLAGS_MASK))
 #define TIR_BYOC_SIG_F32 \
   TIR_BYOC_SIGNATURE(TIR_BYOC_FLOAT32, TIR_BYOC_FLOAT32, TIR_BYOC_FLOAT32)
 

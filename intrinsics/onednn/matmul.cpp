@@ -7,7 +7,9 @@
  *   row-major) is the (K, N) matrix with strides {1, K}, a matmul weight (K x N) has strides
  *   {N, 1}.
  * - Floating point (fp32, and bf16 / fp16 inputs accumulated in fp32): the bias and the relu
- *   are fused into the primitive (bias argument, eltwise_relu post-op).
+ *   are fused into the primitive (bias argument, eltwise_relu post-op, which maps NaN to 0 as
+ *   TVM's max(z, 0) does); a relu that must keep NaN (TIR_BYOC_RELU_KEEPS_NAN) is applied
+ *   afterwards, in one pass.
  * - Integer (u8 / s8 inputs, s32 output): oneDNN applies biases and post-ops of an integer
  *   matmul in fp32, which rounds sums above 2^24; the primitive computes the exact s32
  *   product and the bias and relu are applied afterwards in int32, as the TIR does.
@@ -78,7 +80,7 @@ bool Decode(int32_t signature, Dtypes *out) {
   return false;
 }
 
-/* What a primitive is specialised for. */
+/* What a primitive is specialised for; `relu` is a fused relu post-op. */
 struct Key {
   int64_t m, n, k;
   int32_t signature;
@@ -260,32 +262,41 @@ dnnl_status_t Point(const dnnl::memory &memory, const void *data) {
  * One branch-free pass per step, so the compiler vectorises them: a relu that branched per
  * element mispredicted on outputs of mixed sign and took longer than the int8 matmul itself. */
 template <typename T>
-void Epilogue(T *y, const T *bias, int64_t m, int64_t n, bool relu, bool from_zero) {
+void Epilogue(T *y, const T *bias, int64_t m, int64_t n, bool relu, bool keep_nan,
+              bool from_zero) {
   for (int64_t i = 0; i < m; ++i) {
     T *row = y + i * n;
     if (from_zero) std::fill(row, row + n, T(0));
     if (bias != nullptr)
       for (int64_t j = 0; j < n; ++j) row[j] += bias[j];
-    if (relu)
-      for (int64_t j = 0; j < n; ++j) row[j] = std::max(row[j], T(0));  // keeps NaN, as before
+    // NaN fails every comparison: v < 0 keeps it, v > 0 maps it to 0.
+    if (relu && keep_nan)
+      for (int64_t j = 0; j < n; ++j) row[j] = row[j] < T(0) ? T(0) : row[j];
+    else if (relu)
+      for (int64_t j = 0; j < n; ++j) row[j] = row[j] > T(0) ? row[j] : T(0);
   }
 }
 
 void ApplyEpilogue(const Dtypes &dtypes, void *y, const void *bias, int64_t m, int64_t n,
-                   bool relu, bool from_zero) {
+                   bool relu, bool keep_nan, bool from_zero) {
   if (dtypes.integer) {
     Epilogue(static_cast<int32_t *>(y), static_cast<const int32_t *>(bias), m, n, relu,
-             from_zero);
+             keep_nan, from_zero);
   } else {
-    Epilogue(static_cast<float *>(y), static_cast<const float *>(bias), m, n, relu, from_zero);
+    Epilogue(static_cast<float *>(y), static_cast<const float *>(bias), m, n, relu, keep_nan,
+             from_zero);
   }
 }
 
 int32_t Gemm(const void *x, const void *w, const void *bias, void *y, int64_t m, int64_t n,
              int64_t k, int32_t signature, Layout layout, bool has_bias, bool relu) {
-  // Step 1. Checks at entry: dtypes, shape, pointers.
+  // Step 1. Checks at entry: dtypes, flags, shape, pointers.
+  const int32_t flags = TIR_BYOC_FLAGS_OF(signature);
+  const bool keep_nan = (flags & TIR_BYOC_RELU_KEEPS_NAN) != 0;
+  signature = TIR_BYOC_SIGNATURE_OF(signature);
   Dtypes dtypes;
-  if (!Decode(signature, &dtypes)) return TIR_BYOC_EDTYPE;
+  if (!Decode(signature, &dtypes) || (flags & ~TIR_BYOC_RELU_KEEPS_NAN) != 0)
+    return TIR_BYOC_EDTYPE;
   int32_t status = tir_byoc_check_shape(m, n, k);
   if (status != TIR_BYOC_OK) return status;
   status = tir_byoc_check_pointers(x, w, y, m, n, k);
@@ -293,13 +304,14 @@ int32_t Gemm(const void *x, const void *w, const void *bias, void *y, int64_t m,
   if (has_bias && bias == nullptr && n > 0) return TIR_BYOC_ENULL;
   if (m == 0 || n == 0) return TIR_BYOC_OK;
   if (k == 0) {  // an empty sum: the epilogue of 0 (oneDNN rejects zero-sized K)
-    ApplyEpilogue(dtypes, y, has_bias ? bias : nullptr, m, n, relu, true);
+    ApplyEpilogue(dtypes, y, has_bias ? bias : nullptr, m, n, relu, keep_nan, true);
     return TIR_BYOC_OK;
   }
   try {
     // Step 2. The cached primitive, executed on the caller's buffers.
+    const bool fused_relu = relu && !dtypes.integer && !keep_nan;
     std::shared_ptr<const Entry> entry =
-        Cache().Get(Key{m, n, k, signature, layout, has_bias, relu}, dtypes);
+        Cache().Get(Key{m, n, k, signature, layout, has_bias, fused_relu}, dtypes);
     BoundArgs &bound = Bind(*entry, Cache().Capacity());
     dnnl_status_t status_x = Point(bound.src, x), status_w = Point(bound.weights, w);
     dnnl_status_t status_y = Point(bound.dst, y);
@@ -312,9 +324,11 @@ int32_t Gemm(const void *x, const void *w, const void *bias, void *y, int64_t m,
             dnnl_success ||
         dnnl_stream_wait(stream.get()) != dnnl_success)
       return TIR_BYOC_EBACKEND;
-    // Step 3. The exact int32 epilogue of the integer patterns.
+    // Step 3. The exact int32 epilogue of the integer patterns; a relu that keeps NaN.
     if (dtypes.integer && (has_bias || relu)) {
-      ApplyEpilogue(dtypes, y, has_bias ? bias : nullptr, m, n, relu, false);
+      ApplyEpilogue(dtypes, y, has_bias ? bias : nullptr, m, n, relu, keep_nan, false);
+    } else if (relu && !fused_relu) {
+      ApplyEpilogue(dtypes, y, nullptr, m, n, true, keep_nan, false);
     }
   } catch (...) {
     return TIR_BYOC_EBACKEND;

@@ -19,16 +19,22 @@ static void broadcast_bias(float *y, const float *bias, int64_t m, int64_t n) {
     for (int64_t j = 0; j < n; ++j) y[i * n + j] = bias[j];
 }
 
-static void relu(float *y, int64_t count) {
-  for (int64_t i = 0; i < count; ++i) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
+/* NaN fails every comparison: y > 0 maps it to 0 (TVM's max(z, 0)), y < 0 keeps it. */
+static void relu(float *y, int64_t count, int keep_nan) {
+  if (keep_nan)
+    for (int64_t i = 0; i < count; ++i) y[i] = y[i] < 0.0f ? 0.0f : y[i];
+  else
+    for (int64_t i = 0; i < count; ++i) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
 }
 
 static int32_t openblas_gemm(const float *x, const float *w, const float *bias, float *y,
                              int64_t m, int64_t n, int64_t k, int32_t dtypes,
                              enum weight_layout layout, int apply_relu) {
   int32_t status;
-  // Step 1. Checks at entry: dtypes, shape (BLAS indexes with 32-bit ints), pointers.
-  if (dtypes != TIR_BYOC_SIG_F32) return TIR_BYOC_EDTYPE;
+  const int32_t flags = TIR_BYOC_FLAGS_OF(dtypes);
+  // Step 1. Checks at entry: dtypes, flags, shape (BLAS indexes with 32-bit ints), pointers.
+  if (TIR_BYOC_SIGNATURE_OF(dtypes) != TIR_BYOC_SIG_F32) return TIR_BYOC_EDTYPE;
+  if ((flags & ~TIR_BYOC_RELU_KEEPS_NAN) != 0) return TIR_BYOC_EDTYPE;
   if ((status = tir_byoc_check_shape(m, n, k)) != TIR_BYOC_OK) return status;
   if (m > INT_MAX || n > INT_MAX || k > INT_MAX) return TIR_BYOC_ESHAPE;
   if ((status = tir_byoc_check_pointers(x, w, y, m, n, k)) != TIR_BYOC_OK) return status;
@@ -52,7 +58,7 @@ static int32_t openblas_gemm(const float *x, const float *w, const float *bias, 
   } else if (bias == NULL) {
     for (int64_t i = 0; i < m * n; ++i) y[i] = 0.0f;
   }
-  if (apply_relu) relu(y, m * n);
+  if (apply_relu) relu(y, m * n, (flags & TIR_BYOC_RELU_KEEPS_NAN) != 0);
   return TIR_BYOC_OK;
 }
 

@@ -12,7 +12,10 @@ static int32_t ref_gemm(const float *x, const float *w, const float *bias, float
                         int64_t n, int64_t k, int32_t dtypes, enum weight_layout layout,
                         int relu) {
   int32_t status;
-  if (dtypes != TIR_BYOC_SIG_F32) return TIR_BYOC_EDTYPE;
+  const int32_t flags = TIR_BYOC_FLAGS_OF(dtypes);
+  const int keep_nan = (flags & TIR_BYOC_RELU_KEEPS_NAN) != 0;
+  if (TIR_BYOC_SIGNATURE_OF(dtypes) != TIR_BYOC_SIG_F32) return TIR_BYOC_EDTYPE;
+  if ((flags & ~TIR_BYOC_RELU_KEEPS_NAN) != 0) return TIR_BYOC_EDTYPE;
   if ((status = tir_byoc_check_shape(m, n, k)) != TIR_BYOC_OK) return status;
   if ((status = tir_byoc_check_pointers(x, w, y, m, n, k)) != TIR_BYOC_OK) return status;
   for (int64_t i = 0; i < m; ++i) {
@@ -23,7 +26,8 @@ static int32_t ref_gemm(const float *x, const float *w, const float *bias, float
         acc += x[i * k + r] * wv;
       }
       if (bias != NULL) acc += bias[j];
-      if (relu && acc < 0.0f) acc = 0.0f;
+      /* NaN fails every comparison: acc < 0 keeps it, acc > 0 maps it to 0. */
+      if (relu) acc = keep_nan ? (acc < 0.0f ? 0.0f : acc) : (acc > 0.0f ? acc : 0.0f);
       y[i * n + j] = acc;
     }
   }

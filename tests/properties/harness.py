@@ -16,7 +16,7 @@ from hypothesis import note, settings
 
 import tir_byoc
 from tir_byoc.patterns import PATTERNS
-from tir_byoc.registry import REGISTRY, Backend, Intrinsic, Registry
+from tir_byoc.registry import REGISTRY, RELU_NAN_BOTH, Backend, Intrinsic, Registry
 from tir_byoc.testing.programs import SIGNATURES, Program
 
 #: Signatures the test-only backend serves: every widening one the generators draw.
@@ -34,7 +34,12 @@ def _registry() -> Registry:
     for pattern in PATTERNS:
         registry.register(
             Intrinsic(
-                f"proptest.{pattern}", pattern, f"tir_byoc_proptest_{pattern}", WIDENING, source
+                f"proptest.{pattern}",
+                pattern,
+                f"tir_byoc_proptest_{pattern}",
+                WIDENING,
+                source,
+                relu_nan=RELU_NAN_BOTH,
             )
         )
     return registry

@@ -19,7 +19,7 @@ import tir_byoc
 from tir_byoc.rewrite import INTRINSIC_ATTR
 from tir_byoc.testing import strategies
 from tir_byoc.testing.equivalence import assert_equivalent
-from tir_byoc.testing.programs import ChainSpec, ProgramSpec, build_program
+from tir_byoc.testing.programs import RELU_SPELLINGS, ChainSpec, ProgramSpec, build_program
 from tir_byoc.testing.script import to_tvmscript
 
 
@@ -49,15 +49,13 @@ def test_offloaded_function_computes_the_same_results(program, seed):
             raise
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known, not fixed: relu of NaN depends on the TIR spelling (TVM's max(z, 0) gives "
-    "0, max(0, z) gives NaN) while a kernel has one behaviour (ref propagates NaN); "
-    "see tests/properties/README.md",
-)
-def test_relu_of_nan_is_unchanged_by_offloading():
-    program = build_program(ProgramSpec(chains=(ChainSpec(relu="max(z, 0)", n=1, k=1),), m=1))
-    rewritten = tir_byoc.offload(program.func, registry=PROPERTY_REGISTRY, backends=["ref"])
+@pytest.mark.parametrize("backend", ["ref", "openblas", "onednn"])
+@pytest.mark.parametrize("relu", list(RELU_SPELLINGS))
+def test_relu_of_nan_is_unchanged_by_offloading(relu, backend):
+    # TVM's max(z, 0) gives 0 for a NaN, max(0, z) keeps it: the kernel is told which.
+    program = build_program(ProgramSpec(chains=(ChainSpec(relu=relu, n=1, k=1),), m=1))
+    rewritten = tir_byoc.offload(program.func, registry=PROPERTY_REGISTRY, backends=[backend])
+    assert _calls(rewritten) == 1
     x, w = np.full((1, 1), np.nan, "float32"), np.ones((1, 1), "float32")
     results = []
     for func in (program.func, rewritten):

@@ -73,6 +73,8 @@ static int32_t widening_gemm(const void *x, const void *w, const void *bias, voi
                              int64_t n, int64_t k, int32_t dtypes, enum weight_layout layout,
                              int relu) {
   int x_code = dtypes & 0xff, w_code = (dtypes >> 8) & 0xff, out_code = (dtypes >> 16) & 0xff;
+  int keep_nan = (TIR_BYOC_FLAGS_OF(dtypes) & TIR_BYOC_RELU_KEEPS_NAN) != 0;
+  if ((TIR_BYOC_FLAGS_OF(dtypes) & ~TIR_BYOC_RELU_KEEPS_NAN) != 0) return TIR_BYOC_EDTYPE;
   int32_t status;
   if ((status = tir_byoc_check_shape(m, n, k)) != TIR_BYOC_OK) return status;
   if ((status = tir_byoc_check_pointers(x, w, y, m, n, k)) != TIR_BYOC_OK) return status;
@@ -86,7 +88,8 @@ static int32_t widening_gemm(const void *x, const void *w, const void *bias, voi
           acc = acc + product;
         }
         if (bias != NULL) acc = acc + ((const float *)bias)[j];
-        if (relu && acc < 0.0f) acc = 0.0f;
+        /* NaN fails every comparison: acc < 0 keeps it, acc > 0 maps it to 0. */
+        if (relu) acc = keep_nan ? (acc < 0.0f ? 0.0f : acc) : (acc > 0.0f ? acc : 0.0f);
         ((float *)y)[i * n + j] = acc;
       }
     }

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .. import threads
 from ..match import Match
-from ..registry import REGISTRY, Backend, LinkSpec
+from ..registry import REGISTRY, RELU_NAN_BOTH, Backend, LinkSpec
 from ..signature import DtypeSignature
 from ..toolchain import intrinsics_dir
 from .wheels import installed_file
@@ -81,6 +81,7 @@ def _register() -> None:
         dtypes=tuple(DTYPE_CPU_FLAGS),
         priority=PRIORITY,
         check=_check,
+        relu_nan=RELU_NAN_BOTH,
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import threads
-from ..registry import REGISTRY, Backend, BackendUnavailable, LinkSpec
+from ..registry import REGISTRY, RELU_NAN_BOTH, Backend, BackendUnavailable, LinkSpec
 from ..toolchain import intrinsics_dir
 from .wheels import installed_file
 
@@ -42,6 +42,7 @@ def _register() -> None:
         intrinsics_dir() / "openblas" / "gemm.c",
         dtypes=("float32",),
         priority=PRIORITY,
+        relu_nan=RELU_NAN_BOTH,
     )
 
 

@@ -4,7 +4,7 @@ It needs nothing but a C compiler.  It is the fallback when no library backend s
 match (lowest priority) and the oracle the library backends are tested against.
 """
 
-from ..registry import REGISTRY, Backend
+from ..registry import REGISTRY, RELU_NAN_BOTH, Backend
 from ..toolchain import intrinsics_dir
 
 PRIORITY = 0
@@ -14,4 +14,5 @@ REGISTRY.register_family(
     intrinsics_dir() / "ref" / "gemm.c",
     dtypes=("float32",),
     priority=PRIORITY,
+    relu_nan=RELU_NAN_BOTH,
 )

@@ -33,7 +33,14 @@ RELU_SPELLINGS: dict[str, Callable] = {
     "select(z < 0, 0, z)": lambda z, c: tirx.Select(z < c, c, z),
     "select(z <= 0, 0, z)": lambda z, c: tirx.Select(z <= c, c, z),
     "select(0 > z, 0, z)": lambda z, c: tirx.Select(c > z, c, z),
+    "if_then_else(z > 0, z, 0)": lambda z, c: tirx.if_then_else(z > c, z, c),
+    "if_then_else(z < 0, 0, z)": lambda z, c: tirx.if_then_else(z < c, c, z),
 }
+
+#: How a chain's reduction output is initialised: ``"zero"`` (the block's init), ``"bias"``
+#: (the block's init reads the bias, which then has no epilogue block) or ``"block"`` (0 in
+#: a block of its own before the reduction, as ``decompose_reduction`` leaves it).
+INITS = ("zero", "bias", "block")
 
 #: Dtype signatures the generators draw: (x, w, accumulator).
 SIGNATURES = (
@@ -47,21 +54,27 @@ SIGNATURES = (
 
 #: Unrelated blocks placed next to a chain, touching its buffers.
 DISTRACTORS = (
-    "exp_x",  # E[i, k] = exp(X[i, k]) (max(X, 0) for integers): reads the chain's input
+    "exp_x",  # E[i, k] = exp(X[i, k]) (min(X, 100) for integers): reads the chain's input
     "transpose_w_in",  # the weight is a local buffer, transposed from a parameter first
     "bias_in",  # the bias is a local buffer, computed elementwise from a parameter first
     "row_sum_out",  # R[i] = sum_j Z[i, j]: a row reduction of the chain's output
     "transpose_out",  # Zt[j, i] = Z[i, j]
-    "inplace_out",  # Z[i, j] = tanh(Z[i, j]) after the chain (max(Z, 0) for integers)
+    "inplace_out",  # Z[i, j] = tanh(Z[i, j]) after the chain (min(Z, 100) for integers)
     "unrelated",  # a block on buffers of its own
+    "overwrite_x",  # X[i, k] = tanh(X[i, k]) in place (min(X, 100) for integers)
 )
 
 #: Distractors that must come before their chain (they produce one of its inputs).
 _PRODUCERS = ("transpose_w_in", "bias_in")
 #: Distractors that must come after their chain (they read its output).
 _CONSUMERS = ("row_sum_out", "transpose_out", "inplace_out")
-#: Distractors that may sit between a reduction and its epilogue.
-INSIDE_KINDS = ("exp_x", "bias_in", "unrelated")
+#: Distractors that may sit between a reduction and its epilogue.  The call that replaces a
+#: chain runs where its last block was, so a block between that leaves the chain's buffers
+#: alone stays there (TOPI's dense copies its bias right there); one that writes a buffer
+#: the chain reads cuts it after the reduction.
+INSIDE_KINDS = ("exp_x", "bias_in", "unrelated", "overwrite_x")
+#: Inside kinds that cut the chain.
+CUTTING_KINDS = ("overwrite_x",)
 
 
 @dataclass(frozen=True)
@@ -103,6 +116,11 @@ class ChainSpec:
     x_view : bool
         X is a parameter with a symbolic element offset: it may be a view into a larger
         tensor (ignored when X is the previous chain's output).
+    init : str
+        A key of :data:`INITS`.
+    in_place : bool
+        The epilogue blocks update the reduction's output in place (``Z[i, j] = Z[i, j] +
+        b[j]``) instead of writing new buffers.
     mutation : str or None
         A key of :data:`MUTATIONS`; set by :func:`mutate`.
     """
@@ -123,11 +141,18 @@ class ChainSpec:
     alloc: str = "sblock"
     feeds_next: bool = False
     x_view: bool = False
+    init: str = "zero"
+    in_place: bool = False
     mutation: str | None = None
 
     @property
     def ops(self) -> tuple[str, ...]:
         return tuple(op for op, on in (("bias", self.bias), ("relu", self.relu)) if on)
+
+    @property
+    def epilogue_ops(self) -> tuple[str, ...]:
+        """The ops of the epilogue blocks (a bias read by the init is not one of them)."""
+        return tuple(op for op in self.ops if not (op == "bias" and self.init == "bias"))
 
     @property
     def pattern(self) -> str:
@@ -136,9 +161,8 @@ class ChainSpec:
 
     @property
     def epilogue_blocks(self) -> int:
-        if not self.ops:
-            return 0
-        return 1 if self.folded and len(self.ops) == 2 else len(self.ops)
+        ops = self.epilogue_ops
+        return 1 if self.folded and len(ops) == 2 else len(ops)
 
 
 @dataclass(frozen=True)
@@ -271,6 +295,8 @@ def _chain_problem(chain: ChainSpec) -> str | None:
             f"expected epilogue_order 'ij' or 'ji', got {chain.epilogue_order!r}",
         ),
         (chain.alloc in ("sblock", "stmt"), f"expected alloc sblock or stmt, got {chain.alloc!r}"),
+        (chain.init in INITS, f"expected init in {INITS}, got {chain.init!r}"),
+        (chain.init != "bias" or chain.bias, "init 'bias' needs a chain with a bias"),
         (
             chain.mutation is None or chain.mutation in MUTATIONS,
             f"mutation {chain.mutation!r} unknown: expected a key of MUTATIONS or None",
@@ -310,6 +336,8 @@ def _spec_problem(spec: ProgramSpec) -> str | None:
                 f"distractor {d}: expected a kind in {INSIDE_KINDS} and a chain with an "
                 "epilogue block to sit inside"
             )
+        if d.inside and d.kind == "bias_in" and spec.chains[d.chain].init == "bias":
+            return f"distractor {d}: the init of chain {d.chain} reads the bias before it is made"
     return None
 
 
@@ -333,6 +361,14 @@ class Mutation:
 
 def _has(op):
     return lambda spec, c: op in spec.chains[c].ops
+
+
+def _in_epilogue(op):
+    return lambda spec, c: op in spec.chains[c].epilogue_ops
+
+
+def _not_in_place(spec, c):
+    return not spec.chains[c].in_place
 
 
 def _float_relu(spec, c):
@@ -383,24 +419,38 @@ MUTATIONS: dict[str, Mutation] = {
         "the reduction, writing the output itself, stops one row short of M",
         lambda s, c: not s.chains[c].ops and _writes_param(s, c) and (s.symbolic_m or s.m >= 2),
     ),
-    "bias_sub": Mutation("the bias is subtracted", _has("bias")),
-    "bias_mul": Mutation("the bias multiplies", _has("bias")),
+    "bias_sub": Mutation("the bias is subtracted", _in_epilogue("bias")),
+    "bias_mul": Mutation("the bias multiplies", _in_epilogue("bias")),
     "relu_threshold": Mutation("relu against 1, not 0", _has("relu")),
     "select_shifted": Mutation("select(z > 1, z, 0)", _has("relu")),
     "leaky_relu": Mutation("a leaky relu (slope 0.01 below 0)", _float_relu),
     "clipped_relu": Mutation("a relu clipped at 6", _has("relu")),
     "epilogue_swapped": Mutation(
-        "relu before the bias add", lambda s, c: s.chains[c].ops == ("bias", "relu")
+        "relu before the bias add", lambda s, c: s.chains[c].epilogue_ops == ("bias", "relu")
     ),
     "alias_output_input": Mutation(
-        "the chain's last block writes into X", _can_alias, square=("n", "k")
+        "the chain's last block writes into X", _both(_can_alias, _not_in_place), square=("n", "k")
     ),
     "intermediate_read_after": Mutation(
-        "the reduction's output is also read after the chain", _separate_epilogue
+        "the reduction's output is also read after the chain",
+        _both(_separate_epilogue, _not_in_place),
     ),
     "select_on_pre_bias": Mutation(
         "one block computes select(Y > 0, Y + b, 0): the test misses the bias",
-        lambda s, c: s.chains[c].folded and s.chains[c].ops == ("bias", "relu"),
+        lambda s, c: s.chains[c].folded and s.chains[c].epilogue_ops == ("bias", "relu"),
+    ),
+    "init_block_short": Mutation(
+        "the init block, of a reduction writing the output itself, stops one row short of M",
+        lambda s, c: (
+            s.chains[c].init == "block"
+            and (s.chains[c].in_place or not s.chains[c].ops)
+            and _writes_param(s, c)
+            and (s.symbolic_m or s.m >= 2)
+        ),
+    ),
+    "read_between_in_place": Mutation(
+        "a block reads the raw product between the reduction and an in-place epilogue",
+        lambda s, c: s.chains[c].in_place and _separate_epilogue(s, c),
     ),
     "epilogue_short": Mutation(
         "the last epilogue block stops one column short of N",
@@ -550,14 +600,17 @@ def _zero(dtype):
 
 
 def _elementwise_op(value, dtype, bounded=False):
-    """exp for floats (tanh where ``bounded``), max(., 0) for integers: nothing overflows.
+    """exp for floats (tanh where ``bounded``), min(., 100) for integers: nothing overflows.
+
+    None of them is an epilogue of the family, so a distractor that updates a chain's output
+    in place never joins the chain.
 
     ``bounded`` is for values that flow on into another chain: exp of a chain's output can
     reach inf, and inf - inf in the next reduction gives NaN, on which relu spellings
     disagree (see the README of tests/properties).
     """
     if not _is_float(dtype):
-        return tirx.Max(value, _zero(dtype))
+        return tirx.Min(value, tirx.const(100, dtype))
     return tirx.tanh(value) if bounded else tirx.exp(value)
 
 
@@ -583,9 +636,11 @@ class _ChainBuilder:
             self.bias = b.buffer(
                 f"b{c}", self._bias_shape(), self.acc, param=not local_b, alloc=alloc
             )
-        # Step 2. Outputs and intermediates.
+        # Step 2. Outputs and intermediates (one buffer for all when updated in place).
         steps = chain.epilogue_blocks
         names = [*["Y", "T"][:steps], "Z"]
+        if chain.in_place:
+            names = names[-1:]
         self.stages = []
         for s, stem in enumerate(names):
             last = s == len(names) - 1
@@ -594,6 +649,8 @@ class _ChainBuilder:
                 continue
             param = last and not chain.feeds_next
             self.stages.append(b.buffer(f"{stem}{c}", (b.m, n), self.acc, param=param, alloc=alloc))
+        if chain.in_place:
+            self.stages *= steps + 1
 
     @property
     def out(self):
@@ -649,30 +706,46 @@ class _ChainBuilder:
             return tirx.BufferStore(out, value, [vi, vj])
 
         def init(v):
-            start = tirx.const(1 if self.mutation == "init_one" else 0, self.acc)
+            if self.mutation == "init_one":
+                start = tirx.const(1, self.acc)
+            elif chain.init == "bias":
+                start = self._bias_load(v["i"], v["j"])
+            else:
+                start = _zero(self.acc)
             return tirx.BufferStore(out, start, [v["i"], v["j"]])
 
+        names = []
+        if chain.init == "block":
+            short = self.mutation == "init_block_short"
+            rows = b.m - b.const(1) if short else b.m
+            names.append(f"{chain.layout}{self.c}_init")
+            b.nest(names[-1], [("i", rows, False), ("j", self.n, False)], init)
         m_extent = b.m - b.const(1) if self.mutation == "reduction_short_rows" else b.m
         axes = [("i", m_extent, False), ("j", self.n, False), ("k", k_extent, True)]
-        name = f"{chain.layout}{self.c}"
+        names.append(f"{chain.layout}{self.c}")
         b.nest(
-            name, axes, store, init=init, loop_order=chain.loop_order, iter_order=chain.iter_order
+            names[-1],
+            axes,
+            store,
+            init=init if chain.init != "block" else None,
+            loop_order=chain.loop_order,
+            iter_order=chain.iter_order,
         )
-        return name
+        return tuple(names)
 
     # Step 4. The epilogue blocks.
     def epilogues(self):
-        ops = self.chain.ops
+        ops = self.chain.epilogue_ops
         if self.mutation == "epilogue_swapped":
             ops = tuple(reversed(ops))
         groups = [ops] if self.chain.epilogue_blocks == 1 else [(op,) for op in ops]
         names = []
         for s, group in enumerate(groups):
             source, target = self.stages[s], self.stages[s + 1]
-            names.append(self._epilogue(s, group, source, target))
+            names.append(self._epilogue(s, group, source, target, s == len(groups) - 1))
         return names
 
-    def _epilogue(self, s, group, source, target):
+    def _epilogue(self, s, group, source, target, last):
         swap = s == 0 and self.mutation == "swap_epilogue_index"
 
         def store(v):
@@ -688,7 +761,6 @@ class _ChainBuilder:
                     value = self._relu(value)
             return tirx.BufferStore(target, value, [vi, vj])
 
-        last = target is self.out
         n = self.b.const(self.chain.n - 1) if last and self.mutation == "epilogue_short" else self.n
         axes = [("i", self.b.m, False), ("j", n, False)]
         name = f"{'_'.join(group)}{self.c}"
@@ -743,6 +815,8 @@ def _distractor(b: _Builder, d: DistractorSpec, chain: _ChainBuilder, tag: str):
         )
     elif d.kind == "inplace_out":
         _map(b, f"inplace{tag}", chain.out, chain.out, bounded=True)
+    elif d.kind == "overwrite_x":
+        _map(b, f"overwrite_x{tag}", chain.x, chain.x, bounded=True)
     else:
         source = b.buffer(f"U{tag}", (b.m, b.const(3)), "float32")
         _map(b, f"unrelated{tag}", source, b.buffer(f"V{tag}", (b.m, b.const(3)), "float32"))
@@ -782,13 +856,14 @@ def _row_sum(b: _Builder, name, source, target):
 
 def _cut_after_reduction(c, chain, built, reduction) -> ExpectedChain:
     """What a chain cut by a block between its reduction and its epilogue scans as."""
+    bias = built.bias if chain.init == "bias" else None
     return ExpectedChain(
         index=c,
-        pattern=chain.layout,
-        blocks=(reduction,),
+        pattern=pattern_for(chain.layout, ("bias",) if bias is not None else ()).name,
+        blocks=reduction,
         x=built.x.name,
         w=built.w.name,
-        bias=None,
+        bias=bias.name if bias is not None else None,
         out=built.stages[0].name,
         dtype=DtypeSignature(*chain.dtypes),
     )
@@ -811,7 +886,10 @@ def build_program(spec: ProgramSpec) -> Program:
         inside = [(n, d) for n, d in around if d.placement == "inside"]
         for n, d in inside:
             _distractor(b, d, built, f"{c}_{n}")
-        blocks = (reduction, *built.epilogues())
+        if chain.mutation == "read_between_in_place":
+            peek = b.buffer(f"P{c}", (b.m, built.n), built.acc)
+            _map(b, f"peek{c}", built.stages[0], peek)
+        blocks = (*reduction, *built.epilogues())
         if chain.mutation == "intermediate_read_after":
             peek = b.buffer(f"P{c}", (b.m, built.n), built.acc)
             _map(b, f"peek{c}", built.stages[0], peek)
@@ -819,7 +897,7 @@ def build_program(spec: ProgramSpec) -> Program:
         for n, d in around:
             if d.placement == "after":
                 _distractor(b, d, built, f"{c}_{n}")
-        if inside:
+        if any(d.kind in CUTTING_KINDS for _, d in inside):
             expected.append(_cut_after_reduction(c, chain, built, reduction))
             x = built.out if chain.feeds_next else None
             continue
@@ -841,7 +919,9 @@ def build_program(spec: ProgramSpec) -> Program:
 
 
 __all__ = [
+    "CUTTING_KINDS",
     "DISTRACTORS",
+    "INITS",
     "INSIDE_KINDS",
     "MUTATIONS",
     "RELU_SPELLINGS",

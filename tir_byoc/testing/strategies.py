@@ -33,11 +33,13 @@ except ImportError as missing:  # pragma: no cover - depends on the environment
         "(or pip install hypothesis)"
     ) from missing
 
+import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
 from .programs import (
     DISTRACTORS,
+    INITS,
     INSIDE_KINDS,
     RELU_SPELLINGS,
     SIGNATURES,
@@ -83,6 +85,8 @@ def chain_specs(
         accumulate_last=draw(st.booleans()),
         alloc=draw(st.sampled_from(("sblock", "stmt"))),
         x_view=draw(st.booleans()),
+        init=draw(st.sampled_from(INITS if bias else tuple(i for i in INITS if i != "bias"))),
+        in_place=draw(st.booleans()),
     )
 
 
@@ -105,6 +109,8 @@ def distractor_specs(draw, chains: Sequence[ChainSpec], max_size: int = 3):
         kinds = [k for k in DISTRACTORS if k != "bias_in" or chains[c].bias is not None]
         kind = draw(st.sampled_from(kinds))
         can_cut = kind in INSIDE_KINDS and chains[c].epilogue_blocks > 0
+        if kind == "bias_in" and chains[c].init == "bias":
+            can_cut = False  # the init would read the bias before it is made
         inside = can_cut and draw(st.integers(0, 3)) == 0
         found.append(DistractorSpec(kind, c, draw(st.booleans()), inside))
     return tuple(found)
@@ -248,9 +254,42 @@ def _leaf_blocks(func):
     return [block for block in found if block.name_hint != "root"]
 
 
+def _lower_to_plain_loops(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` through TVM's own S-TIR lowering, which leaves plain loops without SBlocks."""
+    passes = tvm.transform.Sequential(
+        [
+            s_tir.transform.LowerInitBlock(),
+            s_tir.transform.ConvertBlocksToOpaque(),
+            s_tir.transform.CompactBufferAllocation(),
+            s_tir.transform.LowerMatchBuffer(),
+            s_tir.transform.LowerOpaqueBlock(),
+            tirx.transform.StmtSimplify(),
+        ]
+    )
+    return passes(tvm.IRModule({"main": func}))["main"]
+
+
+@st.composite
+def lowered_programs(draw, **options) -> Program:
+    """A positive, near miss or scheduled positive after TVM's lowering: plain loops.
+
+    The result's ``chains`` is empty (the lowered nests have no block names to expect); use
+    these for the properties that need no labels, as :func:`scheduled_programs`.
+    """
+    sources = (programs(**options), mutants(**options), scheduled_programs(**options))
+    program = draw(st.one_of(*sources))
+    func = _lower_to_plain_loops(program.func).with_attr("global_symbol", program.spec.name)
+    return Program(program.spec, func, (), program.bindings)
+
+
 def all_programs(**options) -> st.SearchStrategy[Program]:
-    """Positives, near misses and scheduled positives."""
-    return st.one_of(programs(**options), mutants(**options), scheduled_programs(**options))
+    """Positives, near misses, scheduled positives, and all of them lowered to plain loops."""
+    return st.one_of(
+        programs(**options),
+        mutants(**options),
+        scheduled_programs(**options),
+        lowered_programs(**options),
+    )
 
 
 __all__ = [
@@ -260,6 +299,7 @@ __all__ = [
     "any_programs",
     "chain_specs",
     "distractor_specs",
+    "lowered_programs",
     "mutant_specs",
     "mutants",
     "program_specs",
