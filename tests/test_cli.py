@@ -224,7 +224,9 @@ def test_explain_gives_the_nearest_pattern_and_the_reason(capsys):
     assert table["bias_by_row", "T_add"].endswith(
         "bias b is indexed by the row vi; the pattern needs the column vj"
     )
-    assert table["init_one", "dense"].endswith("the reduction is initialised to 1.0, not 0 or a bias b[j]")
+    assert table["init_one", "dense"].endswith(
+        "the reduction is initialised to 1.0, not 0 or a bias b[j]"
+    )
     assert table["init_one", "T_add"].split()[2] == "-"
     assert "k runs over 0..399 of 800" in table["half_k", "dense"]
 
@@ -452,7 +454,7 @@ def test_an_internal_error_is_one_line_without_debug(capsys, monkeypatch):
     def broken(*_args, **_kwargs):
         raise RuntimeError("something inside broke\nsecond line")
 
-    monkeypatch.setattr(cli, "scan", broken)
+    monkeypatch.setattr(cli, "plan", broken)
     status, out, err = run(capsys, "scan", MLP)
     assert status == 1 and out == ""
     assert err == (

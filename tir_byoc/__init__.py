@@ -5,6 +5,7 @@ registered library kernel, and leave everything else to TVM's schedules.
 
 Entry points
 ------------
+plan(mod)            what each PrimFunc matches and which intrinsic serves each match, once
 scan(mod)            the matches, with the intrinsic chosen for each (or why none)
 explain(mod)         blocks that looked like candidates but were refused, and why
 offload(mod)         the rewritten module (also the module pass ``Offload``)
@@ -19,10 +20,12 @@ from .export import export_library
 from .match import FunctionScan, Match, Rejection
 from .offload import Offload, explain, offload, scan
 from .patterns import PATTERNS, Pattern, describe
+from .planning import Plan, plan
 from .registry import (
     REGISTRY,
     Backend,
     BackendUnavailable,
+    Choice,
     Intrinsic,
     LinkSpec,
     Registry,
@@ -38,6 +41,7 @@ __all__ = [
     "REGISTRY",
     "Backend",
     "BackendUnavailable",
+    "Choice",
     "DtypeSignature",
     "FunctionScan",
     "Intrinsic",
@@ -45,6 +49,7 @@ __all__ = [
     "Match",
     "Offload",
     "Pattern",
+    "Plan",
     "Registry",
     "Rejection",
     "RewriteError",
@@ -53,6 +58,7 @@ __all__ = [
     "explain",
     "export_library",
     "offload",
+    "plan",
     "register_backend",
     "register_intrinsic",
     "scan",

@@ -30,8 +30,9 @@ import tvm
 from tvm import tirx
 
 from . import toolchain, tvmscript
-from .match import Match, Rejection, is_s_tir
-from .offload import explain, offload, scan
+from .match import Rejection, is_s_tir
+from .offload import apply
+from .planning import Choice, Plan, plan
 from .registry import REGISTRY, backend_order
 from .rewrite import RewriteError
 from .toolchain import ToolchainError
@@ -151,7 +152,7 @@ def _extent(expr) -> int | str:
     return str(expr)
 
 
-def match_record(definition: Definition, match: Match) -> dict:
+def match_record(definition: Definition, match: Choice) -> dict:
     """The ``--json`` object of ``scan`` for one match (schema in the README)."""
     intrinsic = REGISTRY[match.intrinsic] if match.intrinsic else None
     return {
@@ -271,13 +272,18 @@ def _function_label(definition: Definition, func: str, qualify: bool) -> str:
 # --------------------------------------------------------------------------------------
 
 
-def _scan_rows(definitions, args) -> list[tuple[Definition, Match]]:
+def _plans(definitions, args) -> list[tuple[Definition, Plan]]:
+    """One plan per definition: the single scan of its functions that a command reads."""
+    return [(d, plan(d.module, backends=args.backends)) for d in definitions]
+
+
+def _scan_rows(plans, args) -> list[tuple[Definition, Choice]]:
     func = getattr(args, "func", None)
     return [
-        (definition, match)
-        for definition in definitions
-        for match in scan(definition.module, backends=args.backends)
-        if func is None or match.func == func
+        (definition, choice)
+        for definition, planned in plans
+        for choice in planned.choices
+        if func is None or choice.func == func
     ]
 
 
@@ -305,7 +311,8 @@ def cmd_scan(args, out: _Output) -> int:
     """``scan FILE.py``: every chain found, with the intrinsic chosen or why none was."""
     _check_backends(args)
     definitions = _definitions(args)
-    rows = _scan_rows(definitions, args)
+    plans = _plans(definitions, args)
+    rows = _scan_rows(plans, args)
     if args.json:
         out.json([match_record(d, m) for d, m in rows])
         return EXIT_OK
@@ -315,12 +322,7 @@ def cmd_scan(args, out: _Output) -> int:
     served = sum(1 for _, m in rows if m.intrinsic)
     functions = sum(len(_functions(d)) for d in definitions) if args.func is None else 1
     summary = f"{len(rows)} chain(s) in {functions} PrimFunc(s), {served} with an intrinsic"
-    refused = [
-        r
-        for d in definitions
-        for r in explain(d.module)
-        if args.func is None or r.func == args.func
-    ]
+    refused = [r for _, planned in plans for r in planned.rejections if args.func in (None, r.func)]
     if refused:
         summary += f"; {len(refused)} candidate block(s) refused: tir-byoc explain {args.file}"
     out.note(summary)
@@ -333,7 +335,7 @@ def cmd_explain(args, out: _Output) -> int:
     rows = [
         (definition, rejection)
         for definition in definitions
-        for rejection in explain(definition.module)
+        for rejection in plan(definition.module, fold_transposes=False).rejections
         if args.func is None or rejection.func == args.func
     ]
     if args.json:
@@ -365,11 +367,12 @@ def cmd_offload(args, out: _Output) -> int:
     if not output.parent.is_dir():
         raise UsageError(f"{output}: directory {output.parent} does not exist")
     definitions = _definitions(args)
-    rows = _scan_rows(definitions, args)
+    plans = _plans(definitions, args)
+    rows = _scan_rows(plans, args)
     offloaded = []
-    for definition in definitions:
+    for definition, planned in plans:
         try:
-            module = offload(definition.module, backends=args.backends, strict=args.strict)
+            module = apply(planned, strict=args.strict)
         except ValueError as err:  # strict, and some match has no intrinsic
             raise Failed(_one_line(err)) from None
         offloaded.append(definition.replaced(module))

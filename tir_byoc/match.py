@@ -68,10 +68,6 @@ class Match:
     relu_nan : str or None
         For a pattern with relu: what its TIR spelling makes of a NaN,
         :data:`RELU_NAN_TO_ZERO` (``max(z, 0)``) or :data:`RELU_KEEPS_NAN` (``max(0, z)``).
-    intrinsic : str or None
-        The registered intrinsic chosen for this match, or None.
-    reason : str or None
-        Why no intrinsic was chosen, when ``intrinsic`` is None.
     """
 
     func: str
@@ -88,8 +84,6 @@ class Match:
     intermediates: tuple[ir.Var, ...] = ()
     stmts: tuple[tirx.Stmt, ...] = field(default=(), repr=False, compare=False)
     relu_nan: str | None = None
-    intrinsic: str | None = None
-    reason: str | None = None
 
     @property
     def shape(self) -> tuple[str, str, str]:

@@ -61,9 +61,10 @@ from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 
 from . import toolchain
 from .export import export_library
-from .match import Match, is_s_tir
-from .offload import explain, offload, scan
-from .registry import REGISTRY, Registry
+from .match import is_s_tir
+from .offload import apply
+from .planning import Plan, plan
+from .registry import REGISTRY, Choice, Registry
 from .rewrite import INTRINSIC_ATTR, RewriteError, rewrite_function
 
 __all__ = [
@@ -206,9 +207,18 @@ class OffloadRule(PyScheduleRule):
         self.offload = _check_mode(offload)
         self.backends = backends
         self.registry = registry
+        self._plans: dict[tirx.PrimFunc, Plan] = {}  # the last function's plan, for its blocks
 
     def _initialize_with_tune_context(self, context) -> None:
         return None
+
+    def _plan(self, func: tirx.PrimFunc) -> Plan:
+        """The plan of ``func``, computed once while the rule visits the blocks of one state."""
+        planned = self._plans.get(func)
+        if planned is None:
+            planned = plan(func, backends=self.backends, registry=self.registry)
+            self._plans = {func: planned}
+        return planned
 
     def apply(self, sch: s_tir.Schedule, block: s_tir.SBlockRV) -> list[s_tir.Schedule]:
         # Step 1. Only the first block of a chain that reaches the rule decides for the chain.
@@ -216,8 +226,8 @@ class OffloadRule(PyScheduleRule):
         if stmt.annotations and CHOICE_ATTR in stmt.annotations:
             return [sch]
         gvar, func = _only_function(sch.mod)
-        matches = scan(func, backends=self.backends, registry=self.registry)
-        match = next((m for m in matches if stmt.name_hint in m.blocks), None)
+        choices = self._plan(func).choices
+        match = next((m for m in choices if stmt.name_hint in m.blocks), None)
         if match is None:
             return [sch]
         if match.intrinsic is None:
@@ -328,11 +338,11 @@ class OffloadPostproc(PyPostproc):
         choices = _block_choices(func)
         if choices and "offload" not in choices.values():
             return func  # every chain was left to TVM: nothing to match
-        matches = scan(func, backends=self.backends, registry=self.registry)
+        found = plan(func, backends=self.backends, registry=self.registry)
         chosen = {b for b, choice in choices.items() if choice == "offload"}
         # Step 2. Each match is offloaded if chosen (or, unmarked, if it has an intrinsic).
         planned = []
-        for match in matches:
+        for match in found.choices:
             marks = {choices.get(b) for b in match.blocks} - {None}
             if "native" in marks and "offload" not in marks:
                 continue
@@ -343,12 +353,12 @@ class OffloadPostproc(PyPostproc):
                         f"intrinsic serves them: {match.reason}"
                     )
                 continue
-            planned.append((match, self.registry[match.intrinsic]))
+            planned.append((match.match, self.registry[match.intrinsic]))
         # Step 3. A chosen block the matcher no longer covers: the candidate is scrambled.
         covered = {b for match, _ in planned for b in match.blocks}
         lost = sorted(chosen - covered)
         if lost:
-            why = [r.reason for r in explain(func) if set(r.blocks) & set(lost)]
+            why = [r.reason for r in found.rejections if set(r.blocks) & set(lost)]
             detail = why[0] if why else "they no longer form a chain with the same blocks"
             raise CandidateRejected(
                 f"blocks {', '.join(lost)} were chosen for offload but do not match any more: "
@@ -734,7 +744,7 @@ def _split_options(options: dict) -> tuple[dict, dict, dict]:
     return own, context, {k: options[k] for k in _MS_OPTIONS if k in options}
 
 
-def _variants(func: tirx.PrimFunc, matches: list[Match], offload: str) -> tuple[str, ...] | str:
+def _variants(func: tirx.PrimFunc, matches: list[Choice], offload: str) -> tuple[str, ...] | str:
     """The variants to tune ``func`` in, or why it gets no task."""
     if not is_s_tir(func):
         return "not an S-TIR function"
@@ -748,13 +758,14 @@ def _variants(func: tirx.PrimFunc, matches: list[Match], offload: str) -> tuple[
     return ("offload", "native")
 
 
-def _plan_tasks(functions: dict, own: dict) -> tuple[list[_Task], dict[str, str]]:
-    """The tasks to tune, and the functions that get none (with the reason)."""
+def _plan_tasks(functions: dict, own: dict) -> tuple[list[_Task], dict[str, str], dict]:
+    """The tasks to tune, the functions that get none (with the reason), and every plan."""
     tasks: list[_Task] = []
     untuned: dict[str, str] = {}
+    plans = {}
     for name, func in functions.items():
-        matches = scan(func, backends=own["backends"], registry=own["registry"])
-        variants = _variants(func, matches, own["offload"])
+        plans[name] = plan(func, backends=own["backends"], registry=own["registry"])
+        variants = _variants(func, plans[name].choices, own["offload"])
         if isinstance(variants, str):
             untuned[name] = variants
             continue
@@ -774,7 +785,7 @@ def _plan_tasks(functions: dict, own: dict) -> tuple[list[_Task], dict[str, str]
                 workload = _normalize_mod(base["main"].with_attr(VARIANT_ATTR, variant))
             task_name = name if variant == "plain" else f"{name}@{variant}"
             tasks.append(_Task(task_name, key, workload, variant, [name]))
-    return tasks, untuned
+    return tasks, untuned, plans
 
 
 def _database(ms_options: dict, work_dir: str) -> ms.database.Database:
@@ -878,7 +889,7 @@ def _best_ms(database, task: _Task, target) -> float | None:
     return seconds * 1e3 if seconds < _FAILED_RUN else None
 
 
-def _decide(name, tasks, functions, database, target, counter, own) -> FunctionReport:
+def _decide(name, tasks, functions, database, target, counter, own, planned) -> FunctionReport:
     """Replay the faster variant's best record into ``functions[name]``; report the choice."""
     best = {t.variant: _best_ms(database, t, target) for t in tasks}
     measured = {v: ms_ for v, ms_ in best.items() if ms_ is not None}
@@ -887,7 +898,7 @@ def _decide(name, tasks, functions, database, target, counter, own) -> FunctionR
     if not measured:
         note = "no valid measured candidate; chains offloaded, the rest left unscheduled"
         logger.warning("%s: %s", name, note)
-        functions[name] = _offload_whole(original, own)
+        functions[name] = apply(planned)
         intrinsics = _intrinsics(functions[name])
         return FunctionReport(
             name, "offload" if intrinsics else "none", trials, intrinsics=intrinsics, note=note
@@ -911,10 +922,6 @@ def _decide(name, tasks, functions, database, target, counter, own) -> FunctionR
     )
 
 
-def _offload_whole(func: tirx.PrimFunc, own) -> tirx.PrimFunc:
-    return offload(func, backends=own["backends"], registry=own["registry"])
-
-
 def _tune_functions(functions, target, work_dir, max_trials_global, options):
     """The core of :func:`tune_tir` and :func:`tune_relax`: named PrimFuncs in, tuned out."""
     own, context, ms_options = _split_options(options)
@@ -922,12 +929,12 @@ def _tune_functions(functions, target, work_dir, max_trials_global, options):
     os.makedirs(work_dir, exist_ok=True)
     functions = dict(functions)
     # Step 1. Which functions are tuned (in which variants), offloaded whole, or left alone.
-    tasks, untuned = _plan_tasks(functions, own)
+    tasks, untuned, plans = _plan_tasks(functions, own)
     reports = {}
     for name, reason in untuned.items():
         choice = "unchanged"
         if reason == "whole function offloaded":
-            functions[name] = _offload_whole(functions[name], own)
+            functions[name] = apply(plans[name])
             choice = "offload-untuned"
         reports[name] = FunctionReport(
             name, choice, intrinsics=_intrinsics(functions[name]), note=reason
@@ -941,7 +948,9 @@ def _tune_functions(functions, target, work_dir, max_trials_global, options):
         for name in functions:
             mine = [t for t in tasks if name in t.members]
             if mine:
-                reports[name] = _decide(name, mine, functions, database, target, counter, own)
+                reports[name] = _decide(
+                    name, mine, functions, database, target, counter, own, plans[name]
+                )
     # Step 3. Load the libraries the result calls, so that tvm.compile resolves them here.
     registry = own["registry"]
     for backend in sorted({registry[i].backend for r in reports.values() for i in r.intrinsics}):

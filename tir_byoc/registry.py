@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .match import RELU_KEEPS_NAN, RELU_NAN_TO_ZERO, Match
@@ -183,6 +183,35 @@ class Intrinsic:
         if self.check is not None:
             return self.check(match)
         return None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A match and the intrinsic chosen to serve it.
+
+    Made by :func:`choose`.  A Choice reads as its match too (``choice.pattern`` is
+    ``choice.match.pattern``), so the records :func:`tir_byoc.scan` returns carry both what
+    was found and what serves it.
+
+    Attributes
+    ----------
+    match : Match
+        What the matcher found.
+    intrinsic : str or None
+        The registered intrinsic that serves it, or None.
+    reason : str or None
+        Why no intrinsic serves it, when ``intrinsic`` is None.
+    """
+
+    match: Match
+    intrinsic: str | None = None
+    reason: str | None = None
+
+    def __getattr__(self, name):
+        # Only called for names a Choice does not have: the match's fields.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.match, name)
 
 
 class Registry:
@@ -356,8 +385,8 @@ def choose(
     registry: Registry,
     unavailable: Callable[[str], str | None],
     order: tuple[str, ...] | None = None,
-) -> Match:
-    """Return ``match`` with ``intrinsic`` set to the best intrinsic, or ``reason`` saying why none.
+) -> Choice:
+    """The best intrinsic for ``match``, or the reason none can serve it.
 
     Parameters
     ----------
@@ -375,13 +404,11 @@ def choose(
         candidates.sort(key=lambda i: (-i.priority, i.name))
     if not candidates:
         allowed = f" among backends {list(order)}" if order is not None else ""
-        return replace(
-            match, intrinsic=None, reason=f"no intrinsic registered for {match.pattern}{allowed}"
-        )
+        return Choice(match, None, f"no intrinsic registered for {match.pattern}{allowed}")
     reasons = []
     for intrinsic in candidates:
         reason = intrinsic.unsupported(match) or unavailable(intrinsic.backend)
         if reason is None:
-            return replace(match, intrinsic=intrinsic.name, reason=None)
+            return Choice(match, intrinsic.name)
         reasons.append(f"{intrinsic.name}: {reason}")
-    return replace(match, intrinsic=None, reason="; ".join(reasons))
+    return Choice(match, None, "; ".join(reasons))

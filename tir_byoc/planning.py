@@ -1,0 +1,174 @@
+"""The plan: what each PrimFunc of a module matches, and which intrinsic serves each match.
+
+Entry point: :func:`plan`.  It scans every PrimFunc once (:func:`tir_byoc.match.scan_function`)
+and chooses an intrinsic per match (:func:`tir_byoc.registry.choose`); the results are a
+:class:`Plan`.  Everything else is a view of one: :func:`tir_byoc.scan` lists its choices,
+:func:`tir_byoc.explain` its rejections, :func:`tir_byoc.offload` rewrites what it chose, and
+the command line and the MetaSchedule rule and postproc read plans too, so no call scans a
+function twice.
+
+Who calls whom: ``plan`` -> ``match.scan_function`` (the matcher), ``registry.choose`` (the
+choice), ``toolchain.unavailable`` (whether a backend can be built), and for Relax modules
+``relax_transpose.fold_weight_transposes``, whose own planning of each folded callee is kept
+and reused.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import tvm
+from tvm import relax, tirx
+
+from . import relax_transpose, toolchain
+from .match import FunctionScan, Match, Rejection, scan_function
+from .registry import REGISTRY, Choice, Intrinsic, Registry, backend_order, choose
+
+logger = logging.getLogger("tir_byoc")
+
+
+@dataclass(frozen=True)
+class FunctionPlan:
+    """One PrimFunc: its scan and the choice for each of its matches."""
+
+    gvar: tvm.ir.GlobalVar
+    func: tirx.PrimFunc
+    scan: FunctionScan
+    choices: tuple[Choice, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a module's PrimFuncs match and which intrinsics serve them.
+
+    Attributes
+    ----------
+    module : tvm.IRModule
+        The module planned: the input, with weight transposes folded for Relax modules.
+    functions : tuple of FunctionPlan
+        One per PrimFunc, in module order.
+    registry : Registry
+        Where the chosen intrinsics are registered.
+    wrapped : bool
+        The input was a single PrimFunc (wrapped into ``module``).
+    """
+
+    module: tvm.IRModule
+    functions: tuple[FunctionPlan, ...]
+    registry: Registry
+    wrapped: bool = False
+
+    @property
+    def choices(self) -> list[Choice]:
+        return [c for f in self.functions for c in f.choices]
+
+    @property
+    def rejections(self) -> list[Rejection]:
+        return [r for f in self.functions for r in f.scan.rejections]
+
+    def offloaded(self, function: FunctionPlan) -> Iterator[tuple[Match, Intrinsic]]:
+        """The matches of ``function`` that have an intrinsic, with that intrinsic."""
+        for choice in function.choices:
+            if choice.intrinsic is not None:
+                yield choice.match, self.registry[choice.intrinsic]
+
+    @property
+    def backends(self) -> set[str]:
+        """The backends whose intrinsics the plan chose."""
+        return {self.registry[c.intrinsic].backend for c in self.choices if c.intrinsic}
+
+
+def as_module(mod_or_func) -> tuple[tvm.IRModule, bool]:
+    """``(module, wrapped)``: a PrimFunc is wrapped into a module named after its symbol."""
+    if isinstance(mod_or_func, tirx.PrimFunc):
+        attrs = mod_or_func.attrs
+        name = attrs["global_symbol"] if attrs and "global_symbol" in attrs else "main"
+        return tvm.IRModule({str(name): mod_or_func}), True
+    if isinstance(mod_or_func, tvm.IRModule):
+        return mod_or_func, False
+    raise TypeError(
+        f"tir_byoc: expected a tvm.IRModule or a tvm.tirx.PrimFunc, "
+        f"got {type(mod_or_func).__name__}"
+    )
+
+
+class _Planner:
+    """Scans each (name, function) once and chooses intrinsics for its matches."""
+
+    def __init__(self, backends, registry: Registry):
+        self.registry = registry
+        self.order = backend_order(backends, registry)
+        self._scans: dict[tuple[str, tirx.PrimFunc], tuple[FunctionScan, tuple[Choice, ...]]] = {}
+
+    def _unavailable(self, backend: str) -> str | None:
+        return toolchain.unavailable(backend, self.registry)
+
+    def function(self, gvar: tvm.ir.GlobalVar, func: tirx.PrimFunc) -> FunctionPlan:
+        key = (gvar.name_hint, func)
+        if key not in self._scans:
+            found = scan_function(gvar.name_hint, func)
+            choices = tuple(
+                choose(m, self.registry, self._unavailable, self.order) for m in found.matches
+            )
+            self._scans[key] = (found, choices)
+        return FunctionPlan(gvar, func, *self._scans[key])
+
+    def module(self, mod: tvm.IRModule) -> tuple[FunctionPlan, ...]:
+        return tuple(
+            self.function(gvar, func)
+            for gvar, func in mod.functions_items()
+            if isinstance(func, tirx.PrimFunc)
+        )
+
+    def fold_transposes(self, mod: tvm.IRModule) -> tvm.IRModule:
+        """Relax modules: matmuls on a transposed weight become dense on the original weight."""
+        if not any(isinstance(f, relax.Function) for f in mod.functions.values()):
+            return mod
+
+        def served(name, func, weight) -> bool:
+            planned = self.function(tvm.ir.GlobalVar(name), func)
+            return any(c.intrinsic and c.match.w.same_as(weight) for c in planned.choices)
+
+        folded, report = relax_transpose.fold_weight_transposes(mod, served)
+        for refusal in report.refusals:
+            logger.info("%s", refusal)
+        return folded
+
+
+def plan(
+    mod_or_func,
+    *,
+    backends: Iterable[str] | str | None = None,
+    registry: Registry = REGISTRY,
+    fold_transposes: bool = True,
+) -> Plan:
+    """Scan every PrimFunc of ``mod_or_func`` once and choose an intrinsic per match.
+
+    Parameters
+    ----------
+    mod_or_func : tvm.IRModule or tvm.tirx.PrimFunc
+        TIR or Relax module, or one PrimFunc.  Not modified.
+    backends : str or iterable of str, optional
+        Backends allowed, most preferred first (default: ``$TIR_BYOC_BACKENDS``, else all by
+        intrinsic priority).
+    registry : Registry, optional
+        Where intrinsics are looked up.
+    fold_transposes : bool
+        Relax modules: plan a matmul whose weight is a ``transpose`` of another tensor as
+        dense on that tensor, and drop the transpose when nothing else uses it (see
+        :mod:`tir_byoc.relax_transpose`).
+
+    Returns
+    -------
+    Plan
+    """
+    mod, wrapped = as_module(mod_or_func)
+    planner = _Planner(backends, registry)
+    if fold_transposes and not wrapped:
+        mod = planner.fold_transposes(mod)
+    return Plan(mod, planner.module(mod), registry, wrapped)
+
+
+__all__ = ["Choice", "FunctionPlan", "Plan", "as_module", "plan"]
