@@ -1,6 +1,7 @@
 """The rewriter: turn matches into sequential extern calls.  The only module that builds IR.
 
-Entry point: :func:`rewrite_function`.  Each :class:`~tir_byoc.match.Match` becomes one opaque
+Entry point: :func:`rewrite_function`; :func:`intrinsic_calls` counts what a rewritten
+function calls.  Each :class:`~tir_byoc.match.Match` becomes one opaque
 SBlock, at the place of the last block of its chain::
 
     with T.sblock("dense_bias_relu_ref"):
@@ -31,6 +32,19 @@ from .signature import RELU_KEEPS_NAN_FLAG
 INTRINSIC_ATTR = "tir_byoc.intrinsic"
 #: Block annotation listing the blocks it replaced.
 BLOCKS_ATTR = "tir_byoc.blocks"
+
+
+def intrinsic_calls(func: tirx.PrimFunc) -> dict[str, int]:
+    """How many offloaded blocks of ``func`` call each intrinsic, by intrinsic name."""
+    counts: dict[str, int] = {}
+
+    def on_block(block):
+        if block.annotations and INTRINSIC_ATTR in block.annotations:
+            name = str(block.annotations[INTRINSIC_ATTR])
+            counts[name] = counts.get(name, 0) + 1
+
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, on_block))
+    return counts
 
 
 class RewriteError(RuntimeError):
