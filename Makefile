@@ -1,5 +1,10 @@
 # Entry points: `make demo`, `make test`, and `make bench` (not run by CI). Each creates .venv if needed, installs the
 # project with pinned dependencies, then runs.
+#
+# What gets installed is what pyproject.toml declares, nothing else: requirements-lock.txt only
+# constrains versions (-c for the packages, --build-constraint for the build backend), so a
+# run-time dependency missing from pyproject.toml is missing here too and the tests fail.
+# A .venv made by an older recipe may hold more; `make clean` first to start from scratch.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -9,11 +14,12 @@ STAMP := $(VENV)/.installed
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
+	$(BIN)/python -m pip install --quiet --upgrade "pip>=25.3"
+
+LOCK := -c requirements-lock.txt --build-constraint requirements-lock.txt
 
 $(STAMP): $(BIN)/python pyproject.toml requirements-lock.txt
-	$(BIN)/python -m pip install --quiet -r requirements-lock.txt
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet $(LOCK) -e ".[dev]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -27,7 +33,7 @@ test: $(STAMP)
 BENCH_STAMP := $(VENV)/.installed-bench
 
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e ".[dev,bench]"
+	$(BIN)/python -m pip install --quiet $(LOCK) -e ".[dev,bench]"
 	touch $(BENCH_STAMP)
 
 # Every implementation side by side; results in benchmarks/results/ (table, CSV, PNG).

@@ -733,17 +733,65 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} logical cores, Linux {platform.release()}"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (status 2), as the ``tir-byoc`` command line has them."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _names(names) -> str:
+    return ", ".join(repr(name) for name in names)
+
+
+def check_selection(parser: argparse.ArgumentParser, args) -> None:
+    """Refuse, before anything runs, filters that name nothing or together select nothing."""
+    if args.child:  # the parent already checked what it passes on
+        return
+    workloads = [w.name for w in WORKLOADS]
+    for name in args.workloads or ():
+        if name not in workloads:
+            parser.error(
+                f"--workload {name!r} is not a workload; expected one of {_names(workloads)}; "
+                "the seed MLP is not selected by name (it runs unless --no-mlp)"
+            )
+    implementations = list(dict.fromkeys((*LAYER_IMPLEMENTATIONS, *MLP_IMPLEMENTATIONS)))
+    for name in args.only or ():
+        if name not in implementations:
+            parser.error(
+                f"--only {name!r} is not an implementation; expected one of "
+                f"{_names(implementations)}"
+            )
+    if args.no_mlp and args.only and not set(args.only) & set(LAYER_IMPLEMENTATIONS):
+        parser.error(
+            f"--only {_names(args.only)} with --no-mlp selects nothing: those run only on the "
+            f"seed MLP; the layer workloads run {_names(LAYER_IMPLEMENTATIONS)}"
+        )
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds} measures nothing; expected 1 or more")
+    if not args.budget > 0:
+        parser.error(f"--budget {args.budget}: expected seconds of timing per cell, above 0")
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=float, default=1.0, help="seconds of timing per cell")
     parser.add_argument("--trials", type=int, default=64, help="MetaSchedule trials per workload")
     parser.add_argument(
         "--ms-max-gflop", type=float, default=5.0, help="no MetaSchedule above this size"
     )
     parser.add_argument(
-        "--workload", dest="workloads", action="append", help="only this workload (repeatable)"
+        "--workload",
+        dest="workloads",
+        action="append",
+        help=f"only this layer workload (repeatable): {_names(w.name for w in WORKLOADS)}",
     )
-    parser.add_argument("--only", action="append", help="only this implementation (repeatable)")
+    parser.add_argument(
+        "--only",
+        action="append",
+        help="only this implementation (repeatable): "
+        + _names(dict.fromkeys((*LAYER_IMPLEMENTATIONS, *MLP_IMPLEMENTATIONS))),
+    )
     parser.add_argument("--no-mlp", action="store_true", help="skip the end-to-end MLP")
     parser.add_argument("--matcher", action="store_true", help="time the matcher instead")
     parser.add_argument(
@@ -758,6 +806,7 @@ def main(argv=None) -> int:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--mlp", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    check_selection(parser, args)
     if args.child:
         print(json.dumps(child(args)))
         return 0

@@ -1,0 +1,41 @@
+"""benchmarks/run.py refuses a selection that names nothing, in one line, before anything runs."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+RUN = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
+
+
+def _run(*argv):
+    return subprocess.run(
+        [sys.executable, str(RUN), *argv], capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (
+            ["--workload", "nosuchname"],
+            "--workload 'nosuchname' is not a workload; expected one of",
+        ),
+        (["--only", "nosuchname"], "--only 'nosuchname' is not an implementation; expected one of"),
+        (["--only", "Relax unscheduled", "--no-mlp"], "selects nothing"),
+        (["--rounds", "0"], "--rounds 0 measures nothing"),
+        (["--budget", "0"], "--budget 0.0: expected seconds of timing per cell"),
+    ],
+    ids=["workload", "implementation", "mlp-only-without-mlp", "rounds", "budget"],
+)
+def test_a_selection_of_nothing_is_one_line_and_status_2(argv, expected):
+    result = _run(*argv)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert expected in result.stderr
+
+
+def test_the_valid_names_are_listed():
+    result = _run("--workload", "nosuchname")
+    assert "'64x800->500 +bias+relu'" in result.stderr and "'1x4096->4096'" in result.stderr
