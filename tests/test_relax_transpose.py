@@ -69,6 +69,21 @@ def test_relax_transpose_is_recognised():
     assert transpose_refusal(lowered_mlp()["transpose"]) is None
 
 
+@T.prim_func(s_tir=True)
+def transpose_with_compact_strides(
+    A: T.Buffer((5, 6), "float32", strides=(6, 1)), B: T.Buffer((6, 5), "float32", strides=(5, 1))
+):
+    for i, j in T.grid(6, 5):
+        with T.sblock("T_transpose"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            B[vi, vj] = A[vj, vi]
+
+
+def test_the_fold_reads_a_transpose_as_the_matcher_reads_buffers():
+    # Explicit compact strides are compact to the matcher; the fold agrees (it used to refuse).
+    assert transpose_refusal(transpose_with_compact_strides) is None
+
+
 @pytest.mark.parametrize(
     ("func", "reason"),
     [

@@ -26,11 +26,21 @@ from dataclasses import dataclass, field
 
 import tvm
 import tvm_ffi
-from tvm import ir, relax, s_tir, tirx
+from tvm import ir, relax, tirx
 from tvm.tirx import _ffi_api as _tirx_ffi
 
+from .match.records import Refused
+from .match.stir import (
+    Extents,
+    Nest,
+    check_binding,
+    compact_global,
+    is_s_tir,
+    is_spatial,
+    unwrap_nest,
+)
+
 _CALL_TIR = ir.Op.get("relax.call_tir")
-_DATA_PAR = 0
 
 
 @dataclass(frozen=True)
@@ -70,33 +80,16 @@ class FoldReport:
 # --------------------------------------------------------------------------------------
 
 
-def _const(expr):
-    return expr.value if isinstance(expr, tirx.IntImm) else None
-
-
 def _compact_2d(var) -> bool:
-    ty = var.ty
-    return (
-        len(ty.shape) == 2
-        and not list(ty.strides)
-        and ty.layout is None
-        and str(ty.storage_scope) in ("global", "")
-    )
-
-
-def _leaf_nest(stmt):
-    """(loops, realize) of a perfect loop nest around one leaf SBlock, else None."""
-    loops = []
-    while isinstance(stmt, tirx.For):
-        loops.append(stmt)
-        stmt = stmt.body
-    if isinstance(stmt, s_tir.SBlockRealize) and isinstance(stmt.block.body, tirx.BufferStore):
-        return loops, stmt
-    return None
+    return len(var.ty.shape) == 2 and compact_global(var) is None
 
 
 def transpose_refusal(func: tirx.PrimFunc) -> str | None:
-    """Why ``func`` is not provably ``B[i, j] = A[j, i]`` over all of B, or None if it is."""
+    """Why ``func`` is not provably ``B[i, j] = A[j, i]`` over all of B, or None if it is.
+
+    The loop nest, its binding and the buffers are read with the matcher's own S-TIR facts
+    (:mod:`tir_byoc.match.stir`), so the fold and the matcher agree on what they accept.
+    """
     params = list(func.params)
     if len(params) != 2 or not all(tirx.is_buffer_var(p) for p in params):
         return f"takes {len(params)} parameters, a transpose takes two buffers"
@@ -105,48 +98,38 @@ def transpose_refusal(func: tirx.PrimFunc) -> str | None:
         return "its buffers are not compact 2-D global arrays"
     if str(a.ty.dtype) != str(b.ty.dtype):
         return f"converts {a.ty.dtype} to {b.ty.dtype}"
-    analyzer = tvm.sym.Analyzer()
-
-    def same(x, y) -> bool:
-        return bool(analyzer.can_prove_equal(tirx.Cast("int64", x), tirx.Cast("int64", y)))
-
-    if not (same(a.ty.shape[0], b.ty.shape[1]) and same(a.ty.shape[1], b.ty.shape[0])):
+    extents = Extents()
+    (a_rows, a_cols), (b_rows, b_cols) = a.ty.shape, b.ty.shape
+    if not (extents.equal(a_rows, b_cols) and extents.equal(a_cols, b_rows)):
         return f"shapes {list(a.ty.shape)} -> {list(b.ty.shape)} are not transposed"
-    root = func.body
-    if not isinstance(root, s_tir.SBlockRealize):
+    if not is_s_tir(func):
         return "not an S-TIR function"
-    block = root.block
+    block = func.body.block
     if block.alloc_buffers or block.match_buffers or block.init is not None:
         return "its root block allocates or declares buffers"
-    nest = _leaf_nest(block.body)
-    if nest is None:
+    found = unwrap_nest(block.body)
+    if found is None:
         return "its body is not one loop nest around one block"
-    loops, realize = nest
-    leaf = realize.block
-    store = leaf.body
+    nest = Nest(block.body, *found, block=found[1].block, seq=-1, index=0)
+    leaf = nest.block
     if (
-        len(loops) != 2
-        or len(leaf.iter_vars) != 2
-        or any(iv.iter_type != _DATA_PAR for iv in leaf.iter_vars)
+        len(leaf.iter_vars) != 2
+        or not is_spatial(leaf)
         or leaf.init is not None
         or leaf.alloc_buffers
         or leaf.match_buffers
-        or _const(realize.predicate) != 1
     ):
         return f"block {leaf.name_hint} is not a plain 2-D elementwise block"
-    # The iterators are bound to the two loops in order, each covering a whole axis of B.
-    bindings = zip(loops, leaf.iter_vars, realize.iter_values, b.ty.shape)
-    for loop, iter_var, value, extent in bindings:
-        if not (isinstance(value, tirx.Var) and value.same_as(loop.loop_var)):
-            return f"iterator {iter_var.var.name} is not bound to its own loop"
-        if loop.kind == tirx.ForKind.THREAD_BINDING or _const(loop.min) != 0:
-            return f"loop {loop.loop_var.name} is thread-bound or does not start at 0"
-        if _const(iter_var.dom.min) != 0 or not same(iter_var.dom.extent, extent):
+    # The iterators are bound to loops of their own, covering the whole of B in order.
+    try:
+        check_binding(nest, extents)
+    except Refused as refused:
+        return refused.reason
+    for iter_var, extent in zip(leaf.iter_vars, (b_rows, b_cols)):
+        if not extents.equal(iter_var.dom.extent, extent):
             return f"iterator {iter_var.var.name} does not cover the whole axis of {b.name}"
-        if not same(loop.extent, extent):
-            return f"loop {loop.loop_var.name} does not cover the whole axis of {b.name}"
     vi, vj = (iv.var for iv in leaf.iter_vars)
-    load = store.value
+    store, load = leaf.body, leaf.body.value
     if not (
         store.buffer.same_as(b)
         and len(store.indices) == 2

@@ -1,0 +1,42 @@
+"""The matcher: find dense / bias / relu chains in S-TIR PrimFuncs, by semantics.
+
+Entry point: :func:`scan_function`, which returns a :class:`FunctionScan` holding one
+:class:`Match` per chain found and one :class:`Rejection` per block that looked like part of
+a chain but was refused, with the reason.
+
+A chain is a reduction block computing ``Y[i, j] = sum_k X[i, k] * W[., .]`` followed by zero
+or more epilogue blocks (bias add, relu, or both folded into one), linked through
+intermediate buffers that nothing else touches.  Each block is reduced to what it computes
+(roles of its indices, operations, dtypes), never to how it is spelled, and that summary is
+compared with :data:`tir_byoc.patterns.PATTERNS`.  Anything that cannot be proven to compute a
+pattern exactly is refused: a wrong offload is worse than a missed one.
+
+The matcher only reads IR; :mod:`tir_byoc.rewrite` builds the replacement from a Match.
+
+One idea per module, each calling only those listed after it:
+
+- :mod:`.scan`: :func:`scan_function`, the entry point;
+- :mod:`.chain`: grows a chain from a reduction through its epilogues;
+- :mod:`.explain`: reasons for candidates the chain search never reaches;
+- :mod:`.epilogue`: the epilogue recognition, a table of rules keyed by the root operation;
+- :mod:`.reduction`: the GEMM analysis;
+- :mod:`.stir`: S-TIR facts (loop nests, buffer uses, extents, binding and compactness);
+- :mod:`.records`: Match, Rejection, FunctionScan;
+- :mod:`.exprs`: reading expressions, and the words reports use for them.
+"""
+
+from ..patterns import PATTERNS
+from .records import RELU_KEEPS_NAN, RELU_NAN_TO_ZERO, FunctionScan, Match, Rejection
+from .scan import scan_function
+from .stir import is_s_tir
+
+__all__ = [
+    "PATTERNS",
+    "RELU_KEEPS_NAN",
+    "RELU_NAN_TO_ZERO",
+    "FunctionScan",
+    "Match",
+    "Rejection",
+    "is_s_tir",
+    "scan_function",
+]

@@ -1,0 +1,65 @@
+"""Explanations for candidates the chain search never reaches.
+
+:func:`stranded_epilogues` names the elementwise blocks downstream of a refused reduction;
+:func:`unreadable_candidates` names multiply-reduce blocks whose body is not one store.
+Called by :mod:`.scan`.
+"""
+
+from __future__ import annotations
+
+import tvm_ffi
+from tvm import s_tir, tirx
+
+from .records import Rejection
+from .reduction import looks_like_gemm
+from .stir import FunctionIndex, is_spatial
+
+
+def stranded_epilogues(start: int, index: FunctionIndex, func_name: str):
+    """Elementwise blocks downstream of a refused reduction: (position, Rejection) pairs."""
+    rejections, seen = [], {start}
+    pending = [start]
+    while pending:
+        position = pending.pop(0)
+        producer = index.nests[position]
+        written = producer.block.body.buffer
+        for owner in index.owners.get(written, {}):
+            # Nests are indexed in program order: an earlier user (an init) is not downstream.
+            if owner <= position or owner in seen or not is_spatial(index.nests[owner].block):
+                continue
+            seen.add(owner)
+            pending.append(owner)
+            reason = (
+                f"it reads {written.name}, the output of block {producer.name}, which is not "
+                "offloaded"
+            )
+            target = index.nests[owner].name
+            rejections.append((owner, Rejection(func_name, (target,), None, reason)))
+    return rejections
+
+
+STATEMENT_WORDS = {
+    tirx.IfThenElse: "an if statement",
+    tirx.SeqStmt: "several statements",
+    tirx.For: "a loop",
+}
+
+
+def unreadable_candidates(index: FunctionIndex, func_name: str) -> list[Rejection]:
+    """Multiply-reduce blocks whose body is not one store (an if, several statements, ...)."""
+    rejections = []
+    for block in index.inner_blocks:
+        nested = []
+        tvm_ffi.structural_walk(block.body, (s_tir.SBlock, nested.append))
+        if nested or not looks_like_gemm(block):
+            continue
+        body = next(
+            (w for kind, w in STATEMENT_WORDS.items() if isinstance(block.body, kind)),
+            type(block.body).__name__,
+        )
+        reason = (
+            f"the body of block {block.name_hint} is {body}, not a single store "
+            "Y[i, j] = Y[i, j] + X[i, k] * W[.., ..]"
+        )
+        rejections.append(Rejection(func_name, (block.name_hint,), "dense", reason))
+    return rejections

@@ -1,0 +1,103 @@
+"""Reading TIR expressions: constants, dtypes and shapes, and the words reports use for them.
+
+Used by every other module of the matcher; imports none of them.
+"""
+
+from __future__ import annotations
+
+import re
+
+import tvm
+from tvm import ir, tirx
+
+INT_LITERAL = re.compile(r"T\.u?int[0-9]+\((-?[0-9]+)\)")
+
+
+def expr_text(expr) -> str:
+    if isinstance(expr, tirx.IntImm):
+        return str(expr.value)
+    if isinstance(expr, tirx.Var):
+        return expr.name
+    return str(expr)
+
+
+OPERATION_WORDS = {
+    tirx.Add: "a sum (+)",
+    tirx.Sub: "a difference (-)",
+    tirx.Mul: "a product (*)",
+    tirx.Div: "a quotient (/)",
+    tirx.FloorDiv: "a floor division (//)",
+    tirx.FloorMod: "a remainder (%)",
+    tirx.Max: "max()",
+    tirx.Min: "min()",
+    tirx.Select: "select()",
+}
+
+
+def operation_text(expr) -> str:
+    """What an expression computes, in the words of a TVMScript reader."""
+    for kind, words in OPERATION_WORDS.items():
+        if isinstance(expr, kind):
+            return words
+    if isinstance(expr, ir.TensorLoad):
+        return f"a plain read of {expr.source.name}"
+    if isinstance(expr, tirx.Cast):
+        return f"a cast to {dtype_of(expr)}"
+    if isinstance(expr, tvm.ir.Call):
+        return f"a call to {getattr(expr.op, 'name', expr.op)}"
+    value = const_value(expr)
+    if value is not None:
+        return f"the constant {value}"
+    return type(expr).__name__
+
+
+def const_value(expr):
+    """The value of a numeric constant (also through casts), else None."""
+    if isinstance(expr, (int, float)):
+        return expr
+    while isinstance(expr, tirx.Cast):
+        expr = expr.value
+    if isinstance(expr, (tirx.FloatImm, tirx.IntImm)):
+        return expr.value
+    return None
+
+
+def is_zero(expr) -> bool:
+    value = const_value(expr)
+    return value is not None and value == 0
+
+
+def is_element(expr) -> bool:
+    """True for a buffer element, possibly through casts."""
+    while isinstance(expr, tirx.Cast):
+        expr = expr.value
+    return isinstance(expr, ir.TensorLoad)
+
+
+def is_buffer(var) -> bool:
+    return isinstance(var, ir.Var) and isinstance(var.ty, tirx.BufferType)
+
+
+def dtype_of(node) -> str:
+    """Element dtype of a buffer Var, or dtype of a scalar expression."""
+    return str(node.ty.dtype)
+
+
+def shape_of(var) -> tuple:
+    return tuple(var.ty.shape)
+
+
+def is_var(expr, var) -> bool:
+    return isinstance(expr, tirx.Var) and expr.same_as(var)
+
+
+def index_text(load) -> str:
+    return "[" + ", ".join(expr_text(e) for e in load.indices) + "]"
+
+
+def last_index(extent) -> str:
+    value = const_value(extent)
+    if value is not None:
+        return str(value - 1)
+    text = INT_LITERAL.sub(r"\1", expr_text(extent))
+    return f"({text})-1"

@@ -1,0 +1,125 @@
+"""The matcher's records: what a scan found (:class:`Match`), what it refused and why
+(:class:`Rejection`), both per function (:class:`FunctionScan`), and :class:`Refused`, the
+internal signal the analyses raise when a block is not what a pattern needs.
+
+Made by :mod:`.scan`; read by :mod:`tir_byoc.planning`, :mod:`tir_byoc.rewrite` and the CLI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import ir, tirx
+
+from ..signature import DtypeSignature
+from .exprs import expr_text
+
+#: What a relu makes of NaN (:attr:`Match.relu_nan`): TVM's ``max(z, 0)`` gives 0,
+#: ``max(0, z)`` and ``select(z < 0, 0, z)`` keep NaN.  Intrinsics are told which.
+RELU_NAN_TO_ZERO = "zero"
+
+
+RELU_KEEPS_NAN = "keep"
+
+
+@dataclass(frozen=True)
+class Match:
+    """One chain of blocks that computes a pattern of the family.
+
+    Attributes
+    ----------
+    func : str
+        Name of the PrimFunc in its module.
+    pattern : str
+        One of :data:`tir_byoc.patterns.PATTERNS`.
+    blocks : tuple of str
+        Names of the SBlocks the chain covers, in execution order.
+    dtype : DtypeSignature
+        Input, weight and output dtypes.
+    m, n, k : tvm.ir.PrimExpr
+        Extents (static ``IntImm`` or symbolic).
+    x, w, bias, out : tvm.ir.Var
+        The buffers: input (M, K), weight, bias (None without one) and output (M, N).
+    intermediates : tuple of tvm.ir.Var
+        Buffers written and read only inside the chain; dead once it is offloaded.
+    stmts : tuple of tvm.tirx.Stmt
+        The loop nests of ``blocks``, siblings in one ``SeqStmt``; the rewrite replaces them.
+    relu_nan : str or None
+        For a pattern with relu: what its TIR spelling makes of a NaN,
+        :data:`RELU_NAN_TO_ZERO` (``max(z, 0)``) or :data:`RELU_KEEPS_NAN` (``max(0, z)``).
+    """
+
+    func: str
+    pattern: str
+    blocks: tuple[str, ...]
+    dtype: DtypeSignature
+    m: tvm.ir.PrimExpr
+    n: tvm.ir.PrimExpr
+    k: tvm.ir.PrimExpr
+    x: ir.Var
+    w: ir.Var
+    bias: ir.Var | None
+    out: ir.Var
+    intermediates: tuple[ir.Var, ...] = ()
+    stmts: tuple[tirx.Stmt, ...] = field(default=(), repr=False, compare=False)
+    relu_nan: str | None = None
+
+    @property
+    def shape(self) -> tuple[str, str, str]:
+        """M, N, K as text (symbolic extents by name)."""
+        return tuple(expr_text(e) for e in (self.m, self.n, self.k))
+
+    @property
+    def buffers(self) -> dict[str, str]:
+        """Role -> buffer name."""
+        roles = {"x": self.x, "w": self.w, "bias": self.bias, "out": self.out}
+        return {role: var.name for role, var in roles.items() if var is not None}
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A block that looked like part of a chain but was not matched.
+
+    Attributes
+    ----------
+    func : str
+        Name of the PrimFunc.
+    blocks : tuple of str
+        The refused block (and, for a chain cut short, nothing else).
+    nearest : str or None
+        The pattern the block came closest to.
+    reason : str
+        The first condition that failed, in words.
+    """
+
+    func: str
+    blocks: tuple[str, ...]
+    nearest: str | None
+    reason: str
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __str__(self) -> str:
+        near = f" (nearest pattern: {self.nearest})" if self.nearest else ""
+        return f"{self.func}: block {', '.join(self.blocks)} not offloaded{near}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class FunctionScan:
+    """Everything the matcher found in one PrimFunc."""
+
+    func: str
+    matches: tuple[Match, ...] = ()
+    rejections: tuple[Rejection, ...] = ()
+
+
+class Refused(Exception):
+    """Internal control flow: a block is not what the pattern needs (caught in this module)."""
+
+    def __init__(self, reason: str, nearest: str | None = None, op: str | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.nearest = nearest
+        self.op = op  # the epilogue operation ("bias", "relu") being read when refused

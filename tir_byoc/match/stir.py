@@ -1,0 +1,297 @@
+"""S-TIR facts, read once per function: leaf loop nests, buffers and their uses, extents.
+
+:class:`FunctionIndex` walks a PrimFunc once (plain loops without SBlocks are lifted into the
+blocks they denote by :mod:`tir_byoc.plain_loops`); :class:`Extents` proves extents equal;
+:func:`check_binding`, :func:`check_shape`, :func:`check_covers` and :func:`compact_global` are
+the checks a loop nest and its buffers must pass before a kernel may replace it.
+
+Used by the matcher's analyses (:mod:`.reduction`, :mod:`.epilogue`, :mod:`.chain`) and by
+:mod:`tir_byoc.relax_transpose`, which reads the same facts for its fold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm_ffi
+from tvm import ir, s_tir, sym, tirx
+from tvm.tirx.layout import TileLayout
+
+from ..plain_loops import lift_nest
+from .exprs import (
+    const_value,
+    dtype_of,
+    expr_text,
+    is_buffer,
+    is_zero,
+    last_index,
+    shape_of,
+)
+from .records import Refused
+
+DATA_PAR = 0
+
+
+COMM_REDUCE = 2
+
+
+class Extents:
+    """Proves extents equal: integers directly, symbolic ones with the arithmetic analyzer."""
+
+    def __init__(self):
+        self._analyzer = None
+
+    def equal(self, a, b) -> bool:
+        a_value, b_value = const_value(a), const_value(b)
+        if a_value is not None or b_value is not None:
+            return a_value is not None and a_value == b_value
+        if a.same_as(b):
+            return True
+        if self._analyzer is None:
+            self._analyzer = sym.Analyzer()
+        a, b = same_index_dtype(a, b)
+        return bool(self._analyzer.can_prove_equal(a, b))
+
+
+def same_index_dtype(a, b):
+    if dtype_of(a) == dtype_of(b):
+        return a, b
+    return tirx.Cast("int64", a), tirx.Cast("int64", b)
+
+
+def compact_global(var) -> str | None:
+    """Why a buffer cannot be handed to a C kernel as a dense row-major array, or None."""
+    ty = var.ty
+    # Buffers of functions without SBlocks carry their row-major layout explicitly.
+    if ty.layout is not None and not (isinstance(ty.layout, TileLayout) and ty.layout.is_trivial()):
+        return f"buffer {var.name} has a custom layout"
+    if str(ty.storage_scope) not in ("global", ""):
+        return f"buffer {var.name} lives in scope {ty.storage_scope!r}, not global memory"
+    strides = tuple(ty.strides)
+    if strides:
+        shape = shape_of(var)
+        expected = 1
+        for dim in reversed(range(len(shape))):
+            value = const_value(strides[dim])
+            if value is None or value != expected:
+                return f"buffer {var.name} has non-compact strides {list(strides)}"
+            extent = const_value(shape[dim])
+            if extent is None and dim > 0:
+                return f"buffer {var.name} has explicit strides with a symbolic shape"
+            expected *= extent if extent is not None else 1
+    return None
+
+
+@dataclass(frozen=True)
+class Nest:
+    """A leaf SBlock with the perfectly nested loops directly around it."""
+
+    stmt: tirx.Stmt
+    loops: tuple[tirx.For, ...]
+    realize: s_tir.SBlockRealize
+    block: s_tir.SBlock
+    seq: int  # id of the enclosing statement list (-1 when not in a SeqStmt)
+    index: int  # position in that list
+
+    @property
+    def name(self) -> str:
+        return self.block.name_hint
+
+
+def unwrap_nest(stmt):
+    """(loops, realize) if ``stmt`` is a perfect loop nest around a leaf SBlock."""
+    loops = []
+    while isinstance(stmt, tirx.For):
+        loops.append(stmt)
+        stmt = stmt.body
+        if isinstance(stmt, tirx.SeqStmt) and len(stmt.seq) == 1:
+            stmt = stmt.seq[0]
+    if isinstance(stmt, s_tir.SBlockRealize) and is_leaf(stmt.block):
+        return tuple(loops), stmt
+    return None
+
+
+def is_leaf(block) -> bool:
+    return isinstance(block.body, tirx.BufferStore)
+
+
+def is_s_tir(func: tirx.PrimFunc) -> bool:
+    """True if ``func`` is written with SBlocks (S-TIR); otherwise it is read as plain loops."""
+    return isinstance(func.body, s_tir.SBlockRealize)
+
+
+def is_spatial(block) -> bool:
+    return all(iv.iter_type == DATA_PAR for iv in block.iter_vars)
+
+
+class FunctionIndex:
+    """One pass over a PrimFunc: its leaf nests, allocations, views and buffer uses.
+
+    In a function without SBlocks (plain loops, as TVM's lowering leaves them), each perfect
+    loop nest around one store is read as the SBlock it denotes (:mod:`tir_byoc.plain_loops`).
+    """
+
+    def __init__(self, func: tirx.PrimFunc):
+        self.params = {p for p in func.params if is_buffer(p)}
+        self.local = set()  # buffers allocated inside the function
+        self.views = set()  # buffers declared over another's storage
+        self.nests: list[Nest] = []
+        self.inner_blocks: list[s_tir.SBlock] = []  # blocks that are not single-store leaves
+        self.owners: dict[ir.Var, dict[int, int]] = {}  # buffer -> {nest index or -1: count}
+        self.uses: dict[int, set[ir.Var]] = {}  # nest index -> the buffers it uses
+        self.sequences: dict[int, list[tirx.Stmt]] = {}
+        self._lifted_names = set() if not is_s_tir(func) else None
+        self._visit(func.body, seq=-1, index=0)
+        self._positions = {(n.seq, n.index): p for p, n in enumerate(self.nests) if n.seq >= 0}
+
+    # Step 1. Structure: find nests and allocations; count buffer uses per owner.
+    def _visit(self, stmt, seq, index):
+        nest = unwrap_nest(stmt)
+        if nest is None and self._lifted_names is not None:
+            nest = lift_nest(stmt, self._lifted_names)
+        if nest is not None:
+            loops, realize = nest
+            position = len(self.nests)
+            self.nests.append(Nest(stmt, loops, realize, realize.block, seq, index))
+            self._count_uses(stmt, position)
+            return
+        if isinstance(stmt, tirx.SeqStmt):
+            key = len(self.sequences)
+            self.sequences[key] = list(stmt.seq)
+            for i, child in enumerate(stmt.seq):
+                self._visit(child, key, i)
+        elif isinstance(stmt, s_tir.SBlockRealize):
+            block = stmt.block
+            self.inner_blocks.append(block)
+            self.local.update(block.alloc_buffers)
+            self.views.update(m.buffer for m in block.match_buffers)
+            for region in (*block.reads, *block.writes):
+                self._count_var(region.source, -1)
+            self._count_uses(stmt.iter_values, -1)
+            self._count_uses(stmt.predicate, -1)
+            if block.init is not None:
+                self._visit(block.init, -1, 0)
+            self._visit(block.body, -1, 0)
+        elif isinstance(stmt, tirx.For):
+            self._count_uses([stmt.min, stmt.extent], -1)
+            self._visit(stmt.body, -1, 0)
+        elif isinstance(stmt, tirx.AllocBuffer):
+            self.local.add(stmt.buffer)
+        elif isinstance(stmt, tirx.DeclBuffer):
+            self.views.add(stmt.buffer)
+            self._count_uses(stmt.data, -1)
+        elif isinstance(stmt, tirx.IfThenElse):
+            self._count_uses(stmt.condition, -1)
+            self._visit(stmt.then_case, -1, 0)
+            if stmt.else_case is not None:
+                self._visit(stmt.else_case, -1, 0)
+        else:
+            self._count_uses(stmt, -1)
+
+    def _count_uses(self, node, owner):
+        def on_var(var):
+            if is_buffer(var):
+                self._count_var(var, owner)
+
+        tvm_ffi.structural_walk(node, (ir.Var, on_var))
+
+    def _count_var(self, var, owner):
+        counts = self.owners.setdefault(var, {})
+        counts[owner] = counts.get(owner, 0) + 1
+        if owner >= 0:
+            self.uses.setdefault(owner, set()).add(var)
+
+    # Step 2. Queries.
+    def only_used_by(self, buffer, *positions) -> bool:
+        return set(self.owners.get(buffer, {})) <= set(positions)
+
+    def other_users(self, buffer, *positions) -> list[str]:
+        names = []
+        for owner in self.owners.get(buffer, {}):
+            if owner in positions:
+                continue
+            names.append(f"block {self.nests[owner].name}" if owner >= 0 else "other code")
+        return names
+
+    def siblings_after(self, nest: Nest):
+        """(position or None, statement) of each statement after ``nest`` in its list.
+
+        The position is the nest's index in :attr:`nests`, None for a statement that is not a
+        leaf nest; allocation statements are left out (they only declare a buffer).
+        """
+        stmts = self.sequences.get(nest.seq, []) if nest.seq >= 0 else []
+        for following in range(nest.index + 1, len(stmts)):
+            if not isinstance(stmts[following], tirx.AllocBuffer):
+                yield self._positions.get((nest.seq, following)), stmts[following]
+
+    def sibling_before(self, nest: Nest) -> int | None:
+        """Position of the nest that directly precedes ``nest`` in its statement list."""
+        stmts = self.sequences.get(nest.seq, []) if nest.seq >= 0 else []
+        before = nest.index - 1
+        while before >= 0 and isinstance(stmts[before], tirx.AllocBuffer):
+            before -= 1
+        return self._positions.get((nest.seq, before)) if before >= 0 else None
+
+
+def check_binding(nest: Nest, extents: Extents) -> None:
+    """Each block iterator is one loop of the nest, running over the iterator's whole domain."""
+    block, realize = nest.block, nest.realize
+    if const_value(realize.predicate) != 1:
+        raise Refused(f"block {block.name_hint} has a predicate, so it skips part of its domain")
+    if len(nest.loops) != len(block.iter_vars):
+        raise Refused(
+            f"block {block.name_hint} has {len(block.iter_vars)} iterators but "
+            f"{len(nest.loops)} loops around it (the loop nest is scheduled or shared)"
+        )
+    loop_by_var = {loop.loop_var: loop for loop in nest.loops}
+    used = set()
+    for iter_var, value in zip(block.iter_vars, realize.iter_values):
+        loop = loop_by_var.get(value) if isinstance(value, tirx.Var) else None
+        if loop is None or value in used:
+            raise Refused(
+                f"iterator {iter_var.var.name} of block {block.name_hint} is bound to "
+                f"{value}, not to a loop of its own nest (split, fused or shared loops)"
+            )
+        used.add(value)
+        dom = iter_var.dom
+        if not is_zero(dom.min) or not is_zero(loop.min):
+            raise Refused(f"iterator {iter_var.var.name} does not start at 0")
+        if not extents.equal(loop.extent, dom.extent):
+            raise Refused(
+                f"loop {loop.loop_var.name} runs over {expr_text(loop.extent)} iterations, "
+                f"but iterator {iter_var.var.name} spans {expr_text(dom.extent)}"
+            )
+        if loop.kind == tirx.ForKind.THREAD_BINDING or (
+            loop.step is not None and const_value(loop.step) != 1
+        ):
+            raise Refused(f"loop {loop.loop_var.name} is thread-bound or strided")
+
+
+def check_shape(buf, dims, names, extents: Extents, what="output"):
+    shape = shape_of(buf)
+    if len(shape) != len(dims):
+        raise Refused(f"{what} {buf.name} has {len(shape)} dimensions, expected {len(dims)}")
+    for axis, (actual, expected, name) in enumerate(zip(shape, dims, names)):
+        if not extents.equal(actual, expected):
+            iterator = {"M": "i", "N": "j", "K": "k"}[name]
+            raise Refused(
+                f"{iterator} runs over 0..{last_index(expected)} of {expr_text(actual)} "
+                f"(axis {axis} of {what} {buf.name}): the loops do not cover it whole"
+            )
+
+
+def check_covers(block, indices, dims, extents: Extents) -> None:
+    """The epilogue's iterators run over all of M x N, as the kernel writes all of it."""
+    for var, dim, name in zip(indices, dims, ("M", "N")):
+        iter_var = next(iv for iv in block.iter_vars if iv.var.same_as(var))
+        if not extents.equal(iter_var.dom.extent, dim):
+            raise Refused(
+                f"block {block.name_hint} covers {expr_text(iter_var.dom.extent)} of "
+                f"{name} = {expr_text(dim)} (the kernel would write all of it)"
+            )
+
+
+def buffers_used(stmt) -> set:
+    found = set()
+    tvm_ffi.structural_walk(stmt, (ir.Var, lambda var: found.add(var) if is_buffer(var) else None))
+    return found
