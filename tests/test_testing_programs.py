@@ -3,8 +3,11 @@
 Also the scheduling step of ``strategies.scheduled_programs``, which must not corrupt a program.
 """
 
+from dataclasses import replace
+
 import pytest
 import tvm
+import tvm_ffi
 from tvm import s_tir
 
 import tir_byoc
@@ -12,6 +15,8 @@ from tir_byoc.testing.programs import (
     MUTATIONS,
     ChainSpec,
     DistractorSpec,
+    Knobs,
+    Mutation,
     ProgramSpec,
     applicable_mutations,
     build_program,
@@ -69,6 +74,55 @@ def test_every_mutation_applies_somewhere():
     for chain in (separate, folded, in_place, ChainSpec()):
         found.update(applicable_mutations(ProgramSpec(chains=(chain,), m=3), 0))
     assert found == set(MUTATIONS)
+
+
+def _takers():
+    """For each mutation, a one-chain spec that can take it."""
+    separate = ChainSpec(bias="vector", relu="max(z, 0)", n=3, k=3)
+    folded = replace(separate, folded=True)
+    in_place = replace(separate, init="block", in_place=True)
+    for name in MUTATIONS:
+        for chain in (separate, folded, in_place, ChainSpec(), ChainSpec(init="block")):
+            spec = ProgramSpec(chains=(chain,), m=3)
+            if name in applicable_mutations(spec, 0):
+                yield name, spec
+                break
+
+
+@pytest.mark.parametrize(("name", "spec"), list(_takers()), ids=lambda v: str(v)[:24])
+def test_a_mutation_is_its_knobs_and_changes_the_built_function(name, spec):
+    mutant = mutate(spec, 0, name)
+    chain = mutant.chains[0]
+    assert (chain.mutation, chain.knobs) == (name, MUTATIONS[name].knobs)
+    assert chain.knobs != Knobs()
+    # The same spec with the knobs back at their defaults is the positive it came from.
+    positive = replace(mutant, chains=(replace(chain, knobs=Knobs(), mutation=None),))
+    assert not tvm_ffi.structural_equal(build_program(mutant).func, build_program(positive).func), (
+        f"{name} builds the positive"
+    )
+
+
+def test_knobs_and_the_mutation_name_must_agree():
+    with pytest.raises(ValueError, match=r"knobs of mutation None: expected Knobs\(\), got"):
+        ProgramSpec(chains=(ChainSpec(knobs=Knobs(init_value=1)),))
+    with pytest.raises(ValueError, match="knobs of mutation 'init_one': expected"):
+        ProgramSpec(chains=(ChainSpec(mutation="init_one"),))
+    with pytest.raises(ValueError, match="mutation 'typo' unknown"):
+        ProgramSpec(chains=(ChainSpec(mutation="typo"),))
+    assert repr(Knobs(init_value=1)) == "Knobs(init_value=1)"
+
+
+def test_knobs_and_mutations_refuse_values_they_cannot_build():
+    with pytest.raises(ValueError, match=r"Knobs.relu_form: expected one of .*, got 'gelu'"):
+        Knobs(relu_form="gelu")
+    with pytest.raises(ValueError, match=r"Knobs\.k_short: expected >= 0, got -1"):
+        Knobs(k_short=-1)
+    with pytest.raises(ValueError, match=r"expected Knobs fields, got \['init'\]"):
+        Mutation("starts elsewhere", {"init": 1})
+    with pytest.raises(ValueError, match="change nothing"):
+        Mutation("no change", {"combiner": "add"})
+    with pytest.raises(ValueError, match="Mutation square: expected one of"):
+        Mutation("odd square", {"k_short": 1}, square=("k", "m"))
 
 
 def test_a_block_inside_a_chain_cuts_it_only_when_it_writes_what_the_chain_reads():

@@ -1,0 +1,269 @@
+"""Build a :class:`~.specs.ProgramSpec` into a real S-TIR PrimFunc.
+
+Entry point: :func:`build_program`, which gives a :class:`Program`: the function and what
+the matcher should report for each chain (:class:`ExpectedChain`).  Functions are built with
+the IR constructors (``s_tir.SBlock``, ``tirx.For``, ``tirx.BufferStore``...), not parsed
+from TVMScript, so every spelling can be reached: loop orders, commuted operands, each relu
+spelling, int32 or int64 indices, a symbolic batch, intermediates as root-block allocations or
+``AllocBuffer`` statements.
+
+The builder reads spec fields only.  A near miss is a chain whose :class:`~.specs.Knobs` are
+turned; each knob is looked up in the tables of :mod:`.spellings` or sets an extent, and no
+code here asks which mutation turned it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tvm import tirx
+
+from ..patterns import pattern_for
+from ..signature import DtypeSignature
+from .blocks import FunctionBuilder, distractor, elementwise, zero
+from .specs import CUTTING_KINDS, ChainSpec, ProgramSpec
+from .spellings import BIAS_COMBINERS, BIAS_FORMS, COMBINERS, PRODUCTS, RELU_FORMS, Relu
+
+
+@dataclass(frozen=True)
+class ExpectedChain:
+    """What the generator built for one chain, for checking the matcher's report.
+
+    ``pattern`` is the pattern the chain was built as; when ``mutation`` is set the chain is a
+    near miss of that pattern and must not be reported as it.
+    """
+
+    index: int
+    pattern: str
+    blocks: tuple[str, ...]
+    x: str
+    w: str
+    bias: str | None
+    out: str
+    dtype: DtypeSignature
+    mutation: str | None = None
+
+
+@dataclass(frozen=True)
+class Program:
+    """A built function and what it should scan as."""
+
+    spec: ProgramSpec
+    func: tirx.PrimFunc = field(repr=False)
+    chains: tuple[ExpectedChain, ...]
+    bindings: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def mutated(self) -> ExpectedChain | None:
+        return next((c for c in self.chains if c.mutation), None)
+
+    def script(self) -> str:
+        """The function as TVMScript that parses back (see :func:`to_tvmscript`)."""
+        from .script import to_tvmscript
+
+        return to_tvmscript(self.func)
+
+
+class ChainBuilder:
+    """Builds the blocks of one chain into a :class:`~.blocks.FunctionBuilder`."""
+
+    def __init__(self, b: FunctionBuilder, c: int, chain: ChainSpec, x=None):
+        self.b, self.c, self.chain, self.knobs = b, c, chain, chain.knobs
+        x_dtype, w_dtype, self.acc = chain.dtypes
+        n, k = b.const(chain.n), b.const(chain.k)
+        self.n, self.k = n, k
+        alloc = chain.alloc
+        # Step 1. Inputs (X may come from the previous chain; W and b may be made locally).
+        self.x = x if x is not None else b.buffer(f"X{c}", (b.m, k), x_dtype, offset=chain.x_view)
+        w_shape = (n, k) if chain.layout == "dense" else (k, n)
+        produced = {d.kind for d in b.spec.distractors if d.chain == c}
+        local_w = "transpose_w_in" in produced
+        self.w = b.buffer(f"W{c}", w_shape, w_dtype, param=not local_w, alloc=alloc)
+        self.bias = None
+        self.bias_form = BIAS_FORMS[self.knobs.bias_form or chain.bias] if chain.bias else None
+        if chain.bias:
+            local_b = "bias_in" in produced
+            shape = self.bias_form.shape(b.m, n)
+            self.bias = b.buffer(f"b{c}", shape, self.acc, param=not local_b, alloc=alloc)
+        # Step 2. Outputs and intermediates (one buffer for all when updated in place).
+        steps = chain.epilogue_blocks
+        names = [*["Y", "T"][:steps], "Z"]
+        if chain.in_place:
+            names = names[-1:]
+        self.stages = []
+        for s, stem in enumerate(names):
+            last = s == len(names) - 1
+            if last and self.knobs.output_is_x:
+                self.stages.append(self.x)
+                continue
+            param = last and not chain.feeds_next
+            self.stages.append(b.buffer(f"{stem}{c}", (b.m, n), self.acc, param=param, alloc=alloc))
+        if chain.in_place:
+            self.stages *= steps + 1
+
+    @property
+    def out(self):
+        return self.stages[-1]
+
+    def _bias_load(self, vi, vj):
+        return tirx.BufferLoad(self.bias, self.bias_form.index(vi, vj, self.b.const))
+
+    def _rows(self, short: int):
+        """M, or ``short`` rows fewer."""
+        return self.b.m - self.b.const(short) if short else self.b.m
+
+    # Step 3. The reduction.
+    def reduction(self):
+        chain, knobs, b = self.chain, self.knobs, self.b
+        out = self.stages[0]
+        dense = (chain.layout == "dense") != knobs.w_flipped
+        product, combiner = PRODUCTS[knobs.product], COMBINERS[knobs.combiner]
+
+        def operand(buffer, indices):
+            load = tirx.BufferLoad(buffer, indices)
+            return load if buffer.dtype == self.acc else tirx.Cast(self.acc, load)
+
+        def store(v):
+            x = operand(self.x, [v[a] for a in knobs.x_index])
+            w = operand(self.w, [v[a] for a in ("jk" if dense else "kj")])
+            acc = tirx.BufferLoad(out, [v["i"], v["j"]])
+            update = product(x, w, chain.commuted)
+            return tirx.BufferStore(
+                out, combiner(acc, update, chain.accumulate_last), [v["i"], v["j"]]
+            )
+
+        def init(v):
+            if knobs.init_value is not None:
+                start = tirx.const(knobs.init_value, self.acc)
+            elif chain.init == "bias":
+                start = self._bias_load(v["i"], v["j"])
+            else:
+                start = zero(self.acc)
+            return tirx.BufferStore(out, start, [v["i"], v["j"]])
+
+        names = []
+        if chain.init == "block":
+            names.append(f"{chain.layout}{self.c}_init")
+            rows = self._rows(knobs.init_rows_short)
+            b.nest(names[-1], [("i", rows, False), ("j", self.n, False)], init)
+        k_extent = b.const(chain.k - knobs.k_short)
+        axes = [("i", self._rows(knobs.reduction_rows_short), False), ("j", self.n, False)]
+        names.append(f"{chain.layout}{self.c}")
+        b.nest(
+            names[-1],
+            [*axes, ("k", k_extent, True)],
+            store,
+            init=init if chain.init != "block" else None,
+            loop_order=chain.loop_order,
+            iter_order=chain.iter_order,
+        )
+        return tuple(names)
+
+    # Step 4. The epilogue blocks.
+    def epilogues(self):
+        ops = self.chain.epilogue_ops
+        if self.knobs.epilogue_reversed:
+            ops = tuple(reversed(ops))
+        groups = [ops] if self.chain.epilogue_blocks == 1 else [(op,) for op in ops]
+        names = []
+        for s, group in enumerate(groups):
+            source, target = self.stages[s], self.stages[s + 1]
+            names.append(self._epilogue(s, group, source, target, s == len(groups) - 1))
+        return names
+
+    def _epilogue(self, s, group, source, target, last):
+        index = self.knobs.first_epilogue_index if s == 0 else "ij"
+
+        def store(v):
+            vi, vj = v["i"], v["j"]
+            value = tirx.BufferLoad(source, [v[a] for a in index])
+            loaded = value
+            for op in group:
+                value = self._bias(value, vi, vj) if op == "bias" else self._relu(value, loaded)
+            return tirx.BufferStore(target, value, [vi, vj])
+
+        short = self.knobs.last_epilogue_columns_short if last else 0
+        axes = [("i", self.b.m, False), ("j", self.b.const(self.chain.n - short), False)]
+        name = f"{'_'.join(group)}{self.c}"
+        self.b.nest(name, axes, store, loop_order=self.chain.epilogue_order)
+        return name
+
+    def _bias(self, value, vi, vj):
+        bias = self._bias_load(vi, vj)
+        left, right = (bias, value) if self.chain.bias_first else (value, bias)
+        return BIAS_COMBINERS[self.knobs.bias_combiner](left, right)
+
+    def _relu(self, z, pre_bias):
+        relu = Relu(z, pre_bias, self.chain.relu, self.knobs.relu_threshold, self.acc)
+        return RELU_FORMS[self.knobs.relu_form](relu)
+
+    def read_reduction(self):
+        """A block copying the reduction's output elsewhere (``Knobs.reduction_read``)."""
+        peek = self.b.buffer(f"P{self.c}", (self.b.m, self.n), self.acc)
+        elementwise(self.b, f"peek{self.c}", self.stages[0], peek)
+
+
+def _expected(c, chain: ChainSpec, built: ChainBuilder, blocks) -> ExpectedChain:
+    return ExpectedChain(
+        index=c,
+        pattern=chain.pattern,
+        blocks=blocks,
+        x=built.x.name,
+        w=built.w.name,
+        bias=built.bias.name if built.bias is not None else None,
+        out=built.out.name,
+        dtype=DtypeSignature(*chain.dtypes),
+        mutation=chain.mutation,
+    )
+
+
+def _cut_after_reduction(c, chain: ChainSpec, built: ChainBuilder, reduction) -> ExpectedChain:
+    """What a chain cut by a block between its reduction and its epilogue scans as."""
+    bias = built.bias if chain.init == "bias" else None
+    return ExpectedChain(
+        index=c,
+        pattern=pattern_for(chain.layout, ("bias",) if bias is not None else ()).name,
+        blocks=reduction,
+        x=built.x.name,
+        w=built.w.name,
+        bias=bias.name if bias is not None else None,
+        out=built.stages[0].name,
+        dtype=DtypeSignature(*chain.dtypes),
+    )
+
+
+def build_program(spec: ProgramSpec) -> Program:
+    """Build ``spec`` into a PrimFunc and the report expected for each of its chains."""
+    b = FunctionBuilder(spec)
+    expected = []
+    x = None
+    for c, chain in enumerate(spec.chains):
+        around = [(n, d) for n, d in enumerate(spec.distractors) if d.chain == c]
+        built = ChainBuilder(b, c, chain, x)
+        # Step 1. Producers and distractors placed before the chain.
+        for n, d in around:
+            if d.placement == "before":
+                distractor(b, d, built, f"{c}_{n}")
+        # Step 2. The chain, maybe cut after its reduction by blocks placed inside it.
+        reduction = built.reduction()
+        inside = [(n, d) for n, d in around if d.placement == "inside"]
+        for n, d in inside:
+            distractor(b, d, built, f"{c}_{n}")
+        if chain.knobs.reduction_read == "between":
+            built.read_reduction()
+        blocks = (*reduction, *built.epilogues())
+        if chain.knobs.reduction_read == "after":
+            built.read_reduction()
+        # Step 3. Distractors after it.
+        for n, d in around:
+            if d.placement == "after":
+                distractor(b, d, built, f"{c}_{n}")
+        if any(d.kind in CUTTING_KINDS for _, d in inside):
+            expected.append(_cut_after_reduction(c, chain, built, reduction))
+        else:
+            expected.append(_expected(c, chain, built, blocks))
+        x = built.out if chain.feeds_next else None
+    return Program(spec, b.finish(), tuple(expected), b.bindings)
+
+
+__all__ = ["ChainBuilder", "ExpectedChain", "Program", "build_program"]

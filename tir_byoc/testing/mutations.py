@@ -1,0 +1,233 @@
+"""Near misses as data: each mutation is a set of knob values for one chain of a positive.
+
+Entry points: :data:`MUTATIONS` (by name: a :class:`Mutation`, i.e. a description, the
+:class:`~.specs.Knobs` it sets, where it applies and which extents it makes equal),
+:func:`applicable_mutations` and :func:`mutate`, which turns a positive spec into a near miss
+with ``dataclasses.replace``.  The builder reads the knobs; it never asks which mutation set
+them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from types import MappingProxyType
+
+from .specs import ChainSpec, Knobs, ProgramSpec
+
+_KNOB_NAMES = frozenset(f.name for f in fields(Knobs))
+
+
+#: For each ``square``: the extent it changes, and to what.
+_SQUARING = {
+    ("m", "k"): lambda spec, chain: {"k": spec.m},
+    ("m", "n"): lambda spec, chain: {"n": spec.m},
+    ("n", "k"): lambda spec, chain: {"n": chain.k},
+}
+
+
+def _always(spec: ProgramSpec, c: int) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """A change to one chain that changes what it computes.
+
+    Parameters
+    ----------
+    description : str
+        What the mutant computes instead, for reports.
+    overrides : mapping
+        Knob name -> value (see :class:`~.specs.Knobs`); every other knob keeps its default.
+    applies : callable
+        ``applies(spec, c)``: whether chain ``c`` of ``spec`` can take it.
+    square : tuple of two str, optional
+        The extents it sets equal (``("m", "k")``, ``("m", "n")`` or ``("n", "k")``), so that
+        the mutant still indexes in bounds.
+    """
+
+    description: str
+    overrides: Mapping[str, object] = field(hash=False)
+    applies: Callable[[ProgramSpec, int], bool] = field(default=_always, repr=False)
+    square: tuple[str, str] | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "overrides", MappingProxyType(dict(self.overrides)))
+        unknown = sorted(set(self.overrides) - _KNOB_NAMES)
+        if unknown:
+            raise ValueError(f"Mutation overrides: expected Knobs fields, got {unknown}")
+        if self.knobs == Knobs():
+            raise ValueError(f"Mutation overrides {dict(self.overrides)} change nothing")
+        if self.square is not None and self.square not in _SQUARING:
+            raise ValueError(
+                f"Mutation square: expected one of {list(_SQUARING)}, got {self.square}"
+            )
+
+    @property
+    def knobs(self) -> Knobs:
+        """The knobs of a chain that takes this mutation."""
+        return replace(Knobs(), **self.overrides)
+
+
+def _has(op):
+    return lambda spec, c: op in spec.chains[c].ops
+
+
+def _in_epilogue(op):
+    return lambda spec, c: op in spec.chains[c].epilogue_ops
+
+
+def _not_in_place(spec, c):
+    return not spec.chains[c].in_place
+
+
+def _float_relu(spec, c):
+    return spec.chains[c].relu is not None and spec.chains[c].dtypes[2].startswith("float")
+
+
+def _static(spec, c):
+    return not spec.symbolic_m
+
+
+def _separate_epilogue(spec, c):
+    return spec.chains[c].epilogue_blocks > 0
+
+
+def _can_alias(spec, c):
+    chain = spec.chains[c]
+    linked_in = c > 0 and spec.chains[c - 1].feeds_next
+    return chain.dtypes[0] == chain.dtypes[2] and not chain.feeds_next and not linked_in
+
+
+def _writes_param(spec, c):
+    """The chain's output is a parameter, so a part left unwritten is still defined."""
+    return not spec.chains[c].feeds_next
+
+
+def _both(a, b):
+    return lambda spec, c: a(spec, c) and b(spec, c)
+
+
+#: The near misses, by name.
+MUTATIONS: dict[str, Mutation] = {
+    "init_one": Mutation("the reduction starts from 1, not 0", {"init_value": 1}),
+    "k_short": Mutation(
+        "the reduction stops one short of K", {"k_short": 1}, lambda s, c: s.chains[c].k >= 2
+    ),
+    "reduce_max": Mutation("the reduction combines with max, not +", {"combiner": "max"}),
+    "reduce_sub": Mutation("the reduction subtracts the products", {"combiner": "sub"}),
+    "reduce_sum_not_product": Mutation("the reduction adds X + W, not X * W", {"product": "add"}),
+    "swap_x_index": Mutation("X is read as X[k, i]", {"x_index": "ki"}, _static, ("m", "k")),
+    "swap_w_index": Mutation(
+        "the weight is read in the other layout", {"w_flipped": True}, square=("n", "k")
+    ),
+    "swap_epilogue_index": Mutation(
+        "the first epilogue reads Y[j, i]",
+        {"first_epilogue_index": "ji"},
+        _both(_static, _separate_epilogue),
+        ("m", "n"),
+    ),
+    "bias_row_axis": Mutation(
+        "the bias is indexed by the row, b[i]",
+        {"bias_form": "row_axis"},
+        _both(_has("bias"), _static),
+        ("m", "n"),
+    ),
+    "bias_full": Mutation("the bias is a full (M, N) matrix", {"bias_form": "full"}, _has("bias")),
+    "bias_second_row": Mutation(
+        "the bias is row 1 of a (2, N) array, b[1, j]", {"bias_form": "second_row"}, _has("bias")
+    ),
+    "reduction_short_rows": Mutation(
+        "the reduction, writing the output itself, stops one row short of M",
+        {"reduction_rows_short": 1},
+        lambda s, c: not s.chains[c].ops and _writes_param(s, c) and (s.symbolic_m or s.m >= 2),
+    ),
+    "bias_sub": Mutation("the bias is subtracted", {"bias_combiner": "sub"}, _in_epilogue("bias")),
+    "bias_mul": Mutation("the bias multiplies", {"bias_combiner": "mul"}, _in_epilogue("bias")),
+    "relu_threshold": Mutation("relu against 1, not 0", {"relu_threshold": 1}, _has("relu")),
+    "select_shifted": Mutation(
+        "select(z > 1, z, 0)", {"relu_form": "select_shifted"}, _has("relu")
+    ),
+    "leaky_relu": Mutation(
+        "a leaky relu (slope 0.01 below 0)", {"relu_form": "leaky"}, _float_relu
+    ),
+    "clipped_relu": Mutation("a relu clipped at 6", {"relu_form": "clipped"}, _has("relu")),
+    "epilogue_swapped": Mutation(
+        "relu before the bias add",
+        {"epilogue_reversed": True},
+        lambda s, c: s.chains[c].epilogue_ops == ("bias", "relu"),
+    ),
+    "alias_output_input": Mutation(
+        "the chain's last block writes into X",
+        {"output_is_x": True},
+        _both(_can_alias, _not_in_place),
+        ("n", "k"),
+    ),
+    "intermediate_read_after": Mutation(
+        "the reduction's output is also read after the chain",
+        {"reduction_read": "after"},
+        _both(_separate_epilogue, _not_in_place),
+    ),
+    "select_on_pre_bias": Mutation(
+        "one block computes select(Y > 0, Y + b, 0): the test misses the bias",
+        {"relu_form": "pre_bias_select"},
+        lambda s, c: s.chains[c].folded and s.chains[c].epilogue_ops == ("bias", "relu"),
+    ),
+    "init_block_short": Mutation(
+        "the init block, of a reduction writing the output itself, stops one row short of M",
+        {"init_rows_short": 1},
+        lambda s, c: (
+            s.chains[c].init == "block"
+            and (s.chains[c].in_place or not s.chains[c].ops)
+            and _writes_param(s, c)
+            and (s.symbolic_m or s.m >= 2)
+        ),
+    ),
+    "read_between_in_place": Mutation(
+        "a block reads the raw product between the reduction and an in-place epilogue",
+        {"reduction_read": "between"},
+        lambda s, c: s.chains[c].in_place and _separate_epilogue(s, c),
+    ),
+    "epilogue_short": Mutation(
+        "the last epilogue block stops one column short of N",
+        {"last_epilogue_columns_short": 1},
+        lambda s, c: _separate_epilogue(s, c) and s.chains[c].n >= 2 and _writes_param(s, c),
+    ),
+}
+
+
+def applicable_mutations(spec: ProgramSpec, c: int) -> list[str]:
+    """Names of the mutations chain ``c`` of ``spec`` can take (none if a block cuts it)."""
+    if any(d.inside and d.chain == c for d in spec.distractors):
+        return []
+    return [name for name, mutation in MUTATIONS.items() if mutation.applies(spec, c)]
+
+
+def mutate(spec: ProgramSpec, c: int, name: str) -> ProgramSpec:
+    """``spec`` with chain ``c`` mutated by ``name``; extents made equal where it needs."""
+    if name not in MUTATIONS:
+        raise ValueError(f"unknown mutation {name!r}; expected one of {sorted(MUTATIONS)}")
+    mutation = MUTATIONS[name]
+    if not mutation.applies(spec, c):
+        raise ValueError(f"mutation {name!r} does not apply to chain {c} of {spec}")
+    chains = list(spec.chains)
+    chain = replace(chains[c], knobs=mutation.knobs, mutation=name)
+    if mutation.square is not None:
+        chain = replace(chain, **_SQUARING[mutation.square](spec, chain))
+    chains[c] = chain
+    return replace(spec, chains=tuple(_relink(chains, c)))
+
+
+def _relink(chains: list[ChainSpec], pinned: int) -> list[ChainSpec]:
+    """Restore k[c + 1] == n[c] along feeding chains, keeping chain ``pinned`` as it is."""
+    for c in range(pinned - 1, -1, -1):
+        if chains[c].feeds_next:
+            chains[c] = replace(chains[c], n=chains[c + 1].k)
+    for c in range(pinned, len(chains) - 1):
+        if chains[c].feeds_next:
+            chains[c + 1] = replace(chains[c + 1], k=chains[c].n)
+    return chains
+
+
+__all__ = ["MUTATIONS", "Mutation", "applicable_mutations", "mutate"]

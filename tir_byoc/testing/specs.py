@@ -1,0 +1,395 @@
+"""Programs of the pattern family described as data: what :mod:`.builder` builds.
+
+Entry points: :class:`ChainSpec` (one dense / matmul chain and how it is spelled, with the
+:class:`Knobs` a near miss turns), :class:`DistractorSpec` and :class:`ProgramSpec` (a whole
+function).  Specs validate themselves: a spec that cannot be built raises ``ValueError``
+naming the problem.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from ..patterns import pattern_for
+from .spellings import BIAS_COMBINERS, BIAS_FORMS, COMBINERS, PRODUCTS, RELU_FORMS, RELU_SPELLINGS
+
+#: How a chain's reduction output is initialised: ``"zero"`` (the block's init), ``"bias"``
+#: (the block's init reads the bias, which then has no epilogue block) or ``"block"`` (0 in
+#: a block of its own before the reduction, as ``decompose_reduction`` leaves it).
+INITS = ("zero", "bias", "block")
+
+#: Dtype signatures the generators draw: (x, w, accumulator).
+SIGNATURES = (
+    ("float32", "float32", "float32"),
+    ("float16", "float16", "float32"),
+    ("bfloat16", "bfloat16", "float32"),
+    ("int8", "int8", "int32"),
+    ("uint8", "uint8", "int32"),
+    ("uint8", "int8", "int32"),
+)
+
+#: Unrelated blocks placed next to a chain, touching its buffers.
+DISTRACTORS = (
+    "exp_x",  # E[i, k] = exp(X[i, k]) (min(X, 100) for integers): reads the chain's input
+    "transpose_w_in",  # the weight is a local buffer, transposed from a parameter first
+    "bias_in",  # the bias is a local buffer, computed elementwise from a parameter first
+    "row_sum_out",  # R[i] = sum_j Z[i, j]: a row reduction of the chain's output
+    "transpose_out",  # Zt[j, i] = Z[i, j]
+    "inplace_out",  # Z[i, j] = tanh(Z[i, j]) after the chain (min(Z, 100) for integers)
+    "unrelated",  # a block on buffers of its own
+    "overwrite_x",  # X[i, k] = tanh(X[i, k]) in place (min(X, 100) for integers)
+)
+
+#: Distractors that must come before their chain (they produce one of its inputs).
+_PRODUCERS = ("transpose_w_in", "bias_in")
+#: Distractors that must come after their chain (they read its output).
+_CONSUMERS = ("row_sum_out", "transpose_out", "inplace_out")
+#: Distractors that may sit between a reduction and its epilogue.  The call that replaces a
+#: chain runs where its last block was, so a block between that leaves the chain's buffers
+#: alone stays there (TOPI's dense copies its bias right there); one that writes a buffer
+#: the chain reads cuts it after the reduction.
+INSIDE_KINDS = ("exp_x", "bias_in", "unrelated", "overwrite_x")
+#: Inside kinds that cut the chain.
+CUTTING_KINDS = ("overwrite_x",)
+
+
+#: The values each non-integer knob may take.
+_KNOB_CHOICES = {
+    "product": tuple(PRODUCTS),
+    "combiner": tuple(COMBINERS),
+    "x_index": ("ik", "ki"),
+    "w_flipped": (False, True),
+    "first_epilogue_index": ("ij", "ji"),
+    "bias_form": (None, *BIAS_FORMS),
+    "bias_combiner": tuple(BIAS_COMBINERS),
+    "relu_form": tuple(RELU_FORMS),
+    "epilogue_reversed": (False, True),
+    "output_is_x": (False, True),
+    "reduction_read": (None, "between", "after"),
+}
+#: The knobs that count rows, columns or steps left out.
+_COUNTS = ("k_short", "reduction_rows_short", "init_rows_short", "last_epilogue_columns_short")
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """How a chain departs from the pattern it is built as.  A positive leaves every knob at
+    its default; each of :data:`~tir_byoc.testing.mutations.MUTATIONS` turns one.
+
+    Parameters
+    ----------
+    init_value : int or None
+        The reduction starts from this constant instead of 0 or the bias.
+    k_short : int
+        The reduction stops this many short of K.
+    product : str
+        How X and W combine, a key of :data:`~.spellings.PRODUCTS` (``"mul"``).
+    combiner : str
+        How the reduction folds a product in, a key of :data:`~.spellings.COMBINERS`
+        (``"add"``).
+    x_index : str
+        ``"ik"`` (``X[i, k]``) or ``"ki"``.
+    w_flipped : bool
+        The weight is indexed as the other layout would (``W[k, j]`` in a dense chain).
+    first_epilogue_index : str
+        ``"ij"`` or ``"ji"``: how the first epilogue block reads its input.
+    bias_form : str or None
+        A key of :data:`~.spellings.BIAS_FORMS` replacing the one the chain's ``bias`` says.
+    bias_combiner : str
+        How the bias epilogue combines, a key of :data:`~.spellings.BIAS_COMBINERS`.
+    relu_threshold : int
+        The constant the relu spelling compares and clamps against (0).
+    relu_form : str
+        A key of :data:`~.spellings.RELU_FORMS` (``"spelled"``: the chain's relu spelling).
+    epilogue_reversed : bool
+        The epilogue ops run in reverse order (relu before the bias add).
+    output_is_x : bool
+        The chain's last block writes into X instead of an output of its own.
+    reduction_rows_short, init_rows_short : int
+        The reduction, or its init block, stops this many rows short of M.
+    last_epilogue_columns_short : int
+        The last epilogue block stops this many columns short of N.
+    reduction_read : str or None
+        A block also reads the reduction's output: ``"between"`` the reduction and the
+        epilogue blocks, or ``"after"`` the chain.
+    """
+
+    init_value: int | None = None
+    k_short: int = 0
+    product: str = "mul"
+    combiner: str = "add"
+    x_index: str = "ik"
+    w_flipped: bool = False
+    first_epilogue_index: str = "ij"
+    bias_form: str | None = None
+    bias_combiner: str = "add"
+    relu_threshold: int = 0
+    relu_form: str = "spelled"
+    epilogue_reversed: bool = False
+    output_is_x: bool = False
+    reduction_rows_short: int = 0
+    init_rows_short: int = 0
+    last_epilogue_columns_short: int = 0
+    reduction_read: str | None = None
+
+    def __post_init__(self):
+        for name, choices in _KNOB_CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ValueError(
+                    f"Knobs.{name}: expected one of {choices}, got {getattr(self, name)!r}"
+                )
+        for name in _COUNTS:
+            if getattr(self, name) < 0:
+                raise ValueError(f"Knobs.{name}: expected >= 0, got {getattr(self, name)}")
+
+    def __repr__(self):
+        turned = [
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in fields(self)
+            if getattr(self, f.name) != f.default
+        ]
+        return f"Knobs({', '.join(turned)})"
+
+
+@dataclass(frozen=True)
+class ChainSpec:
+    """One dense / matmul chain and how it is spelled.
+
+    Parameters
+    ----------
+    layout : str
+        ``"dense"`` (weight N x K) or ``"matmul"`` (weight K x N).
+    n, k : int
+        Static extents (M belongs to the program).
+    bias : str or None
+        ``"vector"`` (shape (N,), read ``b[j]``), ``"row"`` (shape (1, N), read ``b[0, j]``)
+        or None.
+    bias_first : bool
+        Spell the add ``b[j] + Y[i, j]`` instead of ``Y[i, j] + b[j]``.
+    relu : str or None
+        A key of :data:`RELU_SPELLINGS`, or None.
+    folded : bool
+        Bias and relu in one epilogue block (only with both).
+    dtypes : tuple of str
+        ``(x, w, accumulator)``, one of :data:`SIGNATURES`.
+    loop_order : str
+        Order of the reduction block's loops, a permutation of ``"ijk"``.
+    iter_order : str
+        Order of the reduction block's iterators, a permutation of ``"ijk"``.
+    epilogue_order : str
+        ``"ij"`` or ``"ji"``: loop order of the epilogue blocks.
+    commuted : bool
+        ``W * X`` instead of ``X * W``.
+    accumulate_last : bool
+        ``X * W + Y`` instead of ``Y + X * W``.
+    alloc : str
+        ``"sblock"`` (root-block ``alloc_buffers``) or ``"stmt"`` (an ``AllocBuffer``
+        statement right before the block that first writes the buffer).
+    feeds_next : bool
+        The output is a local buffer read as X by the next chain (an MLP).
+    x_view : bool
+        X is a parameter with a symbolic element offset: it may be a view into a larger
+        tensor (ignored when X is the previous chain's output).
+    init : str
+        A key of :data:`INITS`.
+    in_place : bool
+        The epilogue blocks update the reduction's output in place (``Z[i, j] = Z[i, j] +
+        b[j]``) instead of writing new buffers.
+    knobs : Knobs
+        How the chain departs from its pattern: all defaults in a positive.
+    mutation : str or None
+        The name of the near miss the knobs make, a key of
+        :data:`~tir_byoc.testing.mutations.MUTATIONS`; set, with ``knobs``, by
+        :func:`~tir_byoc.testing.mutations.mutate`.
+    """
+
+    layout: str = "dense"
+    n: int = 4
+    k: int = 3
+    bias: str | None = None
+    bias_first: bool = False
+    relu: str | None = None
+    folded: bool = False
+    dtypes: tuple[str, str, str] = ("float32", "float32", "float32")
+    loop_order: str = "ijk"
+    iter_order: str = "ijk"
+    epilogue_order: str = "ij"
+    commuted: bool = False
+    accumulate_last: bool = False
+    alloc: str = "sblock"
+    feeds_next: bool = False
+    x_view: bool = False
+    init: str = "zero"
+    in_place: bool = False
+    knobs: Knobs = Knobs()
+    mutation: str | None = None
+
+    @property
+    def ops(self) -> tuple[str, ...]:
+        return tuple(op for op, on in (("bias", self.bias), ("relu", self.relu)) if on)
+
+    @property
+    def epilogue_ops(self) -> tuple[str, ...]:
+        """The ops of the epilogue blocks (a bias read by the init is not one of them)."""
+        return tuple(op for op in self.ops if not (op == "bias" and self.init == "bias"))
+
+    @property
+    def pattern(self) -> str:
+        """The pattern this chain computes when it is not mutated."""
+        return pattern_for(self.layout, self.ops).name
+
+    @property
+    def epilogue_blocks(self) -> int:
+        ops = self.epilogue_ops
+        return 1 if self.folded and len(ops) == 2 else len(ops)
+
+
+@dataclass(frozen=True)
+class DistractorSpec:
+    """An unrelated block: ``kind`` from :data:`DISTRACTORS`, next to chain ``chain``.
+
+    It goes before the chain (``before``; producers always do), after it, or ``inside`` it:
+    between the reduction and the first epilogue block, which cuts the chain there (the
+    matcher only joins blocks that follow one another).
+    """
+
+    kind: str
+    chain: int = 0
+    before: bool = False
+    inside: bool = False
+
+    @property
+    def placement(self) -> str:
+        if self.inside:
+            return "inside"
+        if self.kind in _PRODUCERS or (self.before and self.kind not in _CONSUMERS):
+            return "before"
+        return "after"
+
+
+@dataclass(frozen=True)
+class ProgramSpec:
+    """A whole PrimFunc: chains in order, with distractors around them.
+
+    Parameters
+    ----------
+    chains : tuple of ChainSpec
+    distractors : tuple of DistractorSpec
+    m : int
+        The batch extent, or its run-time value when ``symbolic_m``.
+    symbolic_m : bool
+        M is a variable shared by every chain.
+    index_dtype : str
+        ``"int32"`` or ``"int64"``: loop variables, iterators and shapes.
+    name : str
+        The function's global symbol.
+    """
+
+    chains: tuple[ChainSpec, ...] = (ChainSpec(),)
+    distractors: tuple[DistractorSpec, ...] = ()
+    m: int = 2
+    symbolic_m: bool = False
+    index_dtype: str = "int64"
+    name: str = "main"
+
+    def __post_init__(self):
+        problem = _spec_problem(self)
+        if problem:
+            raise ValueError(f"ProgramSpec: {problem}")
+
+
+# --------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------
+
+
+def _chain_problem(chain: ChainSpec) -> str | None:
+    checks = (
+        (
+            chain.layout in ("dense", "matmul"),
+            f"expected layout dense or matmul, got {chain.layout!r}",
+        ),
+        (chain.n >= 1 and chain.k >= 1, f"expected n, k >= 1, got n={chain.n}, k={chain.k}"),
+        (
+            chain.bias in (None, "vector", "row"),
+            f"expected bias vector, row or None, got {chain.bias!r}",
+        ),
+        (
+            chain.relu is None or chain.relu in RELU_SPELLINGS,
+            f"relu {chain.relu!r} unknown: expected a key of RELU_SPELLINGS or None",
+        ),
+        (
+            tuple(chain.dtypes) in SIGNATURES,
+            f"expected dtypes from SIGNATURES, got {chain.dtypes!r}",
+        ),
+        (
+            sorted(chain.loop_order) == list("ijk"),
+            f"expected loop_order a permutation of 'ijk', got {chain.loop_order!r}",
+        ),
+        (
+            sorted(chain.iter_order) == list("ijk"),
+            f"expected iter_order a permutation of 'ijk', got {chain.iter_order!r}",
+        ),
+        (
+            chain.epilogue_order in ("ij", "ji"),
+            f"expected epilogue_order 'ij' or 'ji', got {chain.epilogue_order!r}",
+        ),
+        (chain.alloc in ("sblock", "stmt"), f"expected alloc sblock or stmt, got {chain.alloc!r}"),
+        (chain.init in INITS, f"expected init in {INITS}, got {chain.init!r}"),
+        (chain.init != "bias" or chain.bias, "init 'bias' needs a chain with a bias"),
+    )
+    return next((message for ok, message in checks if not ok), None) or _knobs_problem(chain)
+
+
+def _knobs_problem(chain: ChainSpec) -> str | None:
+    """The knobs must be those of the mutation the chain is named after (none for a positive)."""
+    from .mutations import MUTATIONS  # the mutations are declared over these specs
+
+    if chain.mutation is None:
+        expected = Knobs()
+    elif chain.mutation in MUTATIONS:
+        expected = MUTATIONS[chain.mutation].knobs
+    else:
+        return f"mutation {chain.mutation!r} unknown: expected a key of MUTATIONS or None"
+    if chain.knobs != expected:
+        return (
+            f"knobs of mutation {chain.mutation!r}: expected {expected}, got {chain.knobs} "
+            "(use mutate)"
+        )
+    return None
+
+
+def _spec_problem(spec: ProgramSpec) -> str | None:
+    if not spec.chains:
+        return "expected at least one chain"
+    if spec.index_dtype not in ("int32", "int64"):
+        return f"expected index_dtype int32 or int64, got {spec.index_dtype!r}"
+    if spec.m < 1:
+        return f"expected m >= 1, got {spec.m}"
+    for c, chain in enumerate(spec.chains):
+        problem = _chain_problem(chain)
+        if problem:
+            return f"chain {c}: {problem}"
+        if chain.feeds_next:
+            following = spec.chains[c + 1] if c + 1 < len(spec.chains) else None
+            if following is None:
+                return f"chain {c} feeds the next chain, but it is the last"
+            if chain.dtypes[2] != "float32" or following.dtypes != ("float32",) * 3:
+                return f"chain {c} feeds chain {c + 1}: both must be float32"
+            if following.k != chain.n:
+                return f"chain {c} feeds chain {c + 1}: expected k={chain.n}, got {following.k}"
+    if sum(chain.mutation is not None for chain in spec.chains) > 1:
+        return "at most one chain may be mutated"
+    for d in spec.distractors:
+        if d.kind not in DISTRACTORS or not 0 <= d.chain < len(spec.chains):
+            return f"distractor {d} names an unknown kind or chain"
+        if d.kind == "bias_in" and spec.chains[d.chain].bias is None:
+            return f"distractor {d}: chain {d.chain} has no bias"
+        if d.inside and (d.kind not in INSIDE_KINDS or not spec.chains[d.chain].epilogue_blocks):
+            return (
+                f"distractor {d}: expected a kind in {INSIDE_KINDS} and a chain with an "
+                "epilogue block to sit inside"
+            )
+        if d.inside and d.kind == "bias_in" and spec.chains[d.chain].init == "bias":
+            return f"distractor {d}: the init of chain {d.chain} reads the bias before it is made"
+    return None
