@@ -1,0 +1,94 @@
+"""The options of :func:`tune_tir` and :func:`tune_relax`, typed and checked once.
+
+Entry point: :meth:`TuneOptions.from_kwargs`, which turns the ``**options`` of the public
+functions into one frozen :class:`TuneOptions`; ``tune.py`` reads its fields and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+from typing import TextIO
+
+from tvm.s_tir.meta_schedule import (
+    Builder,
+    CostModel,
+    Database,
+    MeasureCallback,
+    Runner,
+    SearchStrategy,
+    TaskScheduler,
+)
+
+from ..registry import REGISTRY, Registry
+from .rule import check_mode
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """Everything a tuning run can be told besides its module, target, work_dir and budget.
+
+    The fields come in three groups, in this order (which is also the order the error for an
+    unknown option lists them in): MetaSchedule's ``ms.tune.tune_tasks`` options, each task's
+    ``ms.TuneContext`` options, and tir_byoc's own.  The defaults are MetaSchedule's, except
+    for ``builder``.
+
+    Attributes
+    ----------
+    max_trials_per_task, num_trials_per_iter, runner, cost_model, task_scheduler
+        Passed to ``ms.tune.tune_tasks``.
+    builder : Builder or str, optional
+        Passed to ``ms.tune.tune_tasks``; None: a :func:`candidate_builder`.
+    database : Database or str
+        A database, or the kind of database to create (``"json"`` in ``work_dir``).
+    measure_callbacks : MeasureCallback, list of MeasureCallback, or "default"
+        MetaSchedule's callbacks; a :class:`Progress` is added to them.
+    module_equality : str
+        Passed to ``ms.tune.tune_tasks`` and to the database it creates.
+    strategy, num_tuning_cores
+        Each ``ms.TuneContext``'s ``search_strategy`` and ``num_threads``.
+    seed : int, optional
+        Seed the tasks' random states are forked from.
+    offload : {"choice", "always", "never"}
+        How chains enter the search; see :func:`tune_tir`.
+    backends : str or iterable of str, optional
+        Backends allowed, as for :func:`tir_byoc.scan`.
+    registry : Registry
+        Where intrinsics are looked up.
+    progress : bool or text stream
+        True: progress lines and the report on stderr; False: silent; or where they go.
+    """
+
+    # MetaSchedule's ms.tune.tune_tasks.
+    max_trials_per_task: int | None = None
+    num_trials_per_iter: int = 64
+    builder: Builder | str | None = None
+    runner: Runner | str = "local"
+    database: Database | str = "json"
+    cost_model: CostModel | str = "xgb"
+    measure_callbacks: MeasureCallback | list[MeasureCallback] | str = "default"
+    task_scheduler: TaskScheduler | str = "gradient"
+    module_equality: str = "structural"
+    # Each task's ms.TuneContext.
+    strategy: SearchStrategy | str = "evolutionary"
+    num_tuning_cores: int | str = "physical"
+    seed: int | None = None
+    # tir_byoc's own.
+    offload: str = "choice"
+    backends: Iterable[str] | str | None = None
+    registry: Registry = REGISTRY
+    progress: bool | TextIO = True
+
+    def __post_init__(self):
+        check_mode(self.offload)
+
+    @classmethod
+    def from_kwargs(cls, options: dict) -> TuneOptions:
+        """``options`` as given to :func:`tune_tir`; TypeError naming any unknown one."""
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise TypeError(
+                f"tir_byoc.meta_schedule: unknown option(s) {unknown}; expected some of {known}"
+            )
+        return cls(**options)

@@ -1,0 +1,108 @@
+"""Which variant won, per function: the report a tuning run writes into its ``work_dir``.
+
+Entry points: :class:`TuningReport` (made of one :class:`FunctionReport` per function; ``tune.py``
+saves it as :data:`REPORT_FILE`) and :func:`load_report`, which reads it back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+#: File in ``work_dir`` where the helpers write their :class:`TuningReport`.
+REPORT_FILE = "tir_byoc_report.json"
+
+
+@dataclass(frozen=True)
+class FunctionReport:
+    """How one function of the tuned module was decided.
+
+    Attributes
+    ----------
+    name : str
+        The function's name in the module.
+    choice : str
+        ``"offload"`` (chains call intrinsics), ``"native"`` (the tuned schedule was faster),
+        ``"mixed"`` (several chains, decided differently), ``"none"`` (no chain to offload),
+        ``"offload-untuned"`` (the whole function is offloaded; not tuned) or ``"unchanged"``.
+    trials : int
+        Candidates measured for it (0 when it was not tuned).
+    best_ms : float or None
+        Latency of the chosen candidate.
+    best_offload_ms, best_native_ms : float or None
+        Best latency measured for each variant (what the choice compared).
+    intrinsics : tuple of str
+        Intrinsics the final function calls.
+    note : str
+        Why it was not tuned, or what went wrong.
+    """
+
+    name: str
+    choice: str
+    trials: int = 0
+    best_ms: float | None = None
+    best_offload_ms: float | None = None
+    best_native_ms: float | None = None
+    intrinsics: tuple[str, ...] = ()
+    note: str = ""
+
+    def __str__(self) -> str:
+        parts = [f"{self.name}: {self.choice}"]
+        if self.trials:
+            parts.append(f"{self.trials} trials")
+        if self.best_ms is not None:
+            parts.append(f"best {self.best_ms:.4f} ms")
+        compared = [
+            f"{label} {ms_:.4f} ms"
+            for label, ms_ in (("offload", self.best_offload_ms), ("native", self.best_native_ms))
+            if ms_ is not None
+        ]
+        if len(compared) == 2:
+            parts.append("measured " + " vs ".join(compared))
+        if self.intrinsics:
+            parts.append("calls " + ", ".join(self.intrinsics))
+        if self.note:
+            parts.append(self.note)
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class TuningReport:
+    """Per function: which variant won, and the rejected candidates with their reasons."""
+
+    functions: tuple[FunctionReport, ...]
+    rejected: dict[str, int] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> FunctionReport:
+        for function in self.functions:
+            if function.name == name:
+                return function
+        raise KeyError(f"no function named {name!r} in the report")
+
+    def __str__(self) -> str:
+        lines = ["tir_byoc tuning report:", *(f"  {f}" for f in self.functions)]
+        for reason, count in sorted(self.rejected.items()):
+            lines.append(f"  rejected {count} candidate(s): {reason}")
+        return "\n".join(lines)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        return path
+
+
+def load_report(work_dir: str | os.PathLike) -> TuningReport:
+    """The report :func:`tune_tir` or :func:`tune_relax` wrote into ``work_dir``."""
+    path = Path(work_dir) / REPORT_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"tir_byoc.meta_schedule: expected a report at {path}; run tune_tir or tune_relax "
+            "with this work_dir first"
+        )
+    data = json.loads(path.read_text())
+    functions = tuple(
+        FunctionReport(**{**f, "intrinsics": tuple(f["intrinsics"])}) for f in data["functions"]
+    )
+    return TuningReport(functions, data.get("rejected", {}))

@@ -1,0 +1,366 @@
+"""Tuning with offload in the design space, one call from module to tuned module.
+
+Entry points: :func:`tune_tir` and :func:`tune_relax` (tune, keep the faster variant per
+function, return the module ready for ``tvm.compile``) and :func:`apply_record` (the best
+record of a workload with its chosen chains offloaded).  A call goes: options checked once
+(:class:`~.options.TuneOptions`); every function planned once and turned into tasks
+(:func:`plan_tasks`); all tasks tuned in one search over :func:`~.space.design_space`
+(:func:`_run_search`); per function, the faster variant's best record replayed
+(:func:`_decide`); the :class:`~.report.TuningReport` written.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
+
+from .. import toolchain
+from ..offload import apply
+from ..registry import REGISTRY, Registry
+from ..rewrite import intrinsic_calls
+from .options import TuneOptions
+from .postproc import OffloadPostproc, Rejections
+from .progress import FAILED_RUN, Progress, mean_seconds
+from .report import REPORT_FILE, FunctionReport, TuningReport
+from .rule import cpu_target, logger, only_function
+from .space import candidate_builder, design_space
+from .tasks import Task, plan_tasks
+
+# --------------------------------------------------------------------------------------
+# Applying the database
+# --------------------------------------------------------------------------------------
+
+
+def apply_record(
+    database: ms.database.Database,
+    func: tirx.PrimFunc | tvm.IRModule,
+    target,
+    *,
+    backends: Iterable[str] | str | None = None,
+    registry: Registry = REGISTRY,
+) -> tirx.PrimFunc | None:
+    """The best schedule of ``func`` in ``database``, with its chosen chains offloaded.
+
+    Parameters
+    ----------
+    database : tvm.s_tir.meta_schedule.database.Database
+        Records of a tuning run that used :func:`offload_space`.
+    func : tvm.tirx.PrimFunc or tvm.IRModule
+        The workload as it was tuned (a PrimFunc is normalized the way ``ms.tune_tir`` does).
+    target : str, dict or tvm.target.Target
+        The target it was tuned for.
+    backends, registry
+        As for :func:`tir_byoc.scan`.
+
+    Returns
+    -------
+    tvm.tirx.PrimFunc or None
+        None when the database has no valid record for ``func``.
+    """
+    target = cpu_target(target)
+    workload = _normalize_mod(func)
+    record = database.query_tuning_record(workload, target, "main")
+    if record is None:
+        return None
+    # Step 1. Replay the record: the chain comes back marked and untouched, since the
+    # offload itself is not a traced instruction (see offload_space).
+    sch = s_tir.Schedule(workload)
+    record.trace.apply_to_schedule(sch, remove_postproc=False)
+    # Step 2. The postproc again, as on the measured candidate.
+    postproc = OffloadPostproc(backends, registry)
+    if not postproc.apply(sch):
+        reasons = "; ".join(postproc.rejections.counts)
+        raise RuntimeError(
+            f"tir_byoc.meta_schedule: the best record of "
+            f"{only_function(workload)[0].name_hint} does not offload any more: {reasons}"
+        )
+    return only_function(sch.mod)[1]
+
+
+# --------------------------------------------------------------------------------------
+# The search
+# --------------------------------------------------------------------------------------
+
+
+def _database(options: TuneOptions, work_dir: str) -> ms.database.Database:
+    database, equality = options.database, options.module_equality
+    if isinstance(database, ms.database.Database):
+        return database
+    if database == "json":
+        return ms.database.Database.create("json", work_dir=work_dir, module_equality=equality)
+    return ms.database.Database.create(database, module_equality=equality)
+
+
+@contextlib.contextmanager
+def _task_loggers(work_dir: str, names: list[str]):
+    """One DEBUG file logger per task in ``work_dir/logs``, closed on exit.
+
+    MetaSchedule's own ``get_loggers_from_work_dir`` fails on its second call in a process
+    whose MetaSchedule logger carries an unnamed handler (pytest adds some), and it prints
+    every task table to stdout; these loggers keep the per-task files without either.
+    """
+    log_dir = Path(work_dir) / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    loggers, handlers = [], []
+    for i, name in enumerate(names):
+        task_logger = logging.getLogger(f"{logger.name}.task.{i}_{name}")
+        handler = logging.FileHandler(log_dir / f"task_{i:02d}_{name[:100]}.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s [%(levelname)s] %(message)s"))
+        task_logger.addHandler(handler)
+        task_logger.setLevel(logging.DEBUG)
+        task_logger.propagate = False
+        loggers.append(task_logger)
+        handlers.append(handler)
+    try:
+        yield loggers
+    finally:
+        for task_logger, handler in zip(loggers, handlers):
+            task_logger.removeHandler(handler)
+            handler.close()
+
+
+def _run_search(tasks, target, work_dir, max_trials_global, options: TuneOptions, rejections):
+    """Tune ``tasks`` in one search; returns the database and the trial counter."""
+    # Step 1. MetaSchedule's callbacks, plus ours (which also counts trials for the report).
+    progress = options.progress
+    counter = Progress(progress is not False, None if isinstance(progress, bool) else progress)
+    callbacks = options.measure_callbacks
+    if callbacks == "default":
+        callbacks = ms.MeasureCallback.create("default")
+    elif isinstance(callbacks, ms.MeasureCallback):
+        callbacks = [callbacks]
+    database = _database(options, work_dir)
+    builder = options.builder if options.builder is not None else candidate_builder()
+    # Step 2. One context per task, with the rule told which variant it tunes; then tune.
+    rule_mode = {"offload": "always", "native": "never", "plain": "never"}
+    seeds = ms.utils.fork_seed(options.seed, n=len(tasks))
+    with _task_loggers(work_dir, [t.name for t in tasks]) as loggers:
+        contexts = [
+            ms.TuneContext(
+                mod=task.workload,
+                target=target,
+                space_generator=design_space(
+                    target, rule_mode[task.variant], options.backends, options.registry, rejections
+                ),
+                search_strategy=options.strategy,
+                task_name=task.name,
+                rand_state=seed,
+                num_threads=options.num_tuning_cores,
+                logger=task_logger,
+            ).clone()
+            for task, task_logger, seed in zip(tasks, loggers, seeds)
+        ]
+        ms.tune.tune_tasks(
+            tasks=contexts,
+            task_weights=[float(len(t.members)) for t in tasks],
+            work_dir=work_dir,
+            max_trials_global=max_trials_global,
+            max_trials_per_task=options.max_trials_per_task,
+            num_trials_per_iter=options.num_trials_per_iter,
+            builder=builder,
+            runner=options.runner,
+            database=database,
+            cost_model=options.cost_model,
+            measure_callbacks=[*callbacks, counter],
+            task_scheduler=options.task_scheduler,
+            module_equality=options.module_equality,
+        )
+    return database, counter
+
+
+# --------------------------------------------------------------------------------------
+# The decision per function
+# --------------------------------------------------------------------------------------
+
+
+def _called_intrinsics(func: tirx.PrimFunc) -> tuple[str, ...]:
+    """The intrinsics ``func`` calls, once per offloaded block, sorted: the report's form."""
+    return tuple(sorted(collections.Counter(intrinsic_calls(func)).elements()))
+
+
+def _best_ms(database, task: Task, target) -> float | None:
+    record = database.query_tuning_record(task.workload, target, "main")
+    if record is None:
+        return None
+    seconds = mean_seconds(record.run_secs)
+    return seconds * 1e3 if seconds < FAILED_RUN else None
+
+
+def _decide(name, tasks, functions, database, target, counter, options, planned) -> FunctionReport:
+    """Replay the faster variant's best record into ``functions[name]``; report the choice."""
+    best = {t.variant: _best_ms(database, t, target) for t in tasks}
+    measured = {v: ms_ for v, ms_ in best.items() if ms_ is not None}
+    trials = sum(counter.trials.get(t.name, 0) for t in tasks)
+    original = functions[name]
+    if not measured:
+        note = "no valid measured candidate; chains offloaded, the rest left unscheduled"
+        logger.warning("%s: %s", name, note)
+        functions[name] = apply(planned)
+        intrinsics = _called_intrinsics(functions[name])
+        return FunctionReport(
+            name, "offload" if intrinsics else "none", trials, intrinsics=intrinsics, note=note
+        )
+    winner = min(measured, key=measured.get)
+    task = next(t for t in tasks if t.variant == winner)
+    scheduled = apply_record(
+        database, task.workload, target, backends=options.backends, registry=options.registry
+    )
+    functions[name] = tirx.PrimFunc(
+        scheduled.params, scheduled.body, scheduled.ret_type, attrs=original.attrs
+    ).with_attr("tirx.is_scheduled", True)
+    return FunctionReport(
+        name,
+        choice="none" if winner == "plain" else winner,
+        trials=trials,
+        best_ms=measured[winner],
+        best_offload_ms=best.get("offload"),
+        best_native_ms=best.get("native"),
+        intrinsics=_called_intrinsics(scheduled),
+    )
+
+
+# --------------------------------------------------------------------------------------
+# One-call helpers
+# --------------------------------------------------------------------------------------
+
+
+def _tune_functions(functions, target, work_dir, max_trials_global, options: TuneOptions):
+    """The core of :func:`tune_tir` and :func:`tune_relax`: named PrimFuncs in, tuned out."""
+    target = cpu_target(target)
+    os.makedirs(work_dir, exist_ok=True)
+    functions = dict(functions)
+    # Step 1. Which functions are tuned (in which variants), offloaded whole, or left alone.
+    tasks, untuned, plans = plan_tasks(functions, options)
+    reports = {}
+    for name, reason in untuned.items():
+        choice = "unchanged"
+        if reason == "whole function offloaded":
+            functions[name] = apply(plans[name])
+            choice = "offload-untuned"
+        reports[name] = FunctionReport(
+            name, choice, intrinsics=_called_intrinsics(functions[name]), note=reason
+        )
+    # Step 2. Tune every task in one search; then keep the faster variant per function.
+    rejections = Rejections()
+    if tasks:
+        database, counter = _run_search(
+            tasks, target, work_dir, max_trials_global, options, rejections
+        )
+        for name in functions:
+            mine = [t for t in tasks if name in t.members]
+            if mine:
+                reports[name] = _decide(
+                    name, mine, functions, database, target, counter, options, plans[name]
+                )
+    # Step 3. Load the libraries the result calls, so that tvm.compile resolves them here.
+    registry = options.registry
+    for backend in sorted({registry[i].backend for r in reports.values() for i in r.intrinsics}):
+        toolchain.load_backend(backend, registry)
+    report = TuningReport(tuple(reports[n] for n in functions), dict(rejections.counts))
+    report.save(Path(work_dir) / REPORT_FILE)
+    logger.info("%s", report)
+    if options.progress is not False:
+        stream = sys.stderr if isinstance(options.progress, bool) else options.progress
+        print(report, file=stream, flush=True)
+    return functions
+
+
+def tune_tir(mod, target, work_dir: str, max_trials_global: int, **options):
+    """Tune a TIR module with tir_byoc's offload in the design space.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule or tvm.tirx.PrimFunc
+        S-TIR functions to tune.  Not modified.
+    target : str, dict or tvm.target.Target
+        An llvm (CPU) target.
+    work_dir : str
+        Where MetaSchedule's database and logs go, and :data:`REPORT_FILE`.
+    max_trials_global : int
+        Trials for all functions together.
+    **options
+        ``offload``: ``"choice"`` (default; offloaded and native variants both measured),
+        ``"always"`` (chains always offloaded; functions made only of chains not tuned at
+        all) or ``"never"`` (plain MetaSchedule); ``backends``, ``registry``,
+        ``progress`` (True: lines on stderr; False: silent; or a text stream); MetaSchedule's
+        ``max_trials_per_task``, ``num_trials_per_iter``, ``builder`` (default
+        :func:`candidate_builder`), ``runner``, ``database``, ``cost_model``,
+        ``measure_callbacks``, ``task_scheduler``, ``module_equality``, ``strategy``,
+        ``num_tuning_cores`` and ``seed``.
+
+    Returns
+    -------
+    tvm.IRModule or tvm.tirx.PrimFunc
+        The same kind as ``mod``: every function scheduled by its best record, with the chains
+        that won offloaded.  The intrinsic libraries are loaded, so ``tvm.compile`` of it runs
+        here; :func:`load_report` tells which variant won per function.
+    """
+    if not isinstance(mod, tirx.PrimFunc | tvm.IRModule):
+        raise TypeError(
+            f"tir_byoc.meta_schedule.tune_tir: expected a tvm.IRModule or tvm.tirx.PrimFunc, "
+            f"got {type(mod).__name__}"
+        )
+    checked = TuneOptions.from_kwargs(options)
+    if isinstance(mod, tvm.IRModule):
+        return _tune_module(mod, target, work_dir, max_trials_global, checked)
+    name = str(mod.attrs["global_symbol"]) if mod.attrs and "global_symbol" in mod.attrs else "main"
+    return _tune_functions({name: mod}, target, work_dir, max_trials_global, checked)[name]
+
+
+def tune_relax(mod, target, work_dir: str, max_trials_global: int, **options):
+    """Tune the PrimFuncs of a lowered Relax module with tir_byoc's offload in the design space.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        A Relax module after ``LegalizeOps`` (and usually ``FuseOps`` and ``FuseTIR``), so that
+        its operators are PrimFuncs called with ``call_tir``.  Not modified.
+    target, work_dir, max_trials_global, **options
+        As for :func:`tune_tir`.
+
+    Returns
+    -------
+    tvm.IRModule
+        The Relax module with its PrimFuncs scheduled and offloaded, ready for
+        ``tvm.compile(mod, target)`` and the Relax VM.
+    """
+    from tvm import relax
+
+    if not isinstance(mod, tvm.IRModule) or not any(
+        isinstance(f, relax.Function) for f in mod.functions.values()
+    ):
+        raise TypeError(
+            "tir_byoc.meta_schedule.tune_relax: expected a tvm.IRModule with Relax functions, "
+            f"got {type(mod).__name__} without any"
+        )
+    if not any(isinstance(f, tirx.PrimFunc) for f in mod.functions.values()):
+        raise ValueError(
+            "tir_byoc.meta_schedule.tune_relax: expected PrimFuncs to tune, found none; run "
+            "relax.transform.LegalizeOps (and FuseOps, FuseTIR) first"
+        )
+    checked = TuneOptions.from_kwargs(options)
+    return _tune_module(mod, target, work_dir, max_trials_global, checked)
+
+
+def _tune_module(mod, target, work_dir, max_trials_global, options: TuneOptions) -> tvm.IRModule:
+    primfuncs = {
+        gvar.name_hint: func
+        for gvar, func in mod.functions_items()
+        if isinstance(func, tirx.PrimFunc)
+    }
+    tuned = _tune_functions(primfuncs, target, work_dir, max_trials_global, options)
+    result = mod.clone()
+    for gvar, _ in mod.functions_items():
+        if gvar.name_hint in tuned:
+            result.update_func(gvar, tuned[gvar.name_hint])
+    return result
