@@ -26,7 +26,7 @@ from tvm.script import tirx as T
 import tir_byoc
 from tir_byoc import demo
 from tir_byoc import meta_schedule as tms
-from tir_byoc.rewrite import INTRINSIC_ATTR
+from tir_byoc.rewrite import intrinsic_calls
 
 pytestmark = pytest.mark.usefixtures("reference_backend")
 
@@ -90,18 +90,6 @@ def marked(choice: str) -> s_tir.Schedule:
     for name in CHAIN:
         sch.annotate(sch.get_sblock(name), tms.CHOICE_ATTR, choice)
     return sch
-
-
-def intrinsic_calls(func: tirx.PrimFunc) -> dict[str, int]:
-    counts: dict[str, int] = {}
-
-    def on_block(block):
-        if block.annotations and INTRINSIC_ATTR in block.annotations:
-            name = str(block.annotations[INTRINSIC_ATTR])
-            counts[name] = counts.get(name, 0) + 1
-
-    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, on_block))
-    return counts
 
 
 def loop_annotations(func: tirx.PrimFunc, around=CHAIN) -> list:
