@@ -3,7 +3,8 @@
 Entry point: :func:`main`, installed as ``tir-byoc`` (also ``python -m tir_byoc``).  Each
 subcommand is a thin wrapper over :func:`tir_byoc.scan`, :func:`tir_byoc.explain` or
 :func:`tir_byoc.offload`, applied to the IRModules and PrimFuncs a TVMScript file defines
-(:mod:`tir_byoc.tvmscript`).
+(:mod:`tir_byoc.tvmscript`), reading one :class:`~tir_byoc.planning.Plan` per definition;
+:mod:`tir_byoc.cli_output` renders the tables and the ``--json`` records.
 
 stdout carries the table (or the JSON) and nothing else; notes go to stderr.  A mistake in
 the input is one line on stderr and exit status 2; work that could not be done (a compiler
@@ -15,22 +16,26 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata
-import json
 import logging
 import os
-import shutil
 import sys
-import textwrap
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import tvm
 from tvm import tirx
 
-from . import toolchain, tvmscript
-from .match import Rejection, is_s_tir
+from . import tvmscript
+from .cli_output import (
+    Cell,
+    Output,
+    Table,
+    intrinsic_record,
+    match_record,
+    rejection_record,
+)
+from .match import is_s_tir
 from .offload import apply
 from .planning import Choice, Plan, plan
 from .registry import REGISTRY, backend_order
@@ -40,8 +45,6 @@ from .tvmscript import Definition, ScriptError
 
 PROG = "tir-byoc"
 
-#: Version of the ``--json`` record layouts (see the README); bumped on any incompatible change.
-SCHEMA_VERSION = 1
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -52,156 +55,6 @@ class UsageError(Exception):
 
 class Failed(Exception):
     """The work asked for could not be done; the message is one line."""
-
-
-# --------------------------------------------------------------------------------------
-# Tables
-# --------------------------------------------------------------------------------------
-
-_STYLES = {"header": "1", "good": "32", "bad": "33", "dim": "2"}
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One table cell; ``style`` (a key of ``_STYLES``) colours it on a terminal."""
-
-    text: str
-    style: str | None = None
-
-
-class Table:
-    """Aligned columns; the last one wraps to the terminal width when there is one."""
-
-    def __init__(self, headers: Sequence[str]):
-        self.headers = list(headers)
-        self.rows: list[list[Cell]] = []
-
-    def add(self, *cells) -> None:
-        row = [c if isinstance(c, Cell) else Cell(str(c)) for c in cells]
-        if len(row) != len(self.headers):
-            raise ValueError(f"expected {len(self.headers)} cells, got {len(row)}")
-        self.rows.append(row)
-
-    def render(self, *, colour: bool = False, width: int | None = None) -> str:
-        """The table as text; ``width`` (a terminal's) wraps the last column to fit."""
-        header = [Cell(h, "header") for h in self.headers]
-        rows = [header, *self.rows]
-        widths = [max(len(row[i].text) for row in rows) for i in range(len(self.headers) - 1)]
-        indent = sum(widths) + 2 * len(widths)
-        last_width = max(20, width - indent - 1) if width else None
-        lines = []
-        for row in rows:
-            *leading, last = row
-            prefix = "".join(
-                _paint(cell.text, cell.style, colour) + " " * (w - len(cell.text) + 2)
-                for cell, w in zip(leading, widths)
-            )
-            pieces = textwrap.wrap(last.text, last_width) if last_width else [last.text]
-            pieces = pieces or [""]
-            lines.append(prefix + _paint(pieces[0], last.style, colour))
-            lines += [" " * indent + _paint(p, last.style, colour) for p in pieces[1:]]
-        return "\n".join(line.rstrip() for line in lines)
-
-
-def _paint(text: str, style: str | None, colour: bool) -> str:
-    if not colour or style is None or not text:
-        return text
-    return f"\033[{_STYLES[style]}m{text}\033[0m"
-
-
-@dataclass(frozen=True)
-class _Output:
-    """Where and how to print: stdout for results, stderr for notes."""
-
-    colour: bool
-    width: int | None
-
-    @classmethod
-    def for_stdout(cls, when: str) -> _Output:
-        tty = sys.stdout.isatty()
-        if when == "auto":
-            colour = tty and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
-        else:
-            colour = when == "always"
-        width = shutil.get_terminal_size().columns if tty else None
-        return cls(colour, width)
-
-    def table(self, table: Table) -> None:
-        print(table.render(colour=self.colour, width=self.width))
-
-    @staticmethod
-    def json(records) -> None:
-        print(json.dumps(records, indent=2))
-
-    @staticmethod
-    def note(text: str) -> None:
-        print(text, file=sys.stderr)
-
-
-# --------------------------------------------------------------------------------------
-# Records: one per match, per rejection, per intrinsic (the --json schema)
-# --------------------------------------------------------------------------------------
-
-
-def _extent(expr) -> int | str:
-    """A static extent as an int; a symbolic one by name (or as its expression)."""
-    if isinstance(expr, tirx.IntImm):
-        return int(expr.value)
-    if isinstance(expr, tirx.Var):
-        return expr.name
-    return str(expr)
-
-
-def match_record(definition: Definition, match: Choice) -> dict:
-    """The ``--json`` object of ``scan`` for one match (schema in the README)."""
-    intrinsic = REGISTRY[match.intrinsic] if match.intrinsic else None
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "definition": definition.name,
-        "function": match.func,
-        "blocks": list(match.blocks),
-        "pattern": match.pattern,
-        "dtype": str(match.dtype),
-        "dtypes": {"x": match.dtype.x, "w": match.dtype.w, "out": match.dtype.out},
-        "m": _extent(match.m),
-        "n": _extent(match.n),
-        "k": _extent(match.k),
-        "buffers": match.buffers,
-        "intermediates": [v.name for v in match.intermediates],
-        "intrinsic": match.intrinsic,
-        "backend": intrinsic.backend if intrinsic else None,
-        "extern_symbol": intrinsic.extern_symbol if intrinsic else None,
-        "reason": match.reason,
-    }
-
-
-def rejection_record(definition: Definition, rejection: Rejection) -> dict:
-    """The ``--json`` object of ``explain`` for one refused candidate."""
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "definition": definition.name,
-        "function": rejection.func,
-        "blocks": list(rejection.blocks),
-        "nearest": rejection.nearest,
-        "reason": rejection.reason,
-    }
-
-
-def intrinsic_record(intrinsic) -> dict:
-    """The ``--json`` object of ``intrinsics`` for one registered intrinsic."""
-    missing = toolchain.unavailable(intrinsic.backend, REGISTRY)
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "intrinsic": intrinsic.name,
-        "pattern": intrinsic.pattern,
-        "dtypes": [str(d) for d in intrinsic.dtypes],
-        "backend": intrinsic.backend,
-        "extern_symbol": intrinsic.extern_symbol,
-        "priority": intrinsic.priority,
-        "source": str(intrinsic.source),
-        "available": missing is None,
-        "unavailable_reason": missing,
-    }
 
 
 # --------------------------------------------------------------------------------------
@@ -251,7 +104,7 @@ def _check_backends(args) -> None:
         raise UsageError(str(err)) from None
 
 
-def _note_plain_loops(definitions: list[Definition], func: str | None, out: _Output) -> None:
+def _note_plain_loops(definitions: list[Definition], func: str | None, out: Output) -> None:
     for definition in definitions:
         for name, prim_func in _functions(definition).items():
             if (func is None or name == func) and not is_s_tir(prim_func):
@@ -307,7 +160,7 @@ def _match_table(rows, qualify: bool) -> Table:
     return table
 
 
-def cmd_scan(args, out: _Output) -> int:
+def cmd_scan(args, out: Output) -> int:
     """``scan FILE.py``: every chain found, with the intrinsic chosen or why none was."""
     _check_backends(args)
     definitions = _definitions(args)
@@ -329,7 +182,7 @@ def cmd_scan(args, out: _Output) -> int:
     return EXIT_OK
 
 
-def cmd_explain(args, out: _Output) -> int:
+def cmd_explain(args, out: Output) -> int:
     """``explain FILE.py``: candidate blocks that were not matched, and why."""
     definitions = _definitions(args)
     rows = [
@@ -358,7 +211,7 @@ def cmd_explain(args, out: _Output) -> int:
     return EXIT_OK
 
 
-def cmd_offload(args, out: _Output) -> int:
+def cmd_offload(args, out: Output) -> int:
     """``offload FILE.py -o OUT.py``: write the rewritten definitions as TVMScript."""
     _check_backends(args)
     output = Path(args.output)
@@ -390,7 +243,7 @@ def cmd_offload(args, out: _Output) -> int:
     return EXIT_OK
 
 
-def cmd_intrinsics(args, out: _Output) -> int:
+def cmd_intrinsics(args, out: Output) -> int:
     """``intrinsics``: what is registered, and whether it can run on this machine."""
     records = [intrinsic_record(i) for i in REGISTRY]
     if args.json:
@@ -412,7 +265,7 @@ def cmd_intrinsics(args, out: _Output) -> int:
     return EXIT_OK
 
 
-def cmd_demo(args, out: _Output) -> int:
+def cmd_demo(args, out: Output) -> int:
     """``demo``: the forum MLP, lowered by Relax, offloaded, built, run, checked."""
     from . import demo  # imports Relax's frontend; only this subcommand needs it
 
@@ -545,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.debug:
         logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    out = _Output.for_stdout(args.color)
+    out = Output.for_stdout(args.color)
     try:
         _load_plugins(args.plugin)
         return args.handler(args, out)
