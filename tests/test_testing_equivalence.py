@@ -7,8 +7,11 @@ import tir_byoc
 from tir_byoc.registry import REGISTRY, Intrinsic, Registry
 from tir_byoc.testing.equivalence import (
     assert_equivalent,
+    compile_functions,
     differences,
+    longest_reduction,
     random_arguments,
+    run,
     tolerance,
 )
 from tir_byoc.testing.programs import ChainSpec, ProgramSpec, build_program
@@ -80,3 +83,27 @@ def test_a_parameter_with_an_offset_is_run_as_a_view(monkeypatch):
     monkeypatch.setattr(rewrite, "_pointer", tirx.buffer_data)
     problems = differences(program.func, tir_byoc.offload(program.func), seed=1)
     assert len(problems) == 1 and problems[0].startswith("Z0 (float32")
+
+
+def test_run_returns_every_buffer_and_leaves_its_arguments_alone():
+    program = _program(bias="vector", n=3, k=4)
+    arrays = random_arguments(program.func, seed=2)
+    before = [a.copy() for a in arrays]
+    x, w, b, z = run(program.func, arrays)
+    np.testing.assert_allclose(z, x @ w.T + b, rtol=1e-5, atol=1e-5)
+    assert all(np.array_equal(a, a0) for a, a0 in zip(arrays, before))
+
+
+def test_a_function_compiled_again_is_taken_from_the_cache():
+    program = _program(n=3, k=4)
+    rebuilt = _program(n=3, k=4)  # structurally equal, other objects
+    first = compile_functions({"main": program.func})
+    assert compile_functions({"main": rebuilt.func}) is first
+    assert compile_functions({"main": _program(n=3, k=5).func}) is not first
+
+
+def test_the_tolerance_widens_with_the_longest_reduction():
+    program = build_program(
+        ProgramSpec(chains=(ChainSpec(k=3), ChainSpec(k=17)), symbolic_m=True, m=2)
+    )
+    assert longest_reduction(program.func, program.bindings) == 17

@@ -15,7 +15,11 @@ strategies
     ``hypothesis`` package (``pip install tir-byoc[dev]``).
 equivalence
     Run two versions of a function on the same random inputs and compare every buffer, with
-    tolerances per dtype (:func:`assert_equivalent`).
+    tolerances per dtype (:func:`assert_equivalent`); :func:`run` one function.  The one
+    implementation of compiling, running and comparing that the tests use.
+inputs
+    Random inputs: :func:`random_array` (shape, dtype, rng) and :func:`random_arguments`
+    (one array per parameter of a PrimFunc, symbolic extents from ``sizes``).
 script
     :func:`to_tvmscript`: a PrimFunc as TVMScript that parses back, also with symbolic shapes.
 """

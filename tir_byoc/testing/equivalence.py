@@ -1,31 +1,37 @@
-"""Check that a rewritten PrimFunc computes what the original did.
+"""Check that a rewritten PrimFunc computes what the original did: compile, run, compare.
 
 Entry point: :func:`assert_equivalent` (or :func:`differences`, which returns the
 mismatches instead of raising).  Both functions are compiled into one module with
 ``tvm.compile`` (the extern symbols of offloaded calls must already be loaded, as
-:func:`tir_byoc.offload` does), run on the same random contents of *every* parameter, and
-every parameter is compared afterwards, so an output nobody matched, an input written by
-mistake or an output left unwritten all show up.  A parameter bound with a symbolic element
-offset is passed as a view into a larger tensor, so that the offset is not 0.
+:func:`tir_byoc.offload` does), run on the same random contents of *every* parameter
+(:func:`tir_byoc.testing.inputs.random_arguments`), and every parameter is compared
+afterwards, so an output nobody matched, an input written by mistake or an output left
+unwritten all show up.  :func:`run` runs one function the same way.  A parameter bound with
+a symbolic element offset is passed as a view into a larger tensor, so that the offset is
+not 0.
 
 Tolerances are per dtype, widened with the longest reduction (see :func:`tolerance`);
-integer results must be exact.
+integer results must be exact.  This is the one implementation of compiling, running and
+comparing that tir_byoc's tests use.
 """
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from .inputs import concrete_extent, parameter_shapes, random_arguments
+
 #: Relative tolerance per float dtype; the absolute one also grows with sqrt(K).
 _RTOL = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 2e-2, "float64": 1e-10}
 
+#: Compiled modules, most recently used last: (functions by name, target) -> executable.
 _compiled: OrderedDict = OrderedDict()
 _CACHE_SIZE = 64
 
@@ -41,88 +47,42 @@ def tolerance(dtype: str, k: int) -> tuple[float, float]:
     return rtol, rtol * math.sqrt(max(k, 1))
 
 
-def _numpy_dtype(dtype: str):
-    if dtype == "bfloat16":
-        import ml_dtypes
-
-        return ml_dtypes.bfloat16
-    return np.dtype(dtype)
-
-
-def _extent(expr, bindings: Mapping) -> int:
-    if isinstance(expr, tirx.IntImm):
-        return int(expr.value)
-    if isinstance(expr, tirx.Var):
-        for var, value in bindings.items():
-            if (var if isinstance(var, str) else var.name) == expr.name:
-                return int(value)
-    raise ValueError(
-        f"shape {expr} is neither a constant nor a variable given in bindings "
-        f"(got {sorted(str(v) for v in bindings)})"
-    )
-
-
-def _shapes(func: tirx.PrimFunc, bindings: Mapping) -> list[tuple[tuple[int, ...], str]]:
-    shapes = []
-    for param in func.params:
-        if not isinstance(param.ty, tirx.BufferType):
-            raise ValueError(f"parameter {param.name} is a scalar; expected only buffer parameters")
-        shape = tuple(_extent(e, bindings) for e in param.ty.shape)
-        shapes.append((shape, str(param.ty.dtype.dtype)))
-    return shapes
-
-
-def random_arguments(func: tirx.PrimFunc, bindings: Mapping | None = None, seed: int = 0):
-    """Random NumPy arrays for every buffer parameter of ``func``.
-
-    Floats are standard normal; int8/uint8 cover their whole range; wider integers stay
-    within +-1000 so that sums of products cannot overflow.
-
-    Parameters
-    ----------
-    bindings : mapping, optional
-        Values of the symbolic shape variables, by Var or by name.
-    """
-    rng = np.random.default_rng(seed)
-    arrays = []
-    for shape, dtype in _shapes(func, bindings or {}):
-        if dtype.startswith(("float", "bfloat")):
-            values = rng.standard_normal(shape)
-        elif dtype in ("int8", "uint8"):
-            info = np.iinfo(dtype)
-            values = rng.integers(info.min, info.max, size=shape, endpoint=True)
-        else:
-            values = rng.integers(-1000, 1000, size=shape, endpoint=True)
-        arrays.append(np.asarray(values).astype(_numpy_dtype(dtype)))
-    return arrays
-
-
 def longest_reduction(func: tirx.PrimFunc, bindings: Mapping | None = None) -> int:
-    """The largest extent of a reduction iterator in ``func`` (1 if it has none)."""
+    """The largest extent of a reduction iterator in ``func`` (1 if it has none).
+
+    Extents are constants or variables given in ``bindings`` (by Var or name); one that is
+    neither (an expression) is left out.
+    """
     extents = [1]
 
     def on_block(block):
         for iter_var in block.iter_vars:
-            if iter_var.iter_type == tirx.IterVar.CommReduce:
-                extents.append(_extent(iter_var.dom.extent, bindings or {}))
+            if iter_var.iter_type != tirx.IterVar.CommReduce:
+                continue
+            extent = iter_var.dom.extent
+            if isinstance(extent, (tirx.IntImm, tirx.Var)):
+                extents.append(concrete_extent(extent, bindings or {}))
 
     tvm_ffi.structural_walk(func.body, (s_tir.SBlock, on_block))
     return max(extents)
 
 
-def _compile(original: tirx.PrimFunc, rewritten: tirx.PrimFunc, target):
-    key = (tvm_ffi.structural_hash(original), tvm_ffi.structural_hash(rewritten), str(target))
-    if key in _compiled:
+def compile_functions(functions: Mapping[str, tirx.PrimFunc], target="llvm"):
+    """``tvm.compile`` the functions into one module, each callable by its key.
+
+    The last few modules are kept: compiling structurally equal functions again for the same
+    target returns the module already built.
+    """
+    named = {name: func.with_attr("global_symbol", name) for name, func in functions.items()}
+    key = (tuple((name, tvm_ffi.structural_hash(f)) for name, f in named.items()), str(target))
+    cached = _compiled.get(key)
+    if cached is not None and all(
+        tvm_ffi.structural_equal(cached[0][name], func) for name, func in named.items()
+    ):
         _compiled.move_to_end(key)
-        return _compiled[key]
-    mod = tvm.IRModule(
-        {
-            "original": original.with_attr("global_symbol", "original"),
-            "rewritten": rewritten.with_attr("global_symbol", "rewritten"),
-        }
-    )
-    executable = tvm.compile(mod, target=target)
-    _compiled[key] = executable
+        return cached[1]
+    executable = tvm.compile(tvm.IRModule(named), target=target)
+    _compiled[key] = (named, executable)
     if len(_compiled) > _CACHE_SIZE:
         _compiled.popitem(last=False)
     return executable
@@ -145,11 +105,18 @@ def _argument(array, param, device):
     return view
 
 
-def _run(executable, name, func, arrays):
+def _call(executable, name, func, arrays) -> list[np.ndarray]:
     device = tvm.cpu()
     tensors = [_argument(a, p, device) for a, p in zip(arrays, func.params)]
     executable[name](*tensors)
     return [t.numpy() for t in tensors]
+
+
+def run(func: tirx.PrimFunc, arrays: Sequence[np.ndarray], *, target="llvm") -> list[np.ndarray]:
+    """Compile ``func``, run it on copies of ``arrays`` (one per parameter), return every
+    parameter's contents afterwards.  ``arrays`` are left as they were."""
+    executable = compile_functions({"main": func}, target)
+    return _call(executable, "main", func, arrays)
 
 
 def differences(
@@ -179,27 +146,34 @@ def differences(
         One line per differing parameter; empty when they agree.
     """
     bindings = bindings or {}
-    if _shapes(original, bindings) != _shapes(rewritten, bindings):
+    if parameter_shapes(original, bindings) != parameter_shapes(rewritten, bindings):
         return ["the two functions take different parameters"]
     arrays = random_arguments(original, bindings, seed)
-    executable = _compile(original, rewritten, target)
-    expected = _run(executable, "original", original, arrays)
-    actual = _run(executable, "rewritten", rewritten, arrays)
+    executable = compile_functions({"original": original, "rewritten": rewritten}, target)
+    expected = _call(executable, "original", original, arrays)
+    actual = _call(executable, "rewritten", rewritten, arrays)
     k = longest_reduction(original, bindings)
     problems = []
     for param, want, got in zip(original.params, expected, actual):
-        dtype = str(param.ty.dtype.dtype)
-        rtol, atol = tolerance(dtype, k)
-        want64, got64 = want.astype(np.float64), got.astype(np.float64)
-        close = np.isclose(got64, want64, rtol=rtol, atol=atol, equal_nan=True)
-        if not close.all():
-            where = tuple(int(i) for i in np.argwhere(~close)[0])
-            problems.append(
-                f"{param.name} ({dtype}, rtol={rtol:g}, atol={atol:g}): "
-                f"{int((~close).sum())} of {close.size} elements differ; first at {where}: "
-                f"original {want64[where]!r}, rewritten {got64[where]!r}"
-            )
+        problem = _difference(param, want, got, k)
+        if problem:
+            problems.append(problem)
     return problems
+
+
+def _difference(param, want, got, k) -> str | None:
+    dtype = str(param.ty.dtype.dtype)
+    rtol, atol = tolerance(dtype, k)
+    want64, got64 = want.astype(np.float64), got.astype(np.float64)
+    close = np.isclose(got64, want64, rtol=rtol, atol=atol, equal_nan=True)
+    if close.all():
+        return None
+    where = tuple(int(i) for i in np.argwhere(~close)[0])
+    return (
+        f"{param.name} ({dtype}, rtol={rtol:g}, atol={atol:g}): "
+        f"{int((~close).sum())} of {close.size} elements differ; first at {where}: "
+        f"original {want64[where]!r}, rewritten {got64[where]!r}"
+    )
 
 
 def assert_equivalent(original, rewritten, **kwargs) -> None:
@@ -214,8 +188,10 @@ def assert_equivalent(original, rewritten, **kwargs) -> None:
 
 __all__ = [
     "assert_equivalent",
+    "compile_functions",
     "differences",
     "longest_reduction",
     "random_arguments",
+    "run",
     "tolerance",
 ]
