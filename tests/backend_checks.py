@@ -10,17 +10,17 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 
 import ml_dtypes
 import numpy as np
 import tvm
-import tvm_ffi
-from tvm import s_tir
 
 import tir_byoc
 from tir_byoc.patterns import PATTERNS
-from tir_byoc.rewrite import INTRINSIC_ATTR
+from tir_byoc.rewrite import intrinsic_calls
 from tir_byoc.signature import DtypeSignature
+from tir_byoc.testing.inputs import random_array
 
 #: Dtype signature -> (x, w, out) NumPy dtypes.
 NUMPY_DTYPES = {
@@ -53,16 +53,6 @@ def describe(pattern: str, signature: str):
     return tir_byoc.describe(pattern, x_dtype=dtypes.x, w_dtype=dtypes.w, out_dtype=dtypes.out)
 
 
-def random_array(shape, dtype, rng):
-    dtype = np.dtype(dtype)
-    if dtype.kind in "iu" and dtype.itemsize == 1:
-        info = np.iinfo(dtype)
-        return rng.integers(info.min, info.max + 1, shape).astype(dtype)
-    if dtype.kind == "i":
-        return rng.integers(-1000, 1000, shape).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
-
-
 def reference(pattern: str, x, w, bias):
     spec = PATTERNS[pattern]
     wide = "int64" if np.dtype(x.dtype).kind in "iu" else "float64"
@@ -76,15 +66,9 @@ def reference(pattern: str, x, w, bias):
 
 
 def intrinsics_fired(func) -> list[str]:
-    """The ``tir_byoc.intrinsic`` annotations of the blocks of ``func``, in order."""
-    names = []
-
-    def on_block(block):
-        if INTRINSIC_ATTR in block.annotations:
-            names.append(str(block.annotations[INTRINSIC_ATTR]))
-
-    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, on_block))
-    return names
+    """The intrinsics the offloaded blocks of ``func`` call, each as often as it is called,
+    sorted by name (from :func:`tir_byoc.rewrite.intrinsic_calls`)."""
+    return sorted(Counter(intrinsic_calls(func)).elements())
 
 
 def check_pattern(pattern: str, signature: str, backend: str, seed: int = 0) -> None:

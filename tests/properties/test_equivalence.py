@@ -9,24 +9,20 @@ and every parameter is compared afterwards: outputs nobody matched included.
 import numpy as np
 import pytest
 import tvm
-import tvm_ffi
 from harness import PROPERTY_REGISTRY, offload, profile, reported
 from hypothesis import event, given, note
 from hypothesis import strategies as st
-from tvm import s_tir
 
 import tir_byoc
-from tir_byoc.rewrite import INTRINSIC_ATTR
+from tir_byoc.rewrite import intrinsic_calls
 from tir_byoc.testing import strategies
-from tir_byoc.testing.equivalence import assert_equivalent
+from tir_byoc.testing.equivalence import assert_equivalent, run
 from tir_byoc.testing.programs import RELU_SPELLINGS, ChainSpec, ProgramSpec, build_program
 from tir_byoc.testing.script import to_tvmscript
 
 
 def _calls(func) -> int:
-    blocks = []
-    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, blocks.append))
-    return sum(INTRINSIC_ATTR in block.annotations for block in blocks)
+    return sum(intrinsic_calls(func).values())
 
 
 @profile(0.5)
@@ -57,10 +53,6 @@ def test_relu_of_nan_is_unchanged_by_offloading(relu, backend):
     rewritten = tir_byoc.offload(program.func, registry=PROPERTY_REGISTRY, backends=[backend])
     assert _calls(rewritten) == 1
     x, w = np.full((1, 1), np.nan, "float32"), np.ones((1, 1), "float32")
-    results = []
-    for func in (program.func, rewritten):
-        z = tvm.runtime.tensor(np.zeros((1, 1), "float32"))
-        executable = tvm.compile(tvm.IRModule({"main": func}), "llvm")
-        executable["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w), z)
-        results.append(z.numpy())
+    arrays = [x, w, np.zeros((1, 1), "float32")]
+    results = [run(func, arrays)[-1] for func in (program.func, rewritten)]
     np.testing.assert_array_equal(results[1], results[0])
