@@ -1,0 +1,97 @@
+"""The libraries called directly from C, without TVM: the baseline of the "bridge overhead".
+
+Entry points: :func:`measure_direct` (layers through ``direct_onednn.cpp`` or
+``direct_openblas.c``, compiled here on first use) and :func:`measure_bridge` (``run.py
+--bridge``: tir_byoc's oneDNN intrinsics against direct oneDNN calls, interleaved in one
+process).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from timing import plan
+from workloads import DTYPES, WORKLOADS, Workload
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+SOURCES = {"onednn": "direct_onednn.cpp", "openblas": "direct_openblas.c"}
+#: The seed MLP's two layers, as the direct harnesses take them (:func:`layer_spec`'s format).
+MLP_LAYERS = ["64:500:800:f32:dense:1:1", "64:10:500:f32:dense:1:0"]
+
+
+def _direct_binary(library: str) -> Path:
+    """Compile the direct-call harness of ``library`` (cached next to the results)."""
+    import tir_byoc
+    from tir_byoc import toolchain
+
+    spec = tir_byoc.REGISTRY.backend(library).locate()
+    source = HERE / SOURCES[library]
+    binary = RESULTS / "bin" / f"direct_{library}"
+    if not binary.exists() or binary.stat().st_mtime < source.stat().st_mtime:
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        compiler = toolchain.cxx_compiler() if library == "onednn" else toolchain.c_compiler()
+        include = [*spec.include_dirs, str(HERE.parent / "intrinsics" / "include")]
+        flags = [f"-I{d}" for d in include] + list(spec.compile_flags)
+        command = [
+            compiler.path,
+            "-O3",  # as tir_byoc builds its intrinsics (toolchain._BASE_FLAGS)
+            *flags,
+            str(source),
+            "-o",
+            str(binary),
+            *toolchain.link_flags(spec),
+        ]
+        subprocess.run(command, check=True)
+    return binary
+
+
+def layer_spec(workload: Workload, dtype: str) -> str:
+    """The harnesses' LAYER argument for ``workload`` in ``dtype`` (a key of DTYPES)."""
+    short = {"fp32": "f32", "bf16": "bf16", "int8": "u8s8"}[dtype]
+    bias, relu = int(workload.has_bias), int(workload.has_relu)
+    return f"{workload.m}:{workload.n}:{workload.k}:{short}:dense:{bias}:{relu}"
+
+
+def _run_direct(library: str, layers, budget: float, mode: str | None = None) -> list[str]:
+    """The direct harness's output, timing ``layers`` for about ``budget`` seconds.
+
+    ``mode`` is the oneDNN harness's third argument (plain, prepacked, interleaved:LIBRARY).
+    """
+    binary = _direct_binary(library)
+    modes = [mode] if mode else []
+
+    def run(warmup: int, repeats: int) -> list[str]:
+        command = [str(binary), str(warmup), str(repeats), *modes, *layers]
+        return subprocess.run(command, capture_output=True, text=True, check=True).stdout.split()
+
+    first = float(run(1, 3)[0])
+    number, repeat = plan(first * 1e-3, budget)
+    return run(max(3, min(200, int(200 / max(first, 1e-6)))), repeat * number)
+
+
+def measure_direct(library, layers, budget, prepacked=False):
+    """(ms, note): ``layers`` run by ``library``'s harness; the note names its kernels."""
+    mode = ("prepacked" if prepacked else "plain") if library == "onednn" else None
+    output = _run_direct(library, layers, budget, mode)
+    return float(output[0]), " ".join(sorted(set(output[1:])))
+
+
+def measure_bridge(budget: float) -> int:
+    """Print the direct oneDNN call against tir_byoc's intrinsic, interleaved in one process.
+
+    This is the bridge without TVM's own call (a compiled PrimFunc reaches the intrinsic by a
+    plain C call) and without the drift between processes that the main table suffers.
+    """
+    import tir_byoc
+
+    mode = f"interleaved:{tir_byoc.toolchain.shared_library('onednn')}"
+    cases = [(w.name, dtype, [layer_spec(w, dtype)]) for w in WORKLOADS for dtype in DTYPES]
+    cases.append(("seed MLP, both layers", "fp32", MLP_LAYERS))
+    print("| workload | dtype | oneDNN direct ms | tir_byoc intrinsic ms | intrinsic / direct |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    for name, dtype, layers in cases:
+        direct, bridged = (float(t) for t in _run_direct("onednn", layers, budget, mode)[:2])
+        print(f"| {name} | {dtype} | {direct:.4f} | {bridged:.4f} | {bridged / direct:.3f} |")
+    return 0
