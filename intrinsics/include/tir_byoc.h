@@ -13,6 +13,9 @@
  * entry point checks that it was called with a signature it implements, and
  * epilogue flags (TIR_BYOC_RELU_KEEPS_NAN) above them.  A non-zero status makes
  * the TVM function fail with an error naming the intrinsic.
+ *
+ * A backend that serves the whole family writes one function and lets
+ * TIR_BYOC_DEFINE_FAMILY (at the end of this file) define its eight entry points.
  */
 #ifndef TIR_BYOC_H_
 #define TIR_BYOC_H_
@@ -75,5 +78,68 @@ static inline int32_t tir_byoc_check_pointers(const void *x, const void *w, cons
   if (m > 0 && n > 0 && y == NULL) return TIR_BYOC_ENULL;
   return TIR_BYOC_OK;
 }
+
+/* Weight layouts of the family: dense patterns take an (n, k) weight, matmul ones (k, n). */
+typedef enum { TIR_BYOC_LAYOUT_NK = 0, TIR_BYOC_LAYOUT_KN = 1 } tir_byoc_layout;
+
+#ifdef __cplusplus
+#define TIR_BYOC_EXTERN_C extern "C"
+#else
+#define TIR_BYOC_EXTERN_C
+#endif
+
+/* TIR_BYOC_DEFINE_FAMILY(backend, impl) defines the eight exported entry points
+ *
+ *     tir_byoc_<backend>_dense            tir_byoc_<backend>_matmul
+ *     tir_byoc_<backend>_dense_bias       tir_byoc_<backend>_matmul_bias
+ *     tir_byoc_<backend>_dense_relu       tir_byoc_<backend>_matmul_relu
+ *     tir_byoc_<backend>_dense_bias_relu  tir_byoc_<backend>_matmul_bias_relu
+ *
+ * with the calling convention above (void pointers; extern "C" in C++), each returning
+ *
+ *     impl(x, w, bias, y, m, n, k, dtypes, layout, relu)
+ *
+ * where `impl` is the backend's function
+ *
+ *     int32_t impl(const void *x, const void *w, const void *bias, void *y, int64_t m,
+ *                  int64_t n, int64_t k, int32_t dtypes, tir_byoc_layout layout, int relu);
+ *
+ * bias is NULL for the patterns without one (and for a bias pattern with n == 0), layout is
+ * TIR_BYOC_LAYOUT_NK for dense and TIR_BYOC_LAYOUT_KN for matmul, relu is 1 for the *_relu
+ * patterns.  A bias pattern called with bias == NULL and n > 0 returns TIR_BYOC_ENULL before
+ * `impl` runs; every other check (dtypes and flags, tir_byoc_check_shape,
+ * tir_byoc_check_pointers) is `impl`'s.  Use it once per backend, at file scope:
+ *
+ *     static int32_t ref_gemm(const void *x, ..., tir_byoc_layout layout, int relu) { ... }
+ *     TIR_BYOC_DEFINE_FAMILY(ref, ref_gemm);
+ */
+#define TIR_BYOC_DEFINE_FAMILY(backend, impl)                                                  \
+  TIR_BYOC_ENTRY_(backend, dense, impl, TIR_BYOC_LAYOUT_NK, 0)                                 \
+  TIR_BYOC_BIAS_ENTRY_(backend, dense_bias, impl, TIR_BYOC_LAYOUT_NK, 0)                       \
+  TIR_BYOC_ENTRY_(backend, dense_relu, impl, TIR_BYOC_LAYOUT_NK, 1)                            \
+  TIR_BYOC_BIAS_ENTRY_(backend, dense_bias_relu, impl, TIR_BYOC_LAYOUT_NK, 1)                  \
+  TIR_BYOC_ENTRY_(backend, matmul, impl, TIR_BYOC_LAYOUT_KN, 0)                                \
+  TIR_BYOC_BIAS_ENTRY_(backend, matmul_bias, impl, TIR_BYOC_LAYOUT_KN, 0)                      \
+  TIR_BYOC_ENTRY_(backend, matmul_relu, impl, TIR_BYOC_LAYOUT_KN, 1)                           \
+  TIR_BYOC_BIAS_ENTRY_(backend, matmul_bias_relu, impl, TIR_BYOC_LAYOUT_KN, 1)                 \
+  /* A redeclaration, so that the use takes a semicolon in C and C++ alike. */                 \
+  TIR_BYOC_EXTERN_C TIR_BYOC_EXPORT int32_t tir_byoc_##backend##_dense(                        \
+      const void *, const void *, void *, int64_t, int64_t, int64_t, int32_t)
+
+/* One entry point of TIR_BYOC_DEFINE_FAMILY: a pattern without bias. */
+#define TIR_BYOC_ENTRY_(backend, pattern, impl, layout, relu)                                  \
+  TIR_BYOC_EXTERN_C TIR_BYOC_EXPORT int32_t tir_byoc_##backend##_##pattern(                    \
+      const void *x, const void *w, void *y, int64_t m, int64_t n, int64_t k, int32_t dtypes) { \
+    return impl(x, w, NULL, y, m, n, k, dtypes, layout, relu);                                 \
+  }
+
+/* One entry point of TIR_BYOC_DEFINE_FAMILY: a pattern with bias. */
+#define TIR_BYOC_BIAS_ENTRY_(backend, pattern, impl, layout, relu)                             \
+  TIR_BYOC_EXTERN_C TIR_BYOC_EXPORT int32_t tir_byoc_##backend##_##pattern(                    \
+      const void *x, const void *w, const void *bias, void *y, int64_t m, int64_t n,           \
+      int64_t k, int32_t dtypes) {                                                             \
+    if (bias == NULL && n > 0) return TIR_BYOC_ENULL;                                          \
+    return impl(x, w, bias, y, m, n, k, dtypes, layout, relu);                                 \
+  }
 
 #endif /* TIR_BYOC_H_ */

@@ -36,8 +36,6 @@ namespace {
 
 using dt = dnnl::memory::data_type;
 
-enum class Layout : int32_t { kNK = 0, kKN = 1 };
-
 /* The dtype signatures this file implements, decoded from the packed code. */
 struct Dtypes {
   dt x, w, y;
@@ -84,7 +82,7 @@ bool Decode(int32_t signature, Dtypes *out) {
 struct Key {
   int64_t m, n, k;
   int32_t signature;
-  Layout layout;
+  tir_byoc_layout layout;
   bool bias, relu;
 
   bool operator==(const Key &o) const {
@@ -129,7 +127,7 @@ std::shared_ptr<const Entry> Create(const Key &key, const Dtypes &dtypes) {
   using dims = dnnl::memory::dims;
   // Step 1. Plain row-major descriptors; the weight's layout is carried by its strides.
   dnnl::memory::desc src({key.m, key.k}, dtypes.x, dims{key.k, 1});
-  dims weight_strides = key.layout == Layout::kNK ? dims{1, key.k} : dims{key.n, 1};
+  dims weight_strides = key.layout == TIR_BYOC_LAYOUT_NK ? dims{1, key.k} : dims{key.n, 1};
   dnnl::memory::desc weights({key.k, key.n}, dtypes.w, weight_strides);
   dnnl::memory::desc dst({key.m, key.n}, dtypes.y, dims{key.n, 1});
   // Step 2. Fuse the epilogue (floating point only; see the file comment for integers).
@@ -288,9 +286,12 @@ void ApplyEpilogue(const Dtypes &dtypes, void *y, const void *bias, int64_t m, i
   }
 }
 
+/* The whole family (TIR_BYOC_DEFINE_FAMILY below); a NULL bias is a pattern without one. */
 int32_t Gemm(const void *x, const void *w, const void *bias, void *y, int64_t m, int64_t n,
-             int64_t k, int32_t signature, Layout layout, bool has_bias, bool relu) {
-  // Step 1. Checks at entry: dtypes, flags, shape, pointers.
+             int64_t k, int32_t signature, tir_byoc_layout layout, int relu) {
+  // Step 1. Checks at entry: dtypes, flags, shape, pointers (the entry point of a bias
+  // pattern has refused a NULL bias already).
+  const bool has_bias = bias != nullptr;
   const int32_t flags = TIR_BYOC_FLAGS_OF(signature);
   const bool keep_nan = (flags & TIR_BYOC_RELU_KEEPS_NAN) != 0;
   signature = TIR_BYOC_SIGNATURE_OF(signature);
@@ -301,10 +302,9 @@ int32_t Gemm(const void *x, const void *w, const void *bias, void *y, int64_t m,
   if (status != TIR_BYOC_OK) return status;
   status = tir_byoc_check_pointers(x, w, y, m, n, k);
   if (status != TIR_BYOC_OK) return status;
-  if (has_bias && bias == nullptr && n > 0) return TIR_BYOC_ENULL;
   if (m == 0 || n == 0) return TIR_BYOC_OK;
   if (k == 0) {  // an empty sum: the epilogue of 0 (oneDNN rejects zero-sized K)
-    ApplyEpilogue(dtypes, y, has_bias ? bias : nullptr, m, n, relu, keep_nan, true);
+    ApplyEpilogue(dtypes, y, bias, m, n, relu, keep_nan, true);
     return TIR_BYOC_OK;
   }
   try {
@@ -326,7 +326,7 @@ int32_t Gemm(const void *x, const void *w, const void *bias, void *y, int64_t m,
       return TIR_BYOC_EBACKEND;
     // Step 3. The exact int32 epilogue of the integer patterns; a relu that keeps NaN.
     if (dtypes.integer && (has_bias || relu)) {
-      ApplyEpilogue(dtypes, y, has_bias ? bias : nullptr, m, n, relu, keep_nan, false);
+      ApplyEpilogue(dtypes, y, bias, m, n, relu, keep_nan, false);
     } else if (relu && !fused_relu) {
       ApplyEpilogue(dtypes, y, nullptr, m, n, true, keep_nan, false);
     }
@@ -338,27 +338,7 @@ int32_t Gemm(const void *x, const void *w, const void *bias, void *y, int64_t m,
 
 }  // namespace
 
-#define ONEDNN_NO_BIAS(name, layout, relu)                                                     \
-  extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_##name(                                  \
-      const void *x, const void *w, void *y, int64_t m, int64_t n, int64_t k, int32_t dtypes) { \
-    return Gemm(x, w, nullptr, y, m, n, k, dtypes, layout, false, relu);                       \
-  }
-
-#define ONEDNN_BIAS(name, layout, relu)                                                         \
-  extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_##name(                                   \
-      const void *x, const void *w, const void *bias, void *y, int64_t m, int64_t n, int64_t k, \
-      int32_t dtypes) {                                                                         \
-    return Gemm(x, w, bias, y, m, n, k, dtypes, layout, true, relu);                            \
-  }
-
-ONEDNN_NO_BIAS(dense, Layout::kNK, false)
-ONEDNN_BIAS(dense_bias, Layout::kNK, false)
-ONEDNN_NO_BIAS(dense_relu, Layout::kNK, true)
-ONEDNN_BIAS(dense_bias_relu, Layout::kNK, true)
-ONEDNN_NO_BIAS(matmul, Layout::kKN, false)
-ONEDNN_BIAS(matmul_bias, Layout::kKN, false)
-ONEDNN_NO_BIAS(matmul_relu, Layout::kKN, true)
-ONEDNN_BIAS(matmul_bias_relu, Layout::kKN, true)
+TIR_BYOC_DEFINE_FAMILY(onednn, Gemm);
 
 /* Cache introspection for tests and benchmarks: out[0..3] = size, capacity, hits, misses. */
 extern "C" TIR_BYOC_EXPORT void tir_byoc_onednn_cache_info(int64_t *out) { Cache().Info(out); }
@@ -381,7 +361,7 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_implementation(int64_t m, int
   if (!Decode(dtypes, &decoded)) return TIR_BYOC_EDTYPE;
   if (m <= 0 || n <= 0 || k <= 0 || out == nullptr || size <= 0) return TIR_BYOC_ESHAPE;
   try {
-    Layout layout = dense ? Layout::kNK : Layout::kKN;
+    tir_byoc_layout layout = dense ? TIR_BYOC_LAYOUT_NK : TIR_BYOC_LAYOUT_KN;
     std::shared_ptr<const Entry> entry =
         Cache().Get(Key{m, n, k, dtypes, layout, bias != 0, relu != 0}, decoded);
     std::strncpy(out, entry->implementation.c_str(), static_cast<size_t>(size - 1));

@@ -12,8 +12,6 @@
 
 #include "tir_byoc.h"
 
-enum weight_layout { LAYOUT_NK, LAYOUT_KN };
-
 static void broadcast_bias(float *y, const float *bias, int64_t m, int64_t n) {
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) y[i * n + j] = bias[j];
@@ -27,9 +25,12 @@ static void relu(float *y, int64_t count, int keep_nan) {
     for (int64_t i = 0; i < count; ++i) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
 }
 
-static int32_t openblas_gemm(const float *x, const float *w, const float *bias, float *y,
-                             int64_t m, int64_t n, int64_t k, int32_t dtypes,
-                             enum weight_layout layout, int apply_relu) {
+static int32_t openblas_gemm(const void *x_data, const void *w_data, const void *bias_data,
+                             void *y_data, int64_t m, int64_t n, int64_t k, int32_t dtypes,
+                             tir_byoc_layout layout, int apply_relu) {
+  const float *x = (const float *)x_data, *w = (const float *)w_data;
+  const float *bias = (const float *)bias_data;
+  float *y = (float *)y_data;
   int32_t status;
   const int32_t flags = TIR_BYOC_FLAGS_OF(dtypes);
   // Step 1. Checks at entry: dtypes, flags, shape (BLAS indexes with 32-bit ints), pointers.
@@ -44,15 +45,15 @@ static int32_t openblas_gemm(const float *x, const float *w, const float *bias, 
   if (k > 0 && m == 1) {
     // y = W x for an N x K weight, y = W^T x for a K x N one.
     float beta = bias != NULL ? 1.0f : 0.0f;
-    if (layout == LAYOUT_NK)
+    if (layout == TIR_BYOC_LAYOUT_NK)
       scipy_cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)n, (blasint)k, 1.0f, w,
                         (blasint)k, x, 1, beta, y, 1);
     else
       scipy_cblas_sgemv(CblasRowMajor, CblasTrans, (blasint)k, (blasint)n, 1.0f, w,
                         (blasint)n, x, 1, beta, y, 1);
   } else if (k > 0) {
-    enum CBLAS_TRANSPOSE w_op = layout == LAYOUT_NK ? CblasTrans : CblasNoTrans;
-    blasint ldw = (blasint)(layout == LAYOUT_NK ? k : n);
+    enum CBLAS_TRANSPOSE w_op = layout == TIR_BYOC_LAYOUT_NK ? CblasTrans : CblasNoTrans;
+    blasint ldw = (blasint)(layout == TIR_BYOC_LAYOUT_NK ? k : n);
     scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, w_op, (blasint)m, (blasint)n, (blasint)k,
                       1.0f, x, (blasint)k, w, ldw, bias != NULL ? 1.0f : 0.0f, y, (blasint)n);
   } else if (bias == NULL) {
@@ -62,26 +63,4 @@ static int32_t openblas_gemm(const float *x, const float *w, const float *bias, 
   return TIR_BYOC_OK;
 }
 
-#define OPENBLAS_NO_BIAS(name, layout, apply_relu)                                      \
-  TIR_BYOC_EXPORT int32_t tir_byoc_openblas_##name(const float *x, const float *w,       \
-                                                   float *y, int64_t m, int64_t n,       \
-                                                   int64_t k, int32_t dtypes) {          \
-    return openblas_gemm(x, w, NULL, y, m, n, k, dtypes, layout, apply_relu);            \
-  }
-
-#define OPENBLAS_BIAS(name, layout, apply_relu)                                            \
-  TIR_BYOC_EXPORT int32_t tir_byoc_openblas_##name(const float *x, const float *w,          \
-                                                   const float *bias, float *y, int64_t m,  \
-                                                   int64_t n, int64_t k, int32_t dtypes) {  \
-    if (bias == NULL && n > 0) return TIR_BYOC_ENULL;                                       \
-    return openblas_gemm(x, w, bias, y, m, n, k, dtypes, layout, apply_relu);               \
-  }
-
-OPENBLAS_NO_BIAS(dense, LAYOUT_NK, 0)
-OPENBLAS_BIAS(dense_bias, LAYOUT_NK, 0)
-OPENBLAS_NO_BIAS(dense_relu, LAYOUT_NK, 1)
-OPENBLAS_BIAS(dense_bias_relu, LAYOUT_NK, 1)
-OPENBLAS_NO_BIAS(matmul, LAYOUT_KN, 0)
-OPENBLAS_BIAS(matmul_bias, LAYOUT_KN, 0)
-OPENBLAS_NO_BIAS(matmul_relu, LAYOUT_KN, 1)
-OPENBLAS_BIAS(matmul_bias_relu, LAYOUT_KN, 1)
+TIR_BYOC_DEFINE_FAMILY(openblas, openblas_gemm);

@@ -6,11 +6,12 @@
  */
 #include "tir_byoc.h"
 
-enum weight_layout { LAYOUT_NK, LAYOUT_KN };
-
-static int32_t ref_gemm(const float *x, const float *w, const float *bias, float *y, int64_t m,
-                        int64_t n, int64_t k, int32_t dtypes, enum weight_layout layout,
-                        int relu) {
+static int32_t ref_gemm(const void *x_data, const void *w_data, const void *bias_data,
+                        void *y_data, int64_t m, int64_t n, int64_t k, int32_t dtypes,
+                        tir_byoc_layout layout, int relu) {
+  const float *x = (const float *)x_data, *w = (const float *)w_data;
+  const float *bias = (const float *)bias_data;
+  float *y = (float *)y_data;
   int32_t status;
   const int32_t flags = TIR_BYOC_FLAGS_OF(dtypes);
   const int keep_nan = (flags & TIR_BYOC_RELU_KEEPS_NAN) != 0;
@@ -22,7 +23,7 @@ static int32_t ref_gemm(const float *x, const float *w, const float *bias, float
     for (int64_t j = 0; j < n; ++j) {
       float acc = 0.0f;
       for (int64_t r = 0; r < k; ++r) {
-        float wv = layout == LAYOUT_NK ? w[j * k + r] : w[r * n + j];
+        float wv = layout == TIR_BYOC_LAYOUT_NK ? w[j * k + r] : w[r * n + j];
         acc += x[i * k + r] * wv;
       }
       if (bias != NULL) acc += bias[j];
@@ -34,26 +35,4 @@ static int32_t ref_gemm(const float *x, const float *w, const float *bias, float
   return TIR_BYOC_OK;
 }
 
-#define REF_NO_BIAS(name, layout, relu)                                                  \
-  TIR_BYOC_EXPORT int32_t tir_byoc_ref_##name(const float *x, const float *w, float *y,   \
-                                              int64_t m, int64_t n, int64_t k,            \
-                                              int32_t dtypes) {                           \
-    return ref_gemm(x, w, NULL, y, m, n, k, dtypes, layout, relu);                        \
-  }
-
-#define REF_BIAS(name, layout, relu)                                                      \
-  TIR_BYOC_EXPORT int32_t tir_byoc_ref_##name(const float *x, const float *w,              \
-                                              const float *bias, float *y, int64_t m,      \
-                                              int64_t n, int64_t k, int32_t dtypes) {      \
-    if (bias == NULL && n > 0) return TIR_BYOC_ENULL;                                      \
-    return ref_gemm(x, w, bias, y, m, n, k, dtypes, layout, relu);                         \
-  }
-
-REF_NO_BIAS(dense, LAYOUT_NK, 0)
-REF_BIAS(dense_bias, LAYOUT_NK, 0)
-REF_NO_BIAS(dense_relu, LAYOUT_NK, 1)
-REF_BIAS(dense_bias_relu, LAYOUT_NK, 1)
-REF_NO_BIAS(matmul, LAYOUT_KN, 0)
-REF_BIAS(matmul_bias, LAYOUT_KN, 0)
-REF_NO_BIAS(matmul_relu, LAYOUT_KN, 1)
-REF_BIAS(matmul_bias_relu, LAYOUT_KN, 1)
+TIR_BYOC_DEFINE_FAMILY(ref, ref_gemm);
