@@ -13,8 +13,6 @@
 
 #include "tir_byoc.h"
 
-enum weight_layout { LAYOUT_NK, LAYOUT_KN };
-
 static float half_to_float(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
   uint32_t exponent = (h >> 10) & 0x1fu;
@@ -64,13 +62,13 @@ static int is_narrow_float(int code) {
 
 static int is_narrow_int(int code) { return code == TIR_BYOC_INT8 || code == TIR_BYOC_UINT8; }
 
-static int64_t weight_index(enum weight_layout layout, int64_t j, int64_t r, int64_t n,
+static int64_t weight_index(tir_byoc_layout layout, int64_t j, int64_t r, int64_t n,
                             int64_t k) {
-  return layout == LAYOUT_NK ? j * k + r : r * n + j;
+  return layout == TIR_BYOC_LAYOUT_NK ? j * k + r : r * n + j;
 }
 
 static int32_t widening_gemm(const void *x, const void *w, const void *bias, void *y, int64_t m,
-                             int64_t n, int64_t k, int32_t dtypes, enum weight_layout layout,
+                             int64_t n, int64_t k, int32_t dtypes, tir_byoc_layout layout,
                              int relu) {
   int x_code = dtypes & 0xff, w_code = (dtypes >> 8) & 0xff, out_code = (dtypes >> 16) & 0xff;
   int keep_nan = (TIR_BYOC_FLAGS_OF(dtypes) & TIR_BYOC_RELU_KEEPS_NAN) != 0;
@@ -113,26 +111,4 @@ static int32_t widening_gemm(const void *x, const void *w, const void *bias, voi
   return TIR_BYOC_EDTYPE;
 }
 
-#define WIDENING_NO_BIAS(name, layout, relu)                                                 \
-  TIR_BYOC_EXPORT int32_t tir_byoc_proptest_##name(const void *x, const void *w, void *y,     \
-                                                   int64_t m, int64_t n, int64_t k,           \
-                                                   int32_t dtypes) {                          \
-    return widening_gemm(x, w, NULL, y, m, n, k, dtypes, layout, relu);                       \
-  }
-
-#define WIDENING_BIAS(name, layout, relu)                                                    \
-  TIR_BYOC_EXPORT int32_t tir_byoc_proptest_##name(const void *x, const void *w,              \
-                                                   const void *bias, void *y, int64_t m,      \
-                                                   int64_t n, int64_t k, int32_t dtypes) {    \
-    if (bias == NULL && n > 0) return TIR_BYOC_ENULL;                                         \
-    return widening_gemm(x, w, bias, y, m, n, k, dtypes, layout, relu);                       \
-  }
-
-WIDENING_NO_BIAS(dense, LAYOUT_NK, 0)
-WIDENING_BIAS(dense_bias, LAYOUT_NK, 0)
-WIDENING_NO_BIAS(dense_relu, LAYOUT_NK, 1)
-WIDENING_BIAS(dense_bias_relu, LAYOUT_NK, 1)
-WIDENING_NO_BIAS(matmul, LAYOUT_KN, 0)
-WIDENING_BIAS(matmul_bias, LAYOUT_KN, 0)
-WIDENING_NO_BIAS(matmul_relu, LAYOUT_KN, 1)
-WIDENING_BIAS(matmul_bias_relu, LAYOUT_KN, 1)
+TIR_BYOC_DEFINE_FAMILY(proptest, widening_gemm);
