@@ -67,11 +67,16 @@ def is_zero(expr) -> bool:
     return value is not None and value == 0
 
 
-def is_element(expr) -> bool:
-    """True for a buffer element, possibly through casts."""
+def element_of(expr):
+    """The buffer element ``expr`` reads, possibly through casts, or None."""
     while isinstance(expr, tirx.Cast):
         expr = expr.value
-    return isinstance(expr, ir.TensorLoad)
+    return expr if isinstance(expr, ir.TensorLoad) else None
+
+
+def is_element(expr) -> bool:
+    """True for a buffer element, possibly through casts."""
+    return element_of(expr) is not None
 
 
 def is_buffer(var) -> bool:

@@ -18,6 +18,7 @@ from ..signature import WIDENINGS, DtypeSignature
 from .exprs import (
     const_value,
     dtype_of,
+    element_of,
     expr_text,
     index_text,
     is_element,
@@ -84,6 +85,33 @@ def looks_like_gemm(block) -> bool:
     return bool(found)
 
 
+def _not_2d_reason(block, spatial) -> str:
+    """Why a multiply-reduce block with other than 2 spatial axes is refused, by its form."""
+    counted = f"block has {len(spatial)} spatial axes; the family is 2-D"
+    if len(spatial) < 2:
+        return f"{counted} (a reduction to fewer than two axes is not a matrix product)"
+    operands = []
+
+    def on_product(product):
+        if is_element(product.a) and is_element(product.b):
+            operands.extend(element_of(e).source for e in (product.a, product.b))
+
+    tvm_ffi.structural_walk(block.body, (tirx.Mul, on_product))
+    ranks = sorted(len(shape_of(buffer)) for buffer in operands[:2])
+    if ranks and ranks[0] == 2:
+        weight = next(b for b in operands if len(shape_of(b)) == 2)
+        return (
+            f"{counted}: an N-D activation over the 2-D weight {weight.name} (an N-D Linear); "
+            "folding its leading dims into M is not supported yet"
+        )
+    if ranks and ranks[0] > 2:
+        return (
+            f"{counted}: both operands carry batch dims (a batched matmul, as attention's); "
+            "batched matmuls are not supported yet"
+        )
+    return counted
+
+
 def unpack_operand(expr, acc_dtype):
     """(load, source dtype) of a reduction operand: a load, possibly widened by a cast."""
     if isinstance(expr, tirx.Cast):
@@ -122,10 +150,7 @@ def analyze_reduction(
     if len(reduce) != 1:
         raise Refused(f"block reduces over {len(reduce)} axes; the family reduces over one (k)")
     if len(spatial) != 2 or len(block.iter_vars) != 3:
-        raise Refused(
-            f"block has {len(spatial)} spatial axes; the family is 2-D "
-            "(batched matmul is not part of it)"
-        )
+        raise Refused(_not_2d_reason(block, spatial))
     check_binding(nest, extents)
     if block.match_buffers or block.alloc_buffers:
         raise Refused("block declares its own buffers")
