@@ -18,6 +18,7 @@ import tir_byoc
 from tir_byoc.match import RELU_KEEPS_NAN, RELU_NAN_TO_ZERO
 from tir_byoc.patterns import PATTERNS, describe
 from tir_byoc.registry import Intrinsic, Registry
+from tir_byoc.testing.strategies import lower_to_plain_loops
 
 pytestmark = pytest.mark.usefixtures("reference_backend")
 
@@ -380,17 +381,7 @@ def test_reductions_without_a_whole_init_are_refused(func, reason):
 
 def _lowered(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` through TVM's S-TIR lowering passes: plain loops, no SBlocks."""
-    passes = tvm.transform.Sequential(
-        [
-            s_tir.transform.LowerInitBlock(),
-            s_tir.transform.ConvertBlocksToOpaque(),
-            s_tir.transform.CompactBufferAllocation(),
-            s_tir.transform.LowerMatchBuffer(),
-            s_tir.transform.LowerOpaqueBlock(),
-            tirx.transform.StmtSimplify(),
-        ]
-    )
-    lowered = passes(tvm.IRModule({"main": func}))["main"]
+    lowered = lower_to_plain_loops(func)
     assert not tir_byoc.match.is_s_tir(lowered)
     return lowered
 

@@ -24,7 +24,7 @@ _DATA_PAR = 0
 _COMM_REDUCE = 2
 
 
-def _perfect_loops(stmt):
+def perfect_loops(stmt):
     """(loops, innermost body) of the perfectly nested loops at ``stmt``."""
     loops = []
     while isinstance(stmt, tirx.For):
@@ -59,7 +59,7 @@ def _split_init(body, loops):
         and isinstance(body.seq[0], tirx.BufferStore)
         and isinstance(body.seq[1], tirx.For)
     ):
-        inner, update = _perfect_loops(body.seq[1])
+        inner, update = perfect_loops(body.seq[1])
         if isinstance(update, tirx.BufferStore) and not any(
             _indexes(update, loop.loop_var) for loop in inner
         ):
@@ -104,7 +104,7 @@ def lift_nest(stmt, taken: set[str]):
         optionally with an init (``if k == 0: init`` before the store, or the init before
         the loops over k).
     """
-    loops, body = _perfect_loops(stmt)
+    loops, body = perfect_loops(stmt)
     if not loops:
         return None
     split = _split_init(body, loops)
@@ -129,4 +129,4 @@ def lift_nest(stmt, taken: set[str]):
     return loops, realize
 
 
-__all__ = ["lift_nest"]
+__all__ = ["lift_nest", "perfect_loops"]

@@ -17,7 +17,7 @@ import tvm_ffi
 from tvm import ir, s_tir, sym, tirx
 from tvm.tirx.layout import TileLayout
 
-from ..plain_loops import lift_nest
+from ..plain_loops import lift_nest, perfect_loops
 from .exprs import (
     const_value,
     dtype_of,
@@ -100,14 +100,9 @@ class Nest:
 
 def unwrap_nest(stmt):
     """(loops, realize) if ``stmt`` is a perfect loop nest around a leaf SBlock."""
-    loops = []
-    while isinstance(stmt, tirx.For):
-        loops.append(stmt)
-        stmt = stmt.body
-        if isinstance(stmt, tirx.SeqStmt) and len(stmt.seq) == 1:
-            stmt = stmt.seq[0]
-    if isinstance(stmt, s_tir.SBlockRealize) and is_leaf(stmt.block):
-        return tuple(loops), stmt
+    loops, inner = perfect_loops(stmt)
+    if isinstance(inner, s_tir.SBlockRealize) and is_leaf(inner.block):
+        return loops, inner
     return None
 
 

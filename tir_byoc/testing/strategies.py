@@ -254,7 +254,7 @@ def _leaf_blocks(func):
     return [block for block in found if block.name_hint != "root"]
 
 
-def _lower_to_plain_loops(func: tirx.PrimFunc) -> tirx.PrimFunc:
+def lower_to_plain_loops(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` through TVM's own S-TIR lowering, which leaves plain loops without SBlocks."""
     passes = tvm.transform.Sequential(
         [
@@ -278,7 +278,7 @@ def lowered_programs(draw, **options) -> Program:
     """
     sources = (programs(**options), mutants(**options), scheduled_programs(**options))
     program = draw(st.one_of(*sources))
-    func = _lower_to_plain_loops(program.func).with_attr("global_symbol", program.spec.name)
+    func = lower_to_plain_loops(program.func).with_attr("global_symbol", program.spec.name)
     return Program(program.spec, func, (), program.bindings)
 
 
@@ -299,6 +299,7 @@ __all__ = [
     "any_programs",
     "chain_specs",
     "distractor_specs",
+    "lower_to_plain_loops",
     "lowered_programs",
     "mutant_specs",
     "mutants",
