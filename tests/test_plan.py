@@ -109,3 +109,15 @@ def test_the_meta_schedule_rule_scans_a_function_once_for_all_its_blocks(scans):
     scans.clear()
     assert OffloadPostproc().apply(sch)
     assert scans == {"main": 1}
+
+
+def test_explain_reads_only_the_scan_so_it_chooses_nothing(monkeypatch):
+    # A view of refusals neither resolves the backend order nor asks what is available.
+    monkeypatch.setenv("TIR_BYOC_BACKENDS", "no_such_backend")
+    chosen = []
+    real = planning.choose
+    monkeypatch.setattr(planning, "choose", lambda *a, **k: chosen.append(a) or real(*a, **k))
+    assert tir_byoc.explain(_module()) == tir_byoc.plan(_module()).rejections
+    assert chosen == []
+    with pytest.raises(ValueError, match=r"\$TIR_BYOC_BACKENDS: expected backend names"):
+        tir_byoc.scan(_module())

@@ -15,9 +15,10 @@ and reused.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 
 import tvm
 from tvm import relax, tirx
@@ -31,12 +32,20 @@ logger = logging.getLogger("tir_byoc")
 
 @dataclass(frozen=True)
 class FunctionPlan:
-    """One PrimFunc: its scan and the choice for each of its matches."""
+    """One PrimFunc: its scan and the choice for each of its matches.
+
+    The choices are made when first read: a view that needs only the scan (``explain``)
+    neither resolves the backend order nor asks which backends are available.
+    """
 
     gvar: tvm.ir.GlobalVar
     func: tirx.PrimFunc
     scan: FunctionScan
-    choices: tuple[Choice, ...]
+    choose: Callable[[], tuple[Choice, ...]] = field(repr=False, compare=False)
+
+    @functools.cached_property
+    def choices(self) -> tuple[Choice, ...]:
+        return self.choose()
 
 
 @dataclass(frozen=True)
@@ -99,21 +108,30 @@ class _Planner:
 
     def __init__(self, backends, registry: Registry):
         self.registry = registry
-        self.order = backend_order(backends, registry)
-        self._scans: dict[tuple[str, tirx.PrimFunc], tuple[FunctionScan, tuple[Choice, ...]]] = {}
+        self.backends = backends
+        self._scans: dict[tuple[str, tirx.PrimFunc], FunctionScan] = {}
+        self._choices: dict[tuple[str, tirx.PrimFunc], tuple[Choice, ...]] = {}
+
+    @functools.cached_property
+    def order(self) -> tuple[str, ...] | None:
+        return backend_order(self.backends, self.registry)
 
     def _unavailable(self, backend: str) -> str | None:
         return toolchain.unavailable(backend, self.registry)
 
+    def _choose(self, key) -> tuple[Choice, ...]:
+        if key not in self._choices:
+            self._choices[key] = tuple(
+                choose(m, self.registry, self._unavailable, self.order)
+                for m in self._scans[key].matches
+            )
+        return self._choices[key]
+
     def function(self, gvar: tvm.ir.GlobalVar, func: tirx.PrimFunc) -> FunctionPlan:
         key = (gvar.name_hint, func)
         if key not in self._scans:
-            found = scan_function(gvar.name_hint, func)
-            choices = tuple(
-                choose(m, self.registry, self._unavailable, self.order) for m in found.matches
-            )
-            self._scans[key] = (found, choices)
-        return FunctionPlan(gvar, func, *self._scans[key])
+            self._scans[key] = scan_function(gvar.name_hint, func)
+        return FunctionPlan(gvar, func, self._scans[key], lambda: self._choose(key))
 
     def module(self, mod: tvm.IRModule) -> tuple[FunctionPlan, ...]:
         return tuple(
