@@ -100,7 +100,7 @@ def split_k(
 
 
 @T.prim_func(s_tir=True)
-def batched(
+def batched_first_weight_only(
     X: T.Buffer((4, 64, 800), "float32"),
     W: T.Buffer((4, 500, 800), "float32"),
     Y: T.Buffer((4, 64, 500), "float32"),
@@ -110,7 +110,7 @@ def batched(
             vn, vi, vj, vk = T.axis.remap("SSSR", [n, i, j, k])
             with T.init():
                 Y[vn, vi, vj] = T.float32(0)
-            Y[vn, vi, vj] = Y[vn, vi, vj] + X[vn, vi, vk] * W[vn, vj, vk]
+            Y[vn, vi, vj] = Y[vn, vi, vj] + X[vn, vi, vk] * W[0, vj, vk]
 
 
 @T.prim_func(s_tir=True)

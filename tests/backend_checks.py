@@ -42,9 +42,10 @@ TOLERANCES = {
     "int8,int8->int32": (0, 0),
 }
 
-#: (M, N, K) run through one compiled function with symbolic extents; K = 0 is an empty sum,
-#: M = 1 a GEMV (which the OpenBLAS intrinsics serve with sgemv).
-SHAPES = ((3, 5, 7), (17, 33, 65), (2, 3, 0), (1, 9, 11), (1, 4, 0))
+#: (B, M, N, K) run through one compiled function with symbolic extents; K = 0 is an empty sum,
+#: M = 1 a GEMV (which the OpenBLAS intrinsics serve with sgemv), B = 0 an empty batch.  B is
+#: ignored by the 2-D patterns.
+SHAPES = ((3, 3, 5, 7), (2, 17, 33, 65), (2, 2, 3, 0), (1, 1, 9, 11), (0, 1, 4, 0), (4, 1, 4, 8))
 
 
 def describe(pattern: str, signature: str):
@@ -57,7 +58,7 @@ def reference(pattern: str, x, w, bias):
     spec = PATTERNS[pattern]
     wide = "int64" if np.dtype(x.dtype).kind in "iu" else "float64"
     x, w = x.astype(wide), w.astype(wide)
-    y = x @ (w.T if spec.layout == "dense" else w)
+    y = x @ (np.swapaxes(w, -1, -2) if spec.layout == "dense" else w)
     if bias is not None:
         y = y + bias.astype(wide)
     if spec.has_relu:
@@ -75,16 +76,19 @@ def check_pattern(pattern: str, signature: str, backend: str, seed: int = 0) -> 
     """Offload ``pattern`` to ``backend``, check the intrinsic fired once, compare with NumPy."""
     func = describe(pattern, signature)
     offloaded = tir_byoc.offload(func, backends=[backend])
-    assert intrinsics_fired(offloaded) == [f"{backend}.{pattern}"]
+    spec = PATTERNS[pattern]
+    assert intrinsics_fired(offloaded) == [f"{backend}.{spec.call_pattern}"]
     built = tvm.compile(tvm.IRModule({"main": offloaded}), target="llvm")
     x_dt, w_dt, out_dt = NUMPY_DTYPES[signature]
     rng = np.random.default_rng(seed)
     rtol, atol = TOLERANCES[signature]
-    for m, n, k in SHAPES:
-        x = random_array((m, k), x_dt, rng)
-        w = random_array((n, k) if PATTERNS[pattern].layout == "dense" else (k, n), w_dt, rng)
-        bias = random_array((n,), out_dt, rng) if PATTERNS[pattern].has_bias else None
-        y = tvm.runtime.tensor(np.full((m, n), 7, out_dt))
+    for b, m, n, k in SHAPES:
+        lead = () if spec.batch == "none" else (b,)
+        w_lead = lead if spec.batch == "batched" else ()
+        x = random_array((*lead, m, k), x_dt, rng)
+        w = random_array((*w_lead, *((n, k) if spec.layout == "dense" else (k, n))), w_dt, rng)
+        bias = random_array((n,), out_dt, rng) if spec.has_bias else None
+        y = tvm.runtime.tensor(np.full((*lead, m, n), 7, out_dt))
         args = [x, w] + ([bias] if bias is not None else [])
         built["main"](*[tvm.runtime.tensor(a) for a in args], y)
         expected = reference(pattern, x, w, bias)
@@ -93,7 +97,7 @@ def check_pattern(pattern: str, signature: str, backend: str, seed: int = 0) -> 
             expected,
             rtol=rtol,
             atol=atol * max(k, 1),
-            err_msg=f"{backend}.{pattern} [{signature}] M={m} N={n} K={k}",
+            err_msg=f"{backend}.{pattern} [{signature}] B={b} M={m} N={n} K={k}",
         )
 
 

@@ -57,6 +57,7 @@ MATCH_KEYS = {
     "pattern",
     "dtype",
     "dtypes",
+    "batch",
     "m",
     "n",
     "k",
@@ -106,13 +107,13 @@ def test_scan_prints_only_the_table_on_stdout(capsys):
     assert status == 0
     header, *rows = out.splitlines()
     assert header.split() == [
-        "FUNCTION", "BLOCKS", "PATTERN", "DTYPE", "M", "N", "K", "BACKEND", "INTRINSIC",
+        "FUNCTION", "BLOCKS", "PATTERN", "DTYPE", "BATCH", "M", "N", "K", "BACKEND", "INTRINSIC",
     ]  # fmt: skip
     assert [row.split() for row in rows] == [
-        ["fused_matmul1_add1", "matmul,", "T_add", "dense_bias", "float32",
+        ["fused_matmul1_add1", "matmul,", "T_add", "dense_bias", "float32", "-",
          "64", "10", "500", "ref", "ref.dense_bias"],
         ["fused_matmul_add_relu", "matmul,", "T_add,", "compute", "dense_bias_relu", "float32",
-         "64", "500", "800", "ref", "ref.dense_bias_relu"],
+         "-", "64", "500", "800", "ref", "ref.dense_bias_relu"],
     ]  # fmt: skip
     assert rows[0].index("dense_bias") == header.index("PATTERN")  # aligned columns
     assert "\033[" not in out  # no colour when stdout is not a terminal
@@ -143,6 +144,7 @@ def test_scan_json_follows_the_schema(capsys, symbolic_file):
         "pattern": "dense_bias_relu",
         "dtype": "float32",
         "dtypes": {"x": "float32", "w": "float32", "out": "float32"},
+        "batch": None,
         "m": 64,
         "n": 500,
         "k": 800,
@@ -218,7 +220,7 @@ def test_explain_gives_the_nearest_pattern_and_the_reason(capsys):
         ("half_k", "dense"),
         ("leaky", "leaky_relu"),
         ("split_k", "dense"),
-        ("batched", "bmm"),
+        ("batched_first_weight_only", "bmm"),
     }
     assert table["bias_by_row", "T_add"].split()[2] == "dense_bias"
     assert table["bias_by_row", "T_add"].endswith(
@@ -271,7 +273,7 @@ def test_an_unknown_function_is_a_usage_error(capsys):
     status, out, err = run(capsys, "explain", NEAR_MISSES, "--func", "nope")
     assert status == 2 and out == ""
     assert err.startswith("tir-byoc: error: ") and err.count("\n") == 1
-    assert "no PrimFunc named 'nope'; it defines batched, bias_by_row" in err
+    assert "no PrimFunc named 'nope'; it defines batched_first_weight_only, bias_by_row" in err
 
 
 # --------------------------------------------------------------------------------------

@@ -141,7 +141,9 @@ def _scan_rows(plans, args) -> list[tuple[Definition, Choice]]:
 
 
 def _match_table(rows, qualify: bool) -> Table:
-    table = Table(["FUNCTION", "BLOCKS", "PATTERN", "DTYPE", "M", "N", "K", "BACKEND", "INTRINSIC"])
+    table = Table(
+        ["FUNCTION", "BLOCKS", "PATTERN", "DTYPE", "BATCH", "M", "N", "K", "BACKEND", "INTRINSIC"]
+    )
     for definition, match in rows:
         if match.intrinsic:
             backend = Cell(REGISTRY[match.intrinsic].backend)
@@ -153,6 +155,7 @@ def _match_table(rows, qualify: bool) -> Table:
             ", ".join(match.blocks),
             match.pattern,
             str(match.dtype),
+            match.batch.text if match.batch is not None else "-",
             *match.shape,
             backend,
             served,

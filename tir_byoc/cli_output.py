@@ -136,6 +136,7 @@ def match_record(definition: Definition, match: Choice) -> dict:
         "pattern": match.pattern,
         "dtype": str(match.dtype),
         "dtypes": {"x": match.dtype.x, "w": match.dtype.w, "out": match.dtype.out},
+        "batch": [_extent(d) for d in match.batch.dims] if match.batch is not None else None,
         "m": _extent(match.m),
         "n": _extent(match.n),
         "k": _extent(match.k),

@@ -11,8 +11,11 @@ A pattern is three choices:
   (``Z[..., i, j] = Y[..., i, j] + b[j]``) and ``relu`` (``max(Z, 0)``), in that order.
 
 Names say all three: ``dense``, ``matmul_bias_relu``, ``batch_dense_bias`` (leading batch
-dims), ``bmm_matmul`` (batched).  :data:`PATTERNS` holds the members the matcher recognises
-today (the eight 2-D ones); :func:`pattern` reads any member's name; :func:`describe` builds
+dims), ``bmm_matmul`` (batched).  The matcher recognises every member (:data:`PATTERNS`).  A
+``leading`` member is called through its 2-D member's entry point, its batch dims folded into
+M (:attr:`Pattern.call_pattern`); the ``none`` and ``batched`` members have entry points of
+their own (:data:`CALL_PATTERNS`, the calling conventions of ``intrinsics/include/tir_byoc.h``).
+:func:`pattern` reads any member's name; :func:`describe` builds
 any member's TIR description (an S-TIR PrimFunc with symbolic extents, built with TE the way
 TVM lowers the operators), which the tests scan to check that the matcher recognises every
 pattern from its own description, and which doubles as a numerical oracle.  An intrinsic
@@ -88,6 +91,14 @@ class Pattern:
         return BATCH_FORMS[self.batch] + "_".join((self.layout, *self.ops))
 
     @property
+    def call_pattern(self) -> str:
+        """The member whose entry point serves this one: the 2-D member for a ``leading`` one
+        (its compact leading dims fold into M, which is exact), else the member itself."""
+        if self.batch == "leading":
+            return Pattern(self.layout, self.epilogue).name
+        return self.name
+
+    @property
     def ops(self) -> tuple[str, ...]:
         """The epilogue's operation names, in order."""
         return tuple(op.name for op in self.epilogue)
@@ -114,10 +125,14 @@ def _members() -> dict[str, Pattern]:
 #: Every member of the family, by name.
 FAMILY: dict[str, Pattern] = _members()
 
-#: The members the matcher recognises today: the eight 2-D ones.
-PATTERNS: dict[str, Pattern] = {n: p for n, p in FAMILY.items() if p.batch == "none"}
+#: The members the matcher recognises: all of them.
+PATTERNS: dict[str, Pattern] = FAMILY
 
-_BY_FORM = {(p.layout, p.ops): p for p in PATTERNS.values()}
+#: The members with an entry point of their own, which an intrinsic may implement: the 2-D
+#: and the batched ones (a ``leading`` member is served by its 2-D member's intrinsic).
+CALL_PATTERNS: dict[str, Pattern] = {n: p for n, p in FAMILY.items() if p.call_pattern == n}
+
+_BY_FORM = {(p.layout, p.ops, p.batch): p for p in PATTERNS.values()}
 
 
 def pattern(name: str) -> Pattern:
@@ -127,9 +142,9 @@ def pattern(name: str) -> Pattern:
     return FAMILY[name]
 
 
-def pattern_for(layout: str, epilogue: tuple[str, ...]) -> Pattern | None:
-    """The 2-D pattern with this weight layout and epilogue, or None if the family has none."""
-    return _BY_FORM.get((layout, tuple(epilogue)))
+def pattern_for(layout: str, epilogue: tuple[str, ...], batch: str = "none") -> Pattern | None:
+    """The member with this weight layout, epilogue and batch form, or None if there is none."""
+    return _BY_FORM.get((layout, tuple(epilogue), batch))
 
 
 def describe(

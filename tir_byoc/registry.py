@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .match import RELU_KEEPS_NAN, RELU_NAN_TO_ZERO, Match
-from .patterns import PATTERNS
+from .patterns import CALL_PATTERNS, PATTERNS
 from .signature import DtypeSignature
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -86,7 +86,9 @@ class Intrinsic:
     name : str
         ``<backend>.<variant>``, e.g. ``ref.dense_bias_relu``.
     pattern : str
-        The pattern it implements, a key of :data:`tir_byoc.patterns.PATTERNS`.
+        The pattern it implements, a key of :data:`tir_byoc.patterns.CALL_PATTERNS` (a 2-D or
+        a ``bmm_`` member).  An intrinsic of a 2-D member also serves the member's
+        ``batch_`` form, whose leading dims the call folds into M.
     extern_symbol : str
         The C symbol, called as described in ``intrinsics/include/tir_byoc.h``.
     dtypes : tuple of DtypeSignature
@@ -123,9 +125,16 @@ class Intrinsic:
                 f"intrinsic name: expected '<backend>.<variant>' such as 'ref.dense', "
                 f"got {self.name!r}"
             )
-        if self.pattern not in PATTERNS:
+        if self.pattern in PATTERNS and self.pattern not in CALL_PATTERNS:
+            served_by = PATTERNS[self.pattern].call_pattern
             raise ValueError(
-                f"intrinsic {self.name!r}: expected a pattern in {sorted(PATTERNS)}, "
+                f"intrinsic {self.name!r}: pattern {self.pattern!r} is called through the "
+                f"entry point of {served_by!r} (its leading dims fold into M); register "
+                f"{served_by!r} instead"
+            )
+        if self.pattern not in CALL_PATTERNS:
+            raise ValueError(
+                f"intrinsic {self.name!r}: expected a pattern in {sorted(CALL_PATTERNS)}, "
                 f"got {self.pattern!r}"
             )
         if not isinstance(self.extern_symbol, str) or not _IDENTIFIER.match(self.extern_symbol):
@@ -168,9 +177,13 @@ class Intrinsic:
     def backend(self) -> str:
         return self.name.split(".")[0]
 
+    def serves(self, pattern: str) -> bool:
+        """True if this intrinsic's entry point is the one ``pattern``'s calls use."""
+        return PATTERNS[pattern].call_pattern == self.pattern
+
     def unsupported(self, match: Match) -> str | None:
         """Why this intrinsic cannot serve ``match`` (ignoring availability), or None."""
-        if match.pattern != self.pattern:
+        if not self.serves(match.pattern):
             return f"implements {self.pattern}, not {match.pattern}"
         if match.dtype not in self.dtypes:
             supported = ", ".join(str(d) for d in self.dtypes)
@@ -258,7 +271,7 @@ class Registry:
         check: Callable[[Match], str | None] | None = None,
         relu_nan: Sequence[str] = (RELU_NAN_TO_ZERO,),
     ) -> list[Intrinsic]:
-        """Register ``backend`` and one intrinsic per pattern of the family, from one source.
+        """Register ``backend`` and one intrinsic per entry point of the family, from one source.
 
         The names follow the bundled convention: intrinsic ``<backend>.<pattern>``, C symbol
         ``tir_byoc_<backend>_<pattern>``.  ``relu_nan`` as for :class:`Intrinsic`.
@@ -277,7 +290,7 @@ class Registry:
                     relu_nan=tuple(relu_nan),
                 )
             )
-            for pattern in PATTERNS
+            for pattern in CALL_PATTERNS
         ]
 
     def unregister(self, name: str) -> None:
@@ -395,7 +408,7 @@ def choose(
     order : tuple of str, optional
         Allowed backends, most preferred first; None means all, by intrinsic priority.
     """
-    candidates = [i for i in registry if i.pattern == match.pattern]
+    candidates = [i for i in registry if i.serves(match.pattern)]
     if order is not None:
         rank = {b: r for r, b in enumerate(order)}
         candidates = [i for i in candidates if i.backend in rank]

@@ -83,13 +83,29 @@ def _as_int64(expr):
     return expr if str(expr.ty.dtype) == "int64" else tirx.Cast("int64", expr)
 
 
+def batch_arguments(match: Match) -> list:
+    """The batch arguments of a ``bmm_`` call: counts, then X's and W's strides, two each.
+
+    A match with one batch dim passes it as the inner one, with an outer dim of 1.
+    """
+    batch = match.batch
+    pad = 2 - len(batch.counts)
+    one, zero = tirx.IntImm("int64", 1), tirx.IntImm("int64", 0)
+    counts = [one] * pad + [_as_int64(c) for c in batch.counts]
+    x_strides = [zero] * pad + [_as_int64(s) for s in batch.x_strides]
+    w_strides = [zero] * pad + [_as_int64(s) for s in batch.w_strides]
+    return counts + x_strides + w_strides
+
+
 def call_block(match: Match, intrinsic: Intrinsic, name: str) -> s_tir.SBlockRealize:
     """The opaque block that calls ``intrinsic`` for ``match``."""
     operands = [match.x, match.w] + ([match.bias] if match.bias is not None else [])
     args = [_pointer(b) for b in [*operands, match.out]]
-    args += [_as_int64(e) for e in (match.m, match.n, match.k)]
+    args += [_as_int64(e) for e in (match.rows, match.n, match.k)]
     flags = RELU_KEEPS_NAN_FLAG if match.relu_nan == RELU_KEEPS_NAN else 0
     args.append(tirx.IntImm("int32", match.dtype.code | flags))
+    if match.batch is not None and match.batch.form == "batched":
+        args += batch_arguments(match)
     call = tirx.call_extern("int32", intrinsic.extern_symbol, *args)
     status = tirx.Var("status", "int32")
     message = (

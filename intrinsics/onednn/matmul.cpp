@@ -6,6 +6,9 @@
  * - The weight is described to oneDNN by strides, never copied: a dense weight (N x K,
  *   row-major) is the (K, N) matrix with strides {1, K}, a matmul weight (K x N) has strides
  *   {N, 1}.
+ * - Batched patterns (bmm_*) are one batched oneDNN matmul: each operand is a 4-D tensor
+ *   (batch0, batch1, rows, cols) with the batch strides of the call; a dim along which an
+ *   operand is broadcast (stride 0) has size 1, which oneDNN broadcasts.
  * - Floating point (fp32, and bf16 / fp16 inputs accumulated in fp32): the bias and the relu
  *   are fused into the primitive (bias argument, eltwise_relu post-op, which maps NaN to 0 as
  *   TVM's max(z, 0) does); a relu that must keep NaN (TIR_BYOC_RELU_KEEPS_NAN) is applied
@@ -78,16 +81,19 @@ bool Decode(int32_t signature, Dtypes *out) {
   return false;
 }
 
-/* What a primitive is specialised for; `relu` is a fused relu post-op. */
+/* What a primitive is specialised for; `relu` is a fused relu post-op.  A 2-D product has
+ * the batch {1, 1} with strides 0. */
 struct Key {
   int64_t m, n, k;
   int32_t signature;
   tir_byoc_layout layout;
   bool bias, relu;
+  tir_byoc_batch batch;
 
   bool operator==(const Key &o) const {
     return m == o.m && n == o.n && k == o.k && signature == o.signature && layout == o.layout &&
-           bias == o.bias && relu == o.relu;
+           bias == o.bias && relu == o.relu &&
+           std::memcmp(&batch, &o.batch, sizeof batch) == 0;
   }
 };
 
@@ -97,7 +103,13 @@ struct KeyHash {
     const uint64_t parts[] = {static_cast<uint64_t>(key.m), static_cast<uint64_t>(key.n),
                               static_cast<uint64_t>(key.k), static_cast<uint64_t>(key.signature),
                               static_cast<uint64_t>(key.layout),
-                              static_cast<uint64_t>(key.bias) << 1 | key.relu};
+                              static_cast<uint64_t>(key.bias) << 1 | key.relu,
+                              static_cast<uint64_t>(key.batch.count[0]),
+                              static_cast<uint64_t>(key.batch.count[1]),
+                              static_cast<uint64_t>(key.batch.x_stride[0]),
+                              static_cast<uint64_t>(key.batch.x_stride[1]),
+                              static_cast<uint64_t>(key.batch.w_stride[0]),
+                              static_cast<uint64_t>(key.batch.w_stride[1])};
     for (uint64_t part : parts) h = (h ^ part) * 1099511628211ull;
     return static_cast<size_t>(h);
   }
@@ -123,17 +135,44 @@ dnnl::stream &Stream() {
   return stream;
 }
 
+using dims = dnnl::memory::dims;
+
+bool IsBatched(const Key &key) { return key.batch.count[0] * key.batch.count[1] != 1; }
+
+/* A (batch0, batch1, rows, cols) descriptor of an operand with the given batch strides; a
+ * batch dim with stride 0 has size 1 (oneDNN broadcasts it).  2-D for a batch of one. */
+dnnl::memory::desc Operand(const Key &key, const int64_t *batch_strides, int64_t rows,
+                           int64_t cols, dt type, const dims &matrix_strides) {
+  if (!IsBatched(key)) return dnnl::memory::desc({rows, cols}, type, matrix_strides);
+  dims shape{1, 1, rows, cols}, strides{rows * cols, rows * cols, matrix_strides[0],
+                                        matrix_strides[1]};
+  for (int d = 0; d < 2; ++d) {
+    if (batch_strides[d] != 0) {
+      shape[d] = key.batch.count[d];
+      strides[d] = batch_strides[d];
+    }
+  }
+  return dnnl::memory::desc(shape, type, strides);
+}
+
 std::shared_ptr<const Entry> Create(const Key &key, const Dtypes &dtypes) {
-  using dims = dnnl::memory::dims;
   // Step 1. Plain row-major descriptors; the weight's layout is carried by its strides.
-  dnnl::memory::desc src({key.m, key.k}, dtypes.x, dims{key.k, 1});
+  dnnl::memory::desc src = Operand(key, key.batch.x_stride, key.m, key.k, dtypes.x, {key.k, 1});
   dims weight_strides = key.layout == TIR_BYOC_LAYOUT_NK ? dims{1, key.k} : dims{key.n, 1};
-  dnnl::memory::desc weights({key.k, key.n}, dtypes.w, weight_strides);
-  dnnl::memory::desc dst({key.m, key.n}, dtypes.y, dims{key.n, 1});
+  dnnl::memory::desc weights =
+      Operand(key, key.batch.w_stride, key.k, key.n, dtypes.w, weight_strides);
+  const int64_t b1 = key.batch.count[1];
+  dnnl::memory::desc dst =
+      IsBatched(key) ? dnnl::memory::desc({key.batch.count[0], b1, key.m, key.n}, dtypes.y,
+                                          dims{b1 * key.m * key.n, key.m * key.n, key.n, 1})
+                     : dnnl::memory::desc({key.m, key.n}, dtypes.y, dims{key.n, 1});
   // Step 2. Fuse the epilogue (floating point only; see the file comment for integers).
   const bool fuse = !dtypes.integer;
   dnnl::memory::desc bias;
-  if (fuse && key.bias) bias = dnnl::memory::desc({1, key.n}, dtypes.y, dims{key.n, 1});
+  if (fuse && key.bias)
+    bias = IsBatched(key)
+               ? dnnl::memory::desc({1, 1, 1, key.n}, dtypes.y, dims{key.n, key.n, key.n, 1})
+               : dnnl::memory::desc({1, key.n}, dtypes.y, dims{key.n, 1});
   dnnl::primitive_attr attr;
   if (fuse && key.relu) {
     dnnl::post_ops ops;
@@ -286,11 +325,15 @@ void ApplyEpilogue(const Dtypes &dtypes, void *y, const void *bias, int64_t m, i
   }
 }
 
-/* The whole family (TIR_BYOC_DEFINE_FAMILY below); a NULL bias is a pattern without one. */
-int32_t Gemm(const void *x, const void *w, const void *bias, void *y, int64_t m, int64_t n,
-             int64_t k, int32_t signature, tir_byoc_layout layout, int relu) {
-  // Step 1. Checks at entry: dtypes, flags, shape, pointers (the entry point of a bias
-  // pattern has refused a NULL bias already).
+constexpr tir_byoc_batch kNoBatch = {{1, 1}, {0, 0}, {0, 0}};
+
+/* The whole family, batched or not (TIR_BYOC_DEFINE_BATCHED_FAMILY below); a NULL bias is a
+ * pattern without one. */
+int32_t BatchedGemm(const void *x, const void *w, const void *bias, void *y, int64_t m,
+                    int64_t n, int64_t k, int32_t signature, tir_byoc_layout layout, int relu,
+                    const tir_byoc_batch *batch) {
+  // Step 1. Checks at entry: dtypes, flags, shape, batch, pointers (the entry point of a
+  // bias pattern has refused a NULL bias already).
   const bool has_bias = bias != nullptr;
   const int32_t flags = TIR_BYOC_FLAGS_OF(signature);
   const bool keep_nan = (flags & TIR_BYOC_RELU_KEEPS_NAN) != 0;
@@ -300,18 +343,24 @@ int32_t Gemm(const void *x, const void *w, const void *bias, void *y, int64_t m,
     return TIR_BYOC_EDTYPE;
   int32_t status = tir_byoc_check_shape(m, n, k);
   if (status != TIR_BYOC_OK) return status;
+  if ((status = tir_byoc_check_batch(batch, m, n, k)) != TIR_BYOC_OK) return status;
   status = tir_byoc_check_pointers(x, w, y, m, n, k);
   if (status != TIR_BYOC_OK) return status;
-  if (m == 0 || n == 0) return TIR_BYOC_OK;
+  const int64_t count = batch->count[0] * batch->count[1];
+  if (m == 0 || n == 0 || count == 0) return TIR_BYOC_OK;
+  // The epilogue passes below run over every batch's output at once: Y is compact.
+  const int64_t rows = count * m;
   if (k == 0) {  // an empty sum: the epilogue of 0 (oneDNN rejects zero-sized K)
-    ApplyEpilogue(dtypes, y, bias, m, n, relu, keep_nan, true);
+    ApplyEpilogue(dtypes, y, bias, rows, n, relu, keep_nan, true);
     return TIR_BYOC_OK;
   }
   try {
     // Step 2. The cached primitive, executed on the caller's buffers.
     const bool fused_relu = relu && !dtypes.integer && !keep_nan;
+    // A batch of one is a 2-D product, whatever its strides: one cache entry for both.
+    const tir_byoc_batch &key_batch = count == 1 ? kNoBatch : *batch;
     std::shared_ptr<const Entry> entry =
-        Cache().Get(Key{m, n, k, signature, layout, has_bias, fused_relu}, dtypes);
+        Cache().Get(Key{m, n, k, signature, layout, has_bias, fused_relu, key_batch}, dtypes);
     BoundArgs &bound = Bind(*entry, Cache().Capacity());
     dnnl_status_t status_x = Point(bound.src, x), status_w = Point(bound.weights, w);
     dnnl_status_t status_y = Point(bound.dst, y);
@@ -326,9 +375,9 @@ int32_t Gemm(const void *x, const void *w, const void *bias, void *y, int64_t m,
       return TIR_BYOC_EBACKEND;
     // Step 3. The exact int32 epilogue of the integer patterns; a relu that keeps NaN.
     if (dtypes.integer && (has_bias || relu)) {
-      ApplyEpilogue(dtypes, y, bias, m, n, relu, keep_nan, false);
+      ApplyEpilogue(dtypes, y, bias, rows, n, relu, keep_nan, false);
     } else if (relu && !fused_relu) {
-      ApplyEpilogue(dtypes, y, nullptr, m, n, true, keep_nan, false);
+      ApplyEpilogue(dtypes, y, nullptr, rows, n, true, keep_nan, false);
     }
   } catch (...) {
     return TIR_BYOC_EBACKEND;
@@ -336,9 +385,15 @@ int32_t Gemm(const void *x, const void *w, const void *bias, void *y, int64_t m,
   return TIR_BYOC_OK;
 }
 
+/* One 2-D product: the batched primitive with a batch of one. */
+int32_t Gemm(const void *x, const void *w, const void *bias, void *y, int64_t m, int64_t n,
+             int64_t k, int32_t signature, tir_byoc_layout layout, int relu) {
+  return BatchedGemm(x, w, bias, y, m, n, k, signature, layout, relu, &kNoBatch);
+}
+
 }  // namespace
 
-TIR_BYOC_DEFINE_FAMILY(onednn, Gemm);
+TIR_BYOC_DEFINE_BATCHED_FAMILY(onednn, Gemm, BatchedGemm);
 
 /* Cache introspection for tests and benchmarks: out[0..3] = size, capacity, hits, misses. */
 extern "C" TIR_BYOC_EXPORT void tir_byoc_onednn_cache_info(int64_t *out) { Cache().Info(out); }
@@ -363,7 +418,7 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_implementation(int64_t m, int
   try {
     tir_byoc_layout layout = dense ? TIR_BYOC_LAYOUT_NK : TIR_BYOC_LAYOUT_KN;
     std::shared_ptr<const Entry> entry =
-        Cache().Get(Key{m, n, k, dtypes, layout, bias != 0, relu != 0}, decoded);
+        Cache().Get(Key{m, n, k, dtypes, layout, bias != 0, relu != 0, kNoBatch}, decoded);
     std::strncpy(out, entry->implementation.c_str(), static_cast<size_t>(size - 1));
     out[size - 1] = '\0';
   } catch (...) {

@@ -15,7 +15,7 @@ from pathlib import Path
 from hypothesis import note, settings
 
 import tir_byoc
-from tir_byoc.patterns import PATTERNS
+from tir_byoc.patterns import CALL_PATTERNS
 from tir_byoc.registry import REGISTRY, RELU_NAN_BOTH, Backend, Intrinsic, Registry
 from tir_byoc.testing.programs import SIGNATURES, Program
 
@@ -31,7 +31,7 @@ def _registry() -> Registry:
         registry.register(intrinsic)
     registry.register_backend(Backend("proptest", description="test-only widening kernels"))
     source = Path(__file__).with_name("widening_gemm.c")
-    for pattern in PATTERNS:
+    for pattern in CALL_PATTERNS:
         registry.register(
             Intrinsic(
                 f"proptest.{pattern}",

@@ -39,8 +39,10 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
             )
         except Refused as refused:
             # The nearest pattern is the one the refused operation would have made, if any.
-            attempted = pattern_for(core.layout, (*ops, refused.op)) if refused.op else None
-            nearest = (attempted or pattern_for(core.layout, ops)).name
+            attempted = (
+                pattern_for(core.layout, (*ops, refused.op), core.form) if refused.op else None
+            )
+            nearest = (attempted or pattern_for(core.layout, ops, core.form)).name
             for owner in consumers:
                 if owner >= 0 and is_spatial(index.nests[owner].block):
                     target = index.nests[owner]
@@ -56,7 +58,7 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
     nests = [index.nests[p] for p in members]
     match = Match(
         func=func_name,
-        pattern=pattern_for(core.layout, ops).name,
+        pattern=pattern_for(core.layout, ops, core.form).name,
         blocks=tuple(n.name for n in nests),
         dtype=core.dtype,
         m=core.m,
@@ -69,6 +71,7 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
         intermediates=tuple(intermediates),
         stmts=tuple(n.stmt for n in nests),
         relu_nan=relu_nan,
+        batch=core.batch,
     )
     return match, rejections, members
 
@@ -103,7 +106,7 @@ def next_epilogue(consumers, members, current, core, ops, bias, intermediates, i
     # Step 2. The consumer must be a family epilogue over ``current``.
     epilogue = analyze_epilogue(target, core, current, extents, index)
     new_ops = ops + epilogue.ops
-    if pattern_for(core.layout, new_ops) is None:
+    if pattern_for(core.layout, new_ops, core.form) is None:
         raise Refused(
             f"{' then '.join(new_ops)} after {core.layout} is not a pattern of the family "
             "(bias before relu, each at most once)"

@@ -17,7 +17,16 @@ from tvm import ir, tirx
 from .exprs import const_value, dtype_of, index_text, is_var, is_zero, operation_text
 from .records import RELU_KEEPS_NAN, RELU_NAN_TO_ZERO, Refused
 from .reduction import Reduction, bias_vector
-from .stir import DATA_PAR, Extents, Nest, check_binding, check_covers, check_shape, compact_global
+from .stir import (
+    DATA_PAR,
+    Extents,
+    Nest,
+    check_binding,
+    check_covers,
+    check_shape,
+    compact_global,
+    dim_names,
+)
 
 
 @dataclass(frozen=True)
@@ -30,30 +39,37 @@ class Epilogue:
 
 
 def analyze_epilogue(nest: Nest, chain: Reduction, source, extents, index) -> Epilogue:
-    """Read ``nest`` as ``out[i, j] = f(source[i, j])`` with f made of bias adds and relus."""
+    """Read ``nest`` as ``out[..., i, j] = f(source[..., i, j])``, f made of bias adds and relus."""
     block = nest.block
     if any(iv.iter_type != DATA_PAR for iv in block.iter_vars) or block.init is not None:
         raise Refused(f"block {block.name_hint} is a reduction, not an elementwise epilogue")
-    if len(block.iter_vars) != 2:
-        raise Refused(f"block {block.name_hint} has {len(block.iter_vars)} axes, expected 2")
+    shape = chain.out_shape
+    if len(block.iter_vars) != len(shape):
+        raise Refused(
+            f"block {block.name_hint} has {len(block.iter_vars)} axes, expected {len(shape)} "
+            f"(the axes of {chain.out.name})"
+        )
     check_binding(nest, extents)
     store = block.body
     out = store.buffer
-    if len(store.indices) != 2 or not all(isinstance(e, tirx.Var) for e in store.indices):
-        raise Refused(f"output {out.name} is not indexed by two plain iterators")
-    vi, vj = store.indices
-    if vi.same_as(vj) or not all(
-        any(iv.var.same_as(v) for iv in block.iter_vars) for v in (vi, vj)
+    indices = tuple(store.indices)
+    if (
+        len(indices) != len(shape)
+        or not all(
+            isinstance(e, tirx.Var) and any(iv.var.same_as(e) for iv in block.iter_vars)
+            for e in indices
+        )
+        or len(set(indices)) != len(indices)
     ):
-        raise Refused(f"output {out.name} is not indexed by the block's two iterators")
-    check_shape(out, (chain.m, chain.n), ("M", "N"), extents)
-    check_covers(block, (vi, vj), (chain.m, chain.n), extents)
+        raise Refused(f"output {out.name} is not indexed by the block's iterators, one per axis")
+    check_shape(out, shape, dim_names(len(shape)), extents)
+    check_covers(block, indices, shape, extents)
     if dtype_of(out) != chain.dtype.out:
         raise Refused(f"output {out.name} is {dtype_of(out)}, the chain computes {chain.dtype.out}")
     reason = compact_global(out)
     if reason:
         raise Refused(reason)
-    parser = EpilogueParser(source, vi, vj, chain, extents)
+    parser = EpilogueParser(source, indices, chain, extents)
     ops = parser.parse(store.value)
     if not ops:
         raise Refused(f"block {block.name_hint} only copies {source.name}")
@@ -74,7 +90,7 @@ def root_operation(expr):
 
 
 class EpilogueParser:
-    """Turns an elementwise expression of ``source[i, j]`` into a tuple of family ops.
+    """Turns an elementwise expression of ``source[..., i, j]`` into a tuple of family ops.
 
     Each operation is read by the rules :data:`RULES` lists for its root (a rule returns the
     ops it read, None when it does not apply, or raises Refused saying what differs); a root
@@ -86,20 +102,23 @@ class EpilogueParser:
     ``select(z < 0, 0, z)`` stays NaN.
     """
 
-    def __init__(self, source, vi, vj, chain: Reduction, extents: Extents):
-        self.source, self.vi, self.vj = source, vi, vj
+    def __init__(self, source, indices, chain: Reduction, extents: Extents):
+        self.source, self.indices = source, indices
+        self.vi, self.vj = indices[-2], indices[-1]
         self.chain, self.extents = chain, extents
         self.bias = None
         self.relu_nan = None
 
     def parse(self, expr) -> tuple[str, ...]:
         if isinstance(expr, ir.TensorLoad) and expr.source.same_as(self.source):
-            if len(expr.indices) == 2 and is_var(expr.indices[0], self.vi):
-                if is_var(expr.indices[1], self.vj):
-                    return ()
+            if len(expr.indices) == len(self.indices) and all(
+                is_var(e, v) for e, v in zip(expr.indices, self.indices)
+            ):
+                return ()
+            names = ", ".join(v.name for v in self.indices)
             raise Refused(
                 f"reads {self.source.name}{index_text(expr)}, not "
-                f"{self.source.name}[{self.vi.name}, {self.vj.name}] (indices are mixed up)"
+                f"{self.source.name}[{names}] (indices are mixed up)"
             )
         root = root_operation(expr)
         for rule in RULES.get(root, ()):

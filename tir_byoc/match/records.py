@@ -24,6 +24,38 @@ RELU_KEEPS_NAN = "keep"
 
 
 @dataclass(frozen=True)
+class Batch:
+    """The batch dims of a match, as its call passes them.
+
+    Attributes
+    ----------
+    form : str
+        ``"leading"``: X and Y carry the batch dims, compact and in order, and the weight is
+        shared; the call folds them into M.  ``"batched"``: a batched matmul, one matrix
+        product per batch index, each operand's matrix found by its strides.
+    counts : tuple of tvm.ir.PrimExpr
+        The batch dims after merging the ones that index every operand alike (one or two,
+        outermost first); their product is the number of matrix products.
+    x_strides, w_strides : tuple of tvm.ir.PrimExpr
+        Per dim of ``counts``, the element offset between consecutive X (W) matrices; 0 where
+        the operand is broadcast.  Y is compact: its matrices follow each other.
+    dims : tuple of tvm.ir.PrimExpr
+        Y's batch dims as written in the function (for reports).
+    """
+
+    form: str
+    counts: tuple[tvm.ir.PrimExpr, ...]
+    x_strides: tuple[tvm.ir.PrimExpr, ...]
+    w_strides: tuple[tvm.ir.PrimExpr, ...]
+    dims: tuple[tvm.ir.PrimExpr, ...]
+
+    @property
+    def text(self) -> str:
+        """Y's batch dims, as ``2x16``."""
+        return "x".join(expr_text(d) for d in self.dims)
+
+
+@dataclass(frozen=True)
 class Match:
     """One chain of blocks that computes a pattern of the family.
 
@@ -38,9 +70,9 @@ class Match:
     dtype : DtypeSignature
         Input, weight and output dtypes.
     m, n, k : tvm.ir.PrimExpr
-        Extents (static ``IntImm`` or symbolic).
+        Extents of one matrix product (static ``IntImm`` or symbolic).
     x, w, bias, out : tvm.ir.Var
-        The buffers: input (M, K), weight, bias (None without one) and output (M, N).
+        The buffers: input (..., M, K), weight, bias (None without one), output (..., M, N).
     intermediates : tuple of tvm.ir.Var
         Buffers written and read only inside the chain; dead once it is offloaded.
     stmts : tuple of tvm.tirx.Stmt
@@ -64,11 +96,22 @@ class Match:
     intermediates: tuple[ir.Var, ...] = ()
     stmts: tuple[tirx.Stmt, ...] = field(default=(), repr=False, compare=False)
     relu_nan: str | None = None
+    batch: Batch | None = None
 
     @property
     def shape(self) -> tuple[str, str, str]:
         """M, N, K as text (symbolic extents by name)."""
         return tuple(expr_text(e) for e in (self.m, self.n, self.k))
+
+    @property
+    def rows(self) -> tvm.ir.PrimExpr:
+        """M as the call passes it: times the batch when leading batch dims fold into it."""
+        if self.batch is None or self.batch.form != "leading":
+            return self.m
+        rows = self.m
+        for count in self.batch.counts:
+            rows = rows * count
+        return rows
 
     @property
     def buffers(self) -> dict[str, str]:

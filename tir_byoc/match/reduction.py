@@ -1,9 +1,11 @@
-"""The reduction (GEMM) analysis: is a block ``Y[i, j] = init + sum_k X[i, k] * W``?
+"""The reduction (GEMM) analysis: is a block ``Y[..., i, j] = init + sum_k X[..., i, k] * W``?
 
 Entry point: :func:`analyze_reduction`, which returns a :class:`Reduction` (layout, buffers,
-extents, dtypes, a bias the output starts from) or raises :class:`~.records.Refused` with the
-first condition that failed.  :func:`looks_like_gemm` says which blocks are candidates at all.
-Called by :mod:`.scan`; reads :mod:`.stir` and :mod:`.exprs`.
+extents, dtypes, a bias the output starts from, batch dims) or raises
+:class:`~.records.Refused` with the first condition that failed.  :func:`looks_like_gemm` says
+which blocks are candidates at all.  :func:`batch_of` reads the batch dims the output's
+leading iterators give each operand.  Called by :mod:`.scan`; reads :mod:`.stir` and
+:mod:`.exprs`.
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ import tvm
 import tvm_ffi
 from tvm import ir, tirx
 
+from ..patterns import pattern_for
 from ..signature import WIDENINGS, DtypeSignature
 from .exprs import (
     const_value,
     dtype_of,
-    element_of,
     expr_text,
     index_text,
     is_element,
@@ -27,7 +29,7 @@ from .exprs import (
     operation_text,
     shape_of,
 )
-from .records import Refused
+from .records import Batch, Refused
 from .stir import (
     COMM_REDUCE,
     DATA_PAR,
@@ -38,6 +40,7 @@ from .stir import (
     check_covers,
     check_shape,
     compact_global,
+    dim_names,
     is_spatial,
 )
 
@@ -55,16 +58,34 @@ class Reduction:
     dtype: DtypeSignature
     bias: ir.Var | None = None  # a bias vector the output is initialised with
     init_nest: Nest | None = None  # the init as a block of its own (decompose_reduction)
+    batch: Batch | None = None  # the batch dims; None for a 2-D product
+
+    @property
+    def out_shape(self) -> tuple:
+        """The output's shape: its batch dims, then (M, N)."""
+        return (*shape_of(self.out)[:-2], self.m, self.n)
+
+    @property
+    def form(self) -> str:
+        """The batch form of :mod:`tir_byoc.patterns`: none, leading or batched."""
+        return self.batch.form if self.batch is not None else "none"
 
 
 @dataclass(frozen=True)
 class Init:
-    """How a reduction's output is initialised: the store and the iterators of its row/column."""
+    """How a reduction's output is initialised: the store and the iterators of its axes."""
 
     store: tirx.BufferStore
-    row: tirx.Var
-    col: tirx.Var
+    indices: tuple[tirx.Var, ...]
     nest: Nest | None = None  # None for the reduction block's own init
+
+    @property
+    def row(self) -> tirx.Var:
+        return self.indices[-2]
+
+    @property
+    def col(self) -> tirx.Var:
+        return self.indices[-1]
 
 
 def looks_like_gemm(block) -> bool:
@@ -83,33 +104,6 @@ def looks_like_gemm(block) -> bool:
 
     tvm_ffi.structural_walk(block.body, (tirx.Mul, on_product))
     return bool(found)
-
-
-def _not_2d_reason(block, spatial) -> str:
-    """Why a multiply-reduce block with other than 2 spatial axes is refused, by its form."""
-    counted = f"block has {len(spatial)} spatial axes; the family is 2-D"
-    if len(spatial) < 2:
-        return f"{counted} (a reduction to fewer than two axes is not a matrix product)"
-    operands = []
-
-    def on_product(product):
-        if is_element(product.a) and is_element(product.b):
-            operands.extend(element_of(e).source for e in (product.a, product.b))
-
-    tvm_ffi.structural_walk(block.body, (tirx.Mul, on_product))
-    ranks = sorted(len(shape_of(buffer)) for buffer in operands[:2])
-    if ranks and ranks[0] == 2:
-        weight = next(b for b in operands if len(shape_of(b)) == 2)
-        return (
-            f"{counted}: an N-D activation over the 2-D weight {weight.name} (an N-D Linear); "
-            "folding its leading dims into M is not supported yet"
-        )
-    if ranks and ranks[0] > 2:
-        return (
-            f"{counted}: both operands carry batch dims (a batched matmul, as attention's); "
-            "batched matmuls are not supported yet"
-        )
-    return counted
 
 
 def unpack_operand(expr, acc_dtype):
@@ -141,7 +135,7 @@ def unpack_operand(expr, acc_dtype):
 def analyze_reduction(
     nest: Nest, extents: Extents, index: FunctionIndex, init_nest: Nest | None = None
 ) -> Reduction:
-    """Read ``nest`` as ``Y[i, j] = sum_k X[i, k] * W`` (initialised in ``init_nest`` if given)."""
+    """Read ``nest`` as ``Y[..., i, j] = sum_k X[..., i, k] * W`` (initialised in ``init_nest``)."""
     block = nest.block
     spatial = [iv for iv in block.iter_vars if iv.iter_type == DATA_PAR]
     reduce = [iv for iv in block.iter_vars if iv.iter_type == COMM_REDUCE]
@@ -149,29 +143,38 @@ def analyze_reduction(
     # Step 1. Shape of the iteration space and of the loops around it.
     if len(reduce) != 1:
         raise Refused(f"block reduces over {len(reduce)} axes; the family reduces over one (k)")
-    if len(spatial) != 2 or len(block.iter_vars) != 3:
-        raise Refused(_not_2d_reason(block, spatial))
+    if len(spatial) < 2:
+        raise Refused(
+            f"block has {len(spatial)} spatial axes: a reduction to fewer than two axes is not "
+            "a matrix product"
+        )
+    if len(block.iter_vars) != len(spatial) + 1:
+        raise Refused(f"block {block.name_hint} has iterators that are neither spatial nor k")
     check_binding(nest, extents)
     if block.match_buffers or block.alloc_buffers:
         raise Refused("block declares its own buffers")
 
-    # Step 2. The update: C[i, j] = C[i, j] + A * B.
+    # Step 2. The update: C[..., i, j] = C[..., i, j] + A * B.
     store = block.body
     out = store.buffer
-    if len(store.indices) != 2 or not all(isinstance(e, tirx.Var) for e in store.indices):
-        raise Refused(f"output {out.name} is not indexed by two plain iterators")
-    vi, vj = store.indices
-    iter_i = next((iv for iv in spatial if iv.var.same_as(vi)), None)
-    iter_j = next((iv for iv in spatial if iv.var.same_as(vj)), None)
-    if iter_i is None or iter_j is None or vi.same_as(vj):
-        raise Refused(f"output {out.name} is not indexed by the block's two spatial iterators")
-    vk = reduce[0].var
+    indices = tuple(store.indices)
+    iters = [
+        next((iv for iv in spatial if is_var(e, iv.var)), None) if isinstance(e, tirx.Var) else None
+        for e in indices
+    ]
+    if len(indices) != len(spatial) or None in iters or len({iv.var for iv in iters}) != len(iters):
+        raise Refused(
+            f"output {out.name} is not indexed by the block's {len(spatial)} spatial iterators, "
+            "one per axis"
+        )
+    *batch_iters, iter_i, iter_j = iters
+    vi, vj, vk = iter_i.var, iter_j.var, reduce[0].var
     value = store.value
     if not isinstance(value, tirx.Add):
         raise Refused(
             f"the reduction combines with {operation_text(value)}, not + (a sum of products)"
         )
-    product = split_accumulate(value, out, vi, vj)
+    product = split_accumulate(value, out, indices)
     if not isinstance(product, tirx.Mul):
         raise Refused(
             f"the reduction accumulates {operation_text(product)}, not a product of two buffers"
@@ -180,11 +183,11 @@ def analyze_reduction(
     if dtype_of(value) != acc_dtype:
         raise Refused(f"the update is computed in {dtype_of(value)}, the output is {acc_dtype}")
 
-    # Step 3. The init: C[i, j] = 0 or b[j], in the block or in a block of its own before it.
+    # Step 3. The init: C[..., i, j] = 0 or b[j], in the block or in a block of its own.
     if block.init is not None:
-        init = Init(block.init, vi, vj)
+        init = Init(block.init, indices)
     elif init_nest is not None:
-        init = init_block(init_nest, out, extents)
+        init = init_block(init_nest, out, len(indices), extents)
     else:
         raise Refused(
             f"the reduction has no init, and the block before it does not set {out.name} "
@@ -192,7 +195,7 @@ def analyze_reduction(
         )
     check_init(init, out)
 
-    # Step 4. Operands: which one is X[i, k], and how the weight is indexed.
+    # Step 4. Operands: which one is X[..., i, k], and how the weight is indexed.
     a, a_dtype = unpack_operand(product.a, acc_dtype)
     b, b_dtype = unpack_operand(product.b, acc_dtype)
     roles = [operand_role(op, vi, vj, vk) for op in (a, b)]
@@ -202,9 +205,10 @@ def analyze_reduction(
         (x, x_dtype), (w, w_dtype), layout_key = (b, b_dtype), (a, a_dtype), roles[0]
     else:
         described = ", ".join(f"{op.source.name}{index_text(op)}" for op in (a, b))
+        lead = "..., " if batch_iters else ""
         raise Refused(
-            f"operands {described} do not read X[i, k] and W[j, k] or W[k, j] "
-            f"(i = {vi.name}, j = {vj.name}, k = {vk.name})"
+            f"operands {described} do not read X[{lead}i, k] and W[{lead}j, k] or "
+            f"W[{lead}k, j] (i = {vi.name}, j = {vj.name}, k = {vk.name})"
         )
     layout = "dense" if layout_key == "nk" else "matmul"
 
@@ -215,30 +219,38 @@ def analyze_reduction(
             out,
             x,
             w,
-            (iter_i, iter_j, reduce[0]),
+            (batch_iters, iter_i, iter_j, reduce[0]),
             init,
             DtypeSignature(x_dtype, w_dtype, acc_dtype),
             extents,
             index,
         )
     except Refused as refused:
-        nearest = refused.nearest or (layout if is_zero(init.store.value) else f"{layout}_bias")
+        form = "none" if not batch_iters else ("batched" if len(w.indices) > 2 else "leading")
+        ops = () if is_zero(init.store.value) else ("bias",)
+        nearest = refused.nearest or _name(layout, ops, form)
         raise Refused(refused.reason, nearest) from None
+
+
+def _name(layout, ops, form) -> str:
+    return pattern_for(layout, ops, form).name
 
 
 def check_reduction_buffers(
     nest, layout, out, x, w, iters, init, dtype, extents, index
 ) -> Reduction:
-    """Steps 5 to 7 of :func:`analyze_reduction`, once the operand roles are known."""
-    iter_i, iter_j, iter_k = iters
+    """Steps 5 to 8 of :func:`analyze_reduction`, once the operand roles are known."""
+    batch_iters, iter_i, iter_j, iter_k = iters
     # Step 5. Extents: the loops cover the whole output and the whole K.
     m, n, k = iter_i.dom.extent, iter_j.dom.extent, iter_k.dom.extent
-    check_shape(out, (m, n), ("M", "N"), extents)
-    check_shape(x.source, (m, k), ("M", "K"), extents, what="input")
+    counts = tuple(iv.dom.extent for iv in batch_iters)
+    out_shape = (*counts, m, n)
+    check_shape(out, out_shape, dim_names(len(out_shape)), extents)
+    check_trailing(x.source, (m, k), ("M", "K"), extents, what="input")
     w_dims = ((n, k), ("N", "K")) if layout == "dense" else ((k, n), ("K", "N"))
-    check_shape(w.source, *w_dims, extents, what="weight")
+    check_trailing(w.source, *w_dims, extents, what="weight")
     if init.nest is not None:
-        check_covers(init.nest.block, (init.row, init.col), (m, n), extents)
+        check_covers(init.nest.block, init.indices, out_shape, extents)
 
     # Step 6. Buffers a C kernel can take: distinct, compact, in global memory.
     for buf in (out, x.source, w.source):
@@ -250,42 +262,157 @@ def check_reduction_buffers(
     if out.same_as(x.source) or out.same_as(w.source):
         raise Refused(f"output {out.name} is also read as an operand (in-place update)")
 
-    # Step 7. A bias the output starts from: b[j] or b[0, j], like an epilogue's.
+    # Step 7. The batch dims: which matrix of X and of W each batch index reads.
+    batch = batch_of(batch_iters, x, w, (m, n, k), extents) if batch_iters else None
+
+    # Step 8. A bias the output starts from: b[j] or b[0, j], like an epilogue's.
     bias = None
     if not is_zero(init.store.value):
         bias = bias_vector(init.store.value, init.row, init.col, n, dtype.out, extents)
-    return Reduction(nest, layout, x.source, w.source, out, m, n, k, dtype, bias, init.nest)
+    return Reduction(nest, layout, x.source, w.source, out, m, n, k, dtype, bias, init.nest, batch)
 
 
-def init_block(nest: Nest, out, extents: Extents) -> Init:
-    """The init of a reduction as a block of its own: ``out[i, j] = 0`` (or ``b[j]``)."""
+def check_trailing(buf, dims, names, extents: Extents, what):
+    """``buf``'s last two dims are ``dims`` (its leading dims are batch dims, read elsewhere)."""
+    shape = shape_of(buf)
+    if len(shape) < 2:
+        raise Refused(f"{what} {buf.name} has {len(shape)} dimensions, expected at least 2")
+    leading = tuple(f"B{d}" for d in range(len(shape) - 2))
+    check_shape(buf, (*shape[:-2], *dims), (*leading, *names), extents, what)
+
+
+def _int64(expr):
+    value = const_value(expr)
+    if value is not None:
+        return tirx.IntImm("int64", value)
+    return expr if dtype_of(expr) == "int64" else tirx.Cast("int64", expr)
+
+
+def _times(a, b):
+    a_value, b_value = const_value(a), const_value(b)
+    if a_value is not None and b_value is not None:
+        return tirx.IntImm("int64", a_value * b_value)
+    if a_value == 1:
+        return _int64(b)
+    if b_value == 1:
+        return _int64(a)
+    return _int64(a) * _int64(b)
+
+
+def operand_strides(load, batch_vars, dims, extents: Extents, what: str) -> list:
+    """Per output batch iterator, the element stride of ``load``'s operand along it (0 if none).
+
+    Each leading index of the operand must be one of the output's batch iterators (each at
+    most once, over the whole dim), or 0 on a dim of extent 1 (a broadcast).
+    """
+    buf = load.source
+    shape = shape_of(buf)
+    strides = [tirx.IntImm("int64", 1)] * len(shape)
+    for axis in reversed(range(len(shape) - 1)):
+        strides[axis] = _times(strides[axis + 1], shape[axis + 1])
+    found = {}
+    for axis, index in enumerate(list(load.indices)[:-2]):
+        if is_zero(index):
+            if not extents.equal(shape[axis], 1):
+                raise Refused(
+                    f"{what} {buf.name} is read only at 0 on axis {axis} of extent "
+                    f"{expr_text(shape[axis])}: a partial batch range, not a broadcast"
+                )
+            continue
+        position = next((p for p, v in enumerate(batch_vars) if is_var(index, v)), None)
+        if position is None:
+            raise Refused(
+                f"{what} {buf.name} is indexed by {expr_text(index)} on axis {axis}, which is "
+                "not a batch iterator of the output"
+            )
+        if position in found:
+            raise Refused(f"{what} {buf.name} is indexed twice by batch iterator {index.name}")
+        if not extents.equal(shape[axis], dims[position]):
+            raise Refused(
+                f"batch iterator {index.name} runs over {expr_text(dims[position])} of "
+                f"{expr_text(shape[axis])} (axis {axis} of {what} {buf.name}): a partial batch "
+                "range"
+            )
+        found[position] = strides[axis]
+    return [found.get(p, tirx.IntImm("int64", 0)) for p in range(len(batch_vars))]
+
+
+def batch_of(batch_iters, x, w, mnk, extents: Extents) -> Batch:
+    """The batch dims of a product: each operand's strides, merged into at most two dims.
+
+    Output batch dims of extent 1 are dropped, and neighbours are merged where every operand
+    steps over them as one dim (outer stride = inner stride x inner extent).  The form is
+    ``leading`` when one merged dim remains, the weight does not vary along it and X's
+    matrices follow each other (stride M x K): then X and Y are (B x M, K) and (B x M, N)
+    matrices and the product is one 2-D call.  Otherwise it is ``batched``.
+    """
+    m, n, k = mnk
+    batch_vars = [iv.var for iv in batch_iters]
+    dims = tuple(iv.dom.extent for iv in batch_iters)
+    x_strides = operand_strides(x, batch_vars, dims, extents, "input")
+    w_strides = operand_strides(w, batch_vars, dims, extents, "weight")
+    merged = []
+    for count, x_stride, w_stride, var in zip(dims, x_strides, w_strides, batch_vars):
+        if extents.equal(count, 1):
+            continue
+        if is_zero(x_stride) and is_zero(w_stride):
+            raise Refused(
+                f"batch iterator {var.name} of the output indexes neither operand: every batch "
+                "would hold the same product"
+            )
+        if merged:
+            outer_count, outer_x, outer_w = merged[-1]
+            if extents.equal(outer_x, _times(x_stride, count)) and extents.equal(
+                outer_w, _times(w_stride, count)
+            ):
+                merged[-1] = (_times(outer_count, count), x_stride, w_stride)
+                continue
+        merged.append((_int64(count), x_stride, w_stride))
+    if not merged:  # every batch dim has extent 1
+        merged = [(tirx.IntImm("int64", 1), _times(m, k), tirx.IntImm("int64", 0))]
+    counts, xs, ws = (tuple(column) for column in zip(*merged))
+    if len(counts) == 1 and is_zero(ws[0]) and extents.equal(xs[0], _times(m, k)):
+        return Batch("leading", counts, xs, ws, dims)
+    if len(counts) > 2:
+        raise Refused(
+            f"the batch dims {'x'.join(expr_text(d) for d in dims)} index the operands in "
+            f"{len(counts)} different ways; the batched call takes at most two"
+        )
+    return Batch("batched", counts, xs, ws, dims)
+
+
+def init_block(nest: Nest, out, rank: int, extents: Extents) -> Init:
+    """The init of a reduction as a block of its own: ``out[..., i, j] = 0`` (or ``b[j]``)."""
     block = nest.block
-    if not is_spatial(block) or block.init is not None or len(block.iter_vars) != 2:
+    if not is_spatial(block) or block.init is not None or len(block.iter_vars) != rank:
         raise Refused(
             f"the reduction has no init, and block {block.name_hint} before it is not a "
-            f"2-D elementwise init of {out.name}"
+            f"{rank}-D elementwise init of {out.name}"
         )
     check_binding(nest, extents)
     store = block.body
     iters = [iv.var for iv in block.iter_vars]
-    if len(store.indices) != 2 or not all(isinstance(e, tirx.Var) for e in store.indices):
-        raise Refused(f"init block {block.name_hint} does not write {out.name}[i, j]")
-    row, col = store.indices
-    if row.same_as(col) or not all(any(v.same_as(i) for i in iters) for v in (row, col)):
-        raise Refused(f"init block {block.name_hint} does not write {out.name}[i, j]")
-    return Init(store, row, col, nest)
+    indices = tuple(store.indices)
+    if (
+        len(indices) != rank
+        or not all(isinstance(e, tirx.Var) and any(e.same_as(i) for i in iters) for e in indices)
+        or len(set(indices)) != rank
+    ):
+        raise Refused(f"init block {block.name_hint} does not write each element of {out.name}")
+    return Init(store, indices, nest)
 
 
 def check_init(init: Init, out) -> None:
-    """The init writes ``out[row, col]`` with 0 or with a plain read (a bias, checked later)."""
+    """The init writes ``out[..., i, j]`` with 0 or with a plain read (a bias, checked later)."""
     store = init.store
     if (
         not isinstance(store, tirx.BufferStore)
         or not store.buffer.same_as(out)
-        or len(store.indices) != 2
-        or not (store.indices[0].same_as(init.row) and store.indices[1].same_as(init.col))
+        or len(store.indices) != len(init.indices)
+        or not all(a.same_as(b) for a, b in zip(store.indices, init.indices))
     ):
-        raise Refused(f"the init does not write {out.name}[{init.row.name}, {init.col.name}]")
+        names = ", ".join(v.name for v in init.indices)
+        raise Refused(f"the init does not write {out.name}[{names}]")
     if not is_zero(store.value) and not isinstance(store.value, ir.TensorLoad):
         value = const_value(store.value)
         shown = value if value is not None else store.value
@@ -322,25 +449,25 @@ def bias_vector(load, row, col, n, out_dtype, extents: Extents):
     return buf
 
 
-def split_accumulate(value, out, vi, vj):
+def split_accumulate(value, out, indices):
     for acc, other in ((value.a, value.b), (value.b, value.a)):
         if (
             isinstance(acc, ir.TensorLoad)
             and acc.source.same_as(out)
-            and len(acc.indices) == 2
-            and acc.indices[0].same_as(vi)
-            and acc.indices[1].same_as(vj)
+            and len(acc.indices) == len(indices)
+            and all(a.same_as(b) for a, b in zip(acc.indices, indices))
         ):
             return other
-    raise Refused(f"the update does not add to {out.name}[{vi.name}, {vj.name}] itself")
+    names = ", ".join(v.name for v in indices)
+    raise Refused(f"the update does not add to {out.name}[{names}] itself")
 
 
 def operand_role(load, vi, vj, vk) -> str | None:
-    """'x' for [i, k], 'nk' for [j, k], 'kn' for [k, j]; None otherwise."""
+    """'x' for [..., i, k], 'nk' for [..., j, k], 'kn' for [..., k, j]; None otherwise."""
     indices = list(load.indices)
-    if len(indices) != 2:
+    if len(indices) < 2:
         return None
-    first, second = indices
+    first, second = indices[-2:]
     if is_var(first, vi) and is_var(second, vk):
         return "x"
     if is_var(first, vj) and is_var(second, vk):

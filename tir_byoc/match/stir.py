@@ -262,13 +262,18 @@ def check_binding(nest: Nest, extents: Extents) -> None:
             raise Refused(f"loop {loop.loop_var.name} is thread-bound or strided")
 
 
+def dim_names(rank: int) -> tuple[str, ...]:
+    """Names of an output's dims in reports: the batch dims B0, B1, ..., then M and N."""
+    return (*(f"B{d}" for d in range(rank - 2)), "M", "N")
+
+
 def check_shape(buf, dims, names, extents: Extents, what="output"):
     shape = shape_of(buf)
     if len(shape) != len(dims):
         raise Refused(f"{what} {buf.name} has {len(shape)} dimensions, expected {len(dims)}")
     for axis, (actual, expected, name) in enumerate(zip(shape, dims, names)):
         if not extents.equal(actual, expected):
-            iterator = {"M": "i", "N": "j", "K": "k"}[name]
+            iterator = {"M": "i", "N": "j", "K": "k"}.get(name, name.lower())
             raise Refused(
                 f"{iterator} runs over 0..{last_index(expected)} of {expr_text(actual)} "
                 f"(axis {axis} of {what} {buf.name}): the loops do not cover it whole"
@@ -276,8 +281,8 @@ def check_shape(buf, dims, names, extents: Extents, what="output"):
 
 
 def check_covers(block, indices, dims, extents: Extents) -> None:
-    """The epilogue's iterators run over all of M x N, as the kernel writes all of it."""
-    for var, dim, name in zip(indices, dims, ("M", "N")):
+    """The block's iterators run over the whole output, as the kernel writes all of it."""
+    for var, dim, name in zip(indices, dims, dim_names(len(dims))):
         iter_var = next(iv for iv in block.iter_vars if iv.var.same_as(var))
         if not extents.equal(iter_var.dom.extent, dim):
             raise Refused(
