@@ -67,7 +67,9 @@ def test_a_batched_matmul_over_part_of_its_weights_is_explained_not_matched():
     assert rejection.reason == (
         "batch iterator vb runs over 2 of 3 (axis 0 of weight B): a partial batch range"
     )
-    assert str(rejection).startswith("batched: block bmm not offloaded (nearest pattern: bmm_matmul)")
+    assert str(rejection).startswith(
+        "batched: block bmm not offloaded (nearest pattern: bmm_matmul)"
+    )
 
 
 def test_an_unknown_backend_is_a_value_error():

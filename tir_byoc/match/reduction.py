@@ -263,7 +263,7 @@ def check_reduction_buffers(
         raise Refused(f"output {out.name} is also read as an operand (in-place update)")
 
     # Step 7. The batch dims: which matrix of X and of W each batch index reads.
-    batch = batch_of(batch_iters, x, w, (m, n, k), extents) if batch_iters else None
+    batch = batch_of(batch_iters, x, w, (m, k), extents) if batch_iters else None
 
     # Step 8. A bias the output starts from: b[j] or b[0, j], like an epilogue's.
     bias = None
@@ -337,7 +337,7 @@ def operand_strides(load, batch_vars, dims, extents: Extents, what: str) -> list
     return [found.get(p, tirx.IntImm("int64", 0)) for p in range(len(batch_vars))]
 
 
-def batch_of(batch_iters, x, w, mnk, extents: Extents) -> Batch:
+def batch_of(batch_iters, x, w, mk, extents: Extents) -> Batch:
     """The batch dims of a product: each operand's strides, merged into at most two dims.
 
     Output batch dims of extent 1 are dropped, and neighbours are merged where every operand
@@ -346,7 +346,7 @@ def batch_of(batch_iters, x, w, mnk, extents: Extents) -> Batch:
     matrices follow each other (stride M x K): then X and Y are (B x M, K) and (B x M, N)
     matrices and the product is one 2-D call.  Otherwise it is ``batched``.
     """
-    m, n, k = mnk
+    m, k = mk
     batch_vars = [iv.var for iv in batch_iters]
     dims = tuple(iv.dom.extent for iv in batch_iters)
     x_strides = operand_strides(x, batch_vars, dims, extents, "input")
