@@ -13,6 +13,8 @@ from tvm.script import tirx as T
 
 import tir_byoc
 from tir_byoc.match.exprs import expr_text
+from tir_byoc.registry import Intrinsic, Registry
+from tir_byoc.toolchain import intrinsics_dir
 
 BACKENDS = ("ref", "openblas", "onednn")
 
@@ -189,3 +191,28 @@ def test_a_batch_iterator_on_the_row_axis_is_refused():
 def test_a_non_compact_batched_input_is_refused():
     assert tir_byoc.scan(strided_input) == []
     assert reasons(strided_input) == ["buffer X has non-compact strides [40, 5, 1]"]
+
+
+# --------------------------------------------------------------------------------------
+# A user's 2-D intrinsic serves the N-D Linear (a 2-D call), never a batched call.
+# --------------------------------------------------------------------------------------
+
+
+def test_a_2d_intrinsic_serves_the_leading_form_and_is_never_given_a_batched_call():
+    registry = Registry()
+    registry.register(
+        Intrinsic(
+            "user.dense_bias_relu",
+            "dense_bias_relu",
+            "tir_byoc_ref_dense_bias_relu",
+            "float32",
+            intrinsics_dir() / "ref" / "gemm.c",
+        )
+    )
+    assert_equivalent(nd_linear, expect_calls={"user.dense_bias_relu": 1}, registry=registry)
+    batched = product(
+        (2, 4, 5), (2, 6, 5), (2,), lambda b: b, lambda b: b, layout="dense", ops=("bias", "relu")
+    )
+    (match,) = tir_byoc.scan(batched, registry=registry)
+    assert match.pattern == "bmm_dense_bias_relu" and match.intrinsic is None
+    assert match.reason == "no intrinsic registered for bmm_dense_bias_relu"
