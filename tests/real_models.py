@@ -1,0 +1,375 @@
+"""Small real models through the whole flow, and how much of their GEMM work tir_byoc serves.
+
+Three models, built from configs with random weights (nothing is downloaded): a BERT-like
+encoder and a LLaMA-like decoder from transformers, and torch's ``nn.TransformerEncoderLayer``.
+Each goes the way a user's model goes: ``torch.export`` -> ``from_exported_program`` -> the
+standard Relax lowering -> :func:`tir_byoc.offload` -> ``tvm.compile`` for llvm -> the Relax VM.
+
+The GEMM work is counted twice, each side without asking tir_byoc's matcher:
+
+- :func:`torch_gemm_flops`, what the model computes: torch's ``FlopCounterMode`` on the eager
+  model (2 * M * N * K per product, times the batch);
+- :func:`library_calls`, what the offloaded module hands to the library: every
+  ``tir_byoc_*`` extern call reached from Relax ``main``, read from the call's own arguments
+  (the calling convention of ``intrinsics/include/tir_byoc.h``).
+
+Their ratio is the fraction offloaded; :func:`refusals` says why the rest was not.
+
+Entry points: :data:`MODELS` (name -> builder of a :class:`RealModel`), :func:`compile_model`
+(-> :class:`Compiled`), :func:`torch_gemm_flops`, :func:`library_calls`,
+:func:`refusals`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# The models are built from configs; transformers must never reach for the hub.
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import numpy as np
+import torch
+import transformers
+import tvm
+import tvm_ffi
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+from tvm import relax, tirx
+from tvm.relax.frontend.torch import from_exported_program
+
+import tir_byoc
+
+#: Batch and sequence length of every model's input.
+BATCH, SEQUENCE = 2, 16
+#: Hidden size, heads, feed-forward size and vocabulary shared by the three models.
+HIDDEN, HEADS, INTERMEDIATE, VOCAB = 64, 4, 128, 100
+
+#: The aten operators ``FlopCounterMode`` counts that are GEMMs (or, for the attention
+#: kernels, two batched GEMMs); a count from any other operator is an error, not GEMM work.
+GEMM_OPS = frozenset(
+    {
+        "aten.mm",
+        "aten.addmm",
+        "aten.bmm",
+        "aten.baddbmm",
+        "aten._scaled_mm",
+        "aten._scaled_dot_product_efficient_attention",
+        "aten._scaled_dot_product_flash_attention",
+        "aten._scaled_dot_product_cudnn_attention",
+        "aten._flash_attention_forward",
+        "aten._efficient_attention_forward",
+    }
+)
+
+#: Prefix of every tir_byoc intrinsic's C symbol.
+SYMBOL_PREFIX = "tir_byoc_"
+
+_CALL_EXTERN = tvm.ir.Op.get("tirx.call_extern")
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+
+
+@dataclass(frozen=True)
+class RealModel:
+    """A torch model in eval mode and the arguments it is exported and run with."""
+
+    name: str
+    module: torch.nn.Module
+    inputs: tuple[torch.Tensor, ...]
+
+
+class _LastHiddenState(torch.nn.Module):
+    """``forward(ids)`` -> a transformers encoder's ``last_hidden_state``."""
+
+    def __init__(self, encoder: torch.nn.Module):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, ids):
+        return self.encoder(input_ids=ids).last_hidden_state
+
+
+class _CausalLogits(torch.nn.Module):
+    """``forward(ids)`` -> a transformers decoder's logits, under a prepared causal mask.
+
+    transformers builds its causal mask from boolean comparisons that TVM 0.27 imports but
+    cannot compile (a bool ``==`` emitted as a float compare); a 4-D mask is used as given, so
+    the mask here is the additive float one eager attention adds to its scores.
+    """
+
+    def __init__(self, decoder: torch.nn.Module, sequence: int):
+        super().__init__()
+        self.decoder = decoder
+        future = torch.triu(torch.ones(sequence, sequence, dtype=torch.bool), diagonal=1)
+        mask = torch.zeros(1, 1, sequence, sequence).masked_fill(
+            future, torch.finfo(torch.float32).min
+        )
+        self.register_buffer("mask", mask)
+
+    def forward(self, ids):
+        return self.decoder(input_ids=ids, attention_mask=self.mask, use_cache=False).logits
+
+
+def _token_ids(seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (BATCH, SEQUENCE), generator=generator)
+
+
+def bert() -> RealModel:
+    """A two-layer BERT encoder; no attention mask (every token attends to every token).
+
+    Without the pooler: ``last_hidden_state`` does not use it, so ``torch.export`` drops it
+    while the eager model would still compute (and count) its GEMM.
+    """
+    config = transformers.BertConfig(
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=HEADS,
+        intermediate_size=INTERMEDIATE,
+        vocab_size=VOCAB,
+        max_position_embeddings=32,
+        attn_implementation="eager",
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        encoder = transformers.BertModel(config, add_pooling_layer=False).eval()
+    return RealModel("bert", _LastHiddenState(encoder).eval(), (_token_ids(1),))
+
+
+def llama() -> RealModel:
+    """A two-layer LLaMA decoder with grouped-query attention (4 heads, 2 key/value heads)."""
+    config = transformers.LlamaConfig(
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=HEADS,
+        num_key_value_heads=2,
+        intermediate_size=INTERMEDIATE,
+        vocab_size=VOCAB,
+        max_position_embeddings=32,
+        use_cache=False,
+        attn_implementation="eager",
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        decoder = transformers.LlamaForCausalLM(config).eval()
+    return RealModel("llama", _CausalLogits(decoder, SEQUENCE).eval(), (_token_ids(2),))
+
+
+def encoder_layer() -> RealModel:
+    """torch's own ``nn.TransformerEncoderLayer`` (``nn.MultiheadAttention`` inside)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        layer = torch.nn.TransformerEncoderLayer(
+            HIDDEN, HEADS, INTERMEDIATE, batch_first=True, dropout=0.0
+        ).eval()
+    x = torch.randn(BATCH, SEQUENCE, HIDDEN, generator=torch.Generator().manual_seed(3))
+    return RealModel("encoder_layer", layer, (x,))
+
+
+#: The models, by name.
+MODELS: dict[str, Callable[[], RealModel]] = {
+    "bert": bert,
+    "llama": llama,
+    "encoder_layer": encoder_layer,
+}
+
+
+@contextlib.contextmanager
+def _plain_attention():
+    """Attention as the matmuls that ``FlopCounterMode`` counts.
+
+    In eval mode without grad ``nn.TransformerEncoderLayer`` takes a fused fast path, and on
+    CPU ``scaled_dot_product_attention`` runs a flash kernel; the counter has no formula for
+    either and would count their GEMMs as zero.  The math backend computes the same products
+    with ``bmm``.
+    """
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with sdpa_kernel(SDPBackend.MATH):
+            yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+
+
+def torch_gemm_flops(model: RealModel) -> dict[str, int]:
+    """The GEMM FLOPs of one eager forward pass, by aten operator.
+
+    Raises
+    ------
+    ValueError
+        If the counter attributes FLOPs to an operator that is not a GEMM.
+    """
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), _plain_attention(), counter:
+        model.module(*model.inputs)
+    counts = {str(op): int(n) for op, n in counter.get_flop_counts()["Global"].items() if n}
+    unknown = sorted(set(counts) - GEMM_OPS)
+    if unknown:
+        raise ValueError(f"expected FLOPs from GEMM operators only, got some from {unknown}")
+    return counts
+
+
+def lower(model: RealModel) -> tvm.IRModule:
+    """Export with torch, import into Relax (weights bound as constants), lower and fuse."""
+    with torch.no_grad():
+        exported = torch.export.export(model.module, model.inputs)
+    mod = from_exported_program(exported)
+    return tvm.transform.Sequential(
+        [
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FuseOps(),
+            relax.transform.FuseTIR(),
+        ]
+    )(mod)
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A model lowered, offloaded and built, with torch's result for its inputs.
+
+    Attributes
+    ----------
+    model : RealModel
+    offloaded : tvm.IRModule
+        What :func:`tir_byoc.offload` made of the lowered model.
+    executable : tvm.runtime.Executable
+        ``offloaded`` built for llvm.
+    expected : numpy.ndarray
+        The eager torch model's output.
+    """
+
+    model: RealModel
+    offloaded: tvm.IRModule
+    executable: tvm.runtime.Executable
+    expected: np.ndarray
+
+    def run(self) -> np.ndarray:
+        """The output of ``main`` on the Relax VM, for the model's inputs."""
+        vm = relax.VirtualMachine(self.executable, tvm.cpu())
+        args = [tvm.runtime.tensor(t.numpy()) for t in self.model.inputs]
+        (output,) = vm["main"](*args)
+        return output.numpy()
+
+
+def compile_model(model: RealModel) -> Compiled:
+    """Lower ``model``, offload it with every available backend, build it for llvm."""
+    with torch.no_grad():
+        expected = model.module(*model.inputs).numpy()
+    offloaded = tir_byoc.offload(lower(model))
+    executable = tvm.compile(offloaded, target="llvm")
+    return Compiled(model, offloaded, executable, expected)
+
+
+@dataclass(frozen=True)
+class ExternCall:
+    """One ``tir_byoc_*`` call as the offloaded module makes it.
+
+    ``times`` is how often one call of its PrimFunc runs it (the trip count of the loops
+    around it); ``batch`` is 1 except for the batched ``*_bmm_*`` entry points.
+    """
+
+    func: str
+    symbol: str
+    m: int
+    n: int
+    k: int
+    batch: int
+    times: int
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k * self.batch * self.times
+
+
+def _static(expr, what: str, symbol: str) -> int:
+    if not isinstance(expr, tirx.IntImm):
+        raise ValueError(f"{symbol}: expected a constant {what}, got {expr}")
+    return int(expr.value)
+
+
+def _extern_call(func: str, call: tvm.ir.Call, times: int) -> ExternCall:
+    """Read M, N, K and the batch count from a call's arguments (see ``tir_byoc.h``).
+
+    The arguments are the operand pointers, then ``m, n, k`` (int64) and ``dtypes`` (int32,
+    the first int32 constant); a ``*_bmm_*`` entry point follows with ``batch0, batch1`` and
+    the operands' strides.
+    """
+    symbol = str(call.args[0].value)
+    args = list(call.args[1:])
+    int32 = [isinstance(a, tirx.IntImm) and str(a.ty.dtype) == "int32" for a in args]
+    dtypes = int32.index(True) if True in int32 else None
+    if dtypes is None or dtypes < 3:
+        raise ValueError(f"{symbol}: expected m, n, k then an int32 dtypes argument, got {args}")
+    m, n, k = (_static(a, name, symbol) for a, name in zip(args[dtypes - 3 : dtypes], "mnk"))
+    batch = 1
+    if "_bmm_" in symbol:
+        batch0, batch1 = args[dtypes + 1], args[dtypes + 2]
+        batch = _static(batch0, "batch0", symbol) * _static(batch1, "batch1", symbol)
+    return ExternCall(func, symbol, m, n, k, batch, times)
+
+
+def extern_calls(name: str, func: tirx.PrimFunc) -> list[ExternCall]:
+    """The ``tir_byoc_*`` calls of one PrimFunc, each with the trip count of its loops."""
+    found: list[ExternCall] = []
+    loops: list[tirx.For] = []
+
+    def on_loop(loop, visitor):
+        loops.append(loop)
+        visitor.default_visit(loop)
+        loops.pop()
+
+    def on_call(call, visitor):
+        if call.op.same_as(_CALL_EXTERN) and str(call.args[0].value).startswith(SYMBOL_PREFIX):
+            symbol = str(call.args[0].value)
+            times = math.prod(_static(loop.extent, "loop extent", symbol) for loop in loops)
+            found.append(_extern_call(name, call, times))
+        visitor.default_visit(call)
+
+    tvm_ffi.structural_visit(func.body, [(tirx.For, on_loop), (tvm.ir.Call, on_call)])
+    return found
+
+
+def call_sites(mod: tvm.IRModule, entry: str = "main") -> list[str]:
+    """The PrimFunc of every ``R.call_tir`` run by one call of ``entry``, once per call site.
+
+    A call of another Relax function of ``mod`` contributes that function's call sites, once
+    per call.
+    """
+    callees: list[str] = []
+
+    def on_call(call):
+        if call.op.same_as(_CALL_TIR):
+            callees.append(call.args[0].name_hint)
+        elif isinstance(call.op, tvm.ir.GlobalVar) and isinstance(mod[call.op], relax.Function):
+            callees.extend(call_sites(mod, call.op.name_hint))
+
+    tvm_ffi.structural_walk(mod[entry].body, (relax.Call, on_call))
+    return callees
+
+
+def library_calls(mod: tvm.IRModule, entry: str = "main") -> list[ExternCall]:
+    """Every library call one run of ``entry`` makes, one record per call (FLOPs: ``.flops``)."""
+    sites = call_sites(mod, entry)
+    calls = {callee: extern_calls(callee, mod[callee]) for callee in set(sites)}
+    return [c for callee in sites for c in calls[callee]]
+
+
+def refusals(offloaded: tvm.IRModule) -> list[str]:
+    """Why what is left of the GEMM work was not offloaded: tir_byoc's own reasons.
+
+    The candidates :func:`tir_byoc.explain` refused, and the matches :func:`tir_byoc.scan`
+    found no intrinsic for, in the offloaded module's PrimFuncs called from ``main``.
+    """
+    called = set(call_sites(offloaded))
+    refused = [str(r) for r in tir_byoc.explain(offloaded) if r.func in called]
+    unserved = [
+        f"{c.func}: {', '.join(c.blocks)} ({c.pattern}, {c.dtype}): no intrinsic: {c.reason}"
+        for c in tir_byoc.scan(offloaded)
+        if c.intrinsic is None and c.func in called
+    ]
+    return refused + unserved
