@@ -158,6 +158,13 @@ class EpilogueParser:
 
     def _check_bias(self, load):
         chain = self.chain
+        indices = list(load.indices)
+        if len(self.indices) > 2 and len(indices) == len(self.indices):
+            if all(is_var(e, v) for e, v in zip(indices, self.indices)):
+                raise Refused(
+                    f"adds {load.source.name}{index_text(load)}, a tensor of the output's "
+                    "shape (a residual add), not a bias vector b[j]"
+                )
         buf = bias_vector(load, self.vi, self.vj, chain.n, chain.dtype.out, self.extents)
         if self.bias is not None or chain.bias is not None:
             raise Refused("adds a second bias")
