@@ -65,3 +65,27 @@ def test_builds_are_cached_by_content(tmp_path, monkeypatch):
     assert first.is_relative_to(tmp_path / "cache")
     source.write_text(body % 1)
     assert toolchain.shared_library("cached", registry) != first
+
+
+def test_an_intrinsic_its_source_does_not_define_is_reported_before_anything_runs(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv(toolchain.CACHE_ENV, str(tmp_path / "cache"))
+    source = tmp_path / "partial.c"
+    source.write_text(
+        '#include "tir_byoc.h"\n'
+        "TIR_BYOC_EXPORT int32_t partial_dense(const void *x, const void *w, void *y, int64_t m,\n"
+        "                                      int64_t n, int64_t k, int32_t dtypes) {\n"
+        "  return TIR_BYOC_EDTYPE;\n"
+        "}\n"
+    )
+    registry = Registry()
+    for name, symbol in (("dense", "partial_dense"), ("bmm_dense", "partial_bmm_dense")):
+        tir_byoc.register_intrinsic(f"partial.{name}", name, symbol, source, registry=registry)
+    dense = tir_byoc.describe("dense")
+    with pytest.raises(toolchain.ToolchainError) as error:
+        tir_byoc.offload(dense, registry=registry)
+    assert str(error.value) == (
+        "intrinsic partial.bmm_dense: partial.c does not define partial_bmm_dense (with "
+        "TIR_BYOC_EXPORT visibility); define it or unregister the intrinsic"
+    )

@@ -233,5 +233,19 @@ def load_backend(backend: str, registry: Registry = REGISTRY) -> Path:
     with _lock:
         library = shared_library(backend, registry)
         if str(library) not in _loaded:
-            _loaded[str(library)] = ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+            loaded = ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+            _check_symbols(backend, loaded, registry)
+            _loaded[str(library)] = loaded
     return library
+
+
+def _check_symbols(backend: str, library: ctypes.CDLL, registry: Registry) -> None:
+    """Every intrinsic of ``backend`` is defined by its library, so no call is left unresolved
+    (which a JIT-compiled caller would only find out by crashing)."""
+    for intrinsic in registry.of_backend(backend):
+        if not hasattr(library, intrinsic.extern_symbol):
+            raise ToolchainError(
+                f"intrinsic {intrinsic.name}: {intrinsic.source.name} does not define "
+                f"{intrinsic.extern_symbol} (with TIR_BYOC_EXPORT visibility); define it or "
+                "unregister the intrinsic"
+            )
