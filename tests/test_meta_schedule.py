@@ -331,6 +331,51 @@ def rpc_tracker_and_server(key: str):
             _stop(process)
 
 
+@T.prim_func(s_tir=True)
+def attention_then_exp(
+    Q: T.Buffer((4, 16, 8), "float32"),
+    K: T.Buffer((4, 16, 8), "float32"),
+    Out: T.Buffer((4, 16, 16), "float32"),
+):
+    S = T.sblock_alloc_buffer((4, 16, 16))
+    for b, i, j, k in T.grid(4, 16, 16, 8):
+        with T.sblock("scores"):
+            vb, vi, vj, vk = T.axis.remap("SSSR", [b, i, j, k])
+            with T.init():
+                S[vb, vi, vj] = T.float32(0)
+            S[vb, vi, vj] = S[vb, vi, vj] + Q[vb, vi, vk] * K[vb, vj, vk]
+    for b, i, j in T.grid(4, 16, 16):
+        with T.sblock("exp"):
+            vb, vi, vj = T.axis.remap("SSS", [b, i, j])
+            Out[vb, vi, vj] = T.exp(S[vb, vi, vj] * T.float32(0.1))
+
+
+def test_a_batched_chain_is_offloaded_and_measured_in_the_runner_process(tmp_path):
+    """The bmm_ entry point is resolved in LocalRunner's worker process too."""
+    tuned = tms.tune_tir(
+        attention_then_exp,
+        TARGET,
+        str(tmp_path),
+        2,
+        offload="always",
+        num_trials_per_iter=2,
+        strategy=small_strategy(),
+        cost_model="random",
+        runner=ms.runner.LocalRunner(),
+        seed=0,
+    )
+    assert intrinsic_calls(tuned) == {"ref.bmm_dense": 1}
+    report = tms.load_report(tmp_path)["attention_then_exp"]
+    assert report.choice == "offload" and report.best_offload_ms is not None
+    rng = np.random.default_rng(1)
+    q, k = (rng.standard_normal((4, 16, 8)).astype("float32") for _ in range(2))
+    out = tvm.runtime.tensor(np.zeros((4, 16, 16), "float32"))
+    built = tvm.compile(as_module(tuned), TARGET)
+    built["main"](tvm.runtime.tensor(q), tvm.runtime.tensor(k), out)
+    expected = np.exp(0.1 * (q @ np.swapaxes(k, -1, -2)))
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_rpc_runner_measures_both_variants_on_localhost(tmp_path, capsys):
     key = "tir_byoc_test"
     with rpc_tracker_and_server(key) as tracker_port:
