@@ -48,10 +48,17 @@ def _direct_binary(library: str) -> Path:
 
 
 def layer_spec(workload: Workload, dtype: str) -> str:
-    """The harnesses' LAYER argument for ``workload`` in ``dtype`` (a key of DTYPES)."""
+    """The harnesses' LAYER argument for ``workload`` in ``dtype`` (a key of DTYPES).
+
+    A batched matmul passes its batch count (``M:N:K:...:RELU:BATCH``); a leading batch over a
+    2-D weight is the 2-D product with the batch folded into M, as tir_byoc calls it.
+    """
     short = {"fp32": "f32", "bf16": "bf16", "int8": "u8s8"}[dtype]
     bias, relu = int(workload.has_bias), int(workload.has_relu)
-    return f"{workload.m}:{workload.n}:{workload.k}:{short}:dense:{bias}:{relu}"
+    layout = "dense" if workload.dense else "matmul"
+    m = workload.m if workload.batched else workload.rows
+    batch = f":{workload.batch}" if workload.batched else ""
+    return f"{m}:{workload.n}:{workload.k}:{short}:{layout}:{bias}:{relu}{batch}"
 
 
 def _run_direct(library: str, layers, budget: float, mode: str | None = None) -> list[str]:
@@ -88,17 +95,19 @@ def _refusal(workload: Workload, dtype: str) -> str | None:
     return None if match.intrinsic is not None else match.reason
 
 
-def measure_bridge(budget: float) -> int:
+def measure_bridge(budget: float, workloads=WORKLOADS, mlp: bool = True) -> int:
     """Print the direct oneDNN call against tir_byoc's intrinsic, interleaved in one process.
 
     This is the bridge without TVM's own call (a compiled PrimFunc reaches the intrinsic by a
     plain C call) and without the drift between processes that the main table suffers.
+    ``workloads`` are timed in every dtype, then (``mlp``) the seed MLP's two layers.
     """
     import tir_byoc
 
     mode = f"interleaved:{tir_byoc.toolchain.shared_library('onednn')}"
-    cases = [(w.name, dtype, [layer_spec(w, dtype)], w) for w in WORKLOADS for dtype in DTYPES]
-    cases.append(("seed MLP, both layers", "fp32", MLP_LAYERS, None))
+    cases = [(w.name, dtype, [layer_spec(w, dtype)], w) for w in workloads for dtype in DTYPES]
+    if mlp:
+        cases.append(("seed MLP, both layers", "fp32", MLP_LAYERS, None))
     print("| workload | dtype | oneDNN direct ms | tir_byoc intrinsic ms | intrinsic / direct |")
     print("| --- | --- | ---: | ---: | ---: |")
     for name, dtype, layers, workload in cases:

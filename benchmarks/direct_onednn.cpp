@@ -3,8 +3,12 @@
  * the benchmark compares tir_byoc's oneDNN intrinsics against (the "bridge overhead").
  *
  * usage: direct_onednn WARMUP REPEATS plain|prepacked|interleaved:LIBRARY LAYER [LAYER...]
- *   LAYER = M:N:K:DTYPES:LAYOUT:BIAS:RELU, DTYPES f32 | bf16 | u8s8 | s8s8,
- *   LAYOUT dense | matmul, BIAS and RELU 0 | 1.
+ *   LAYER = M:N:K:DTYPES:LAYOUT:BIAS:RELU[:BATCH], DTYPES f32 | bf16 | u8s8 | s8s8,
+ *   LAYOUT dense | matmul, BIAS and RELU 0 | 1, BATCH a count of 1 or more.
+ * With BATCH the layer is a batched matmul, one product per batch index as a user of oneDNN
+ * writes it: X (BATCH, M, K), the weight (BATCH, N, K) or (BATCH, K, N) and Y (BATCH, M, N),
+ * all compact, described to oneDNN as 3-D tensors; the bias, if any, is one (N,) vector.  An
+ * activation with leading batch dims over a 2-D weight needs no BATCH: fold them into M.
  * Primitives and memory objects are created once, as a hand-written program would; each timed
  * run executes every layer in order (a layer whose input has the previous layer's output shape
  * reads that output, so two layers make the seed MLP).  "prepacked" reorders each weight once
@@ -14,7 +18,8 @@
  * "interleaved:LIBRARY" measures the bridge without crossing processes: it loads tir_byoc's
  * compiled oneDNN intrinsics (LIBRARY) and, in every timed run, runs the layers once through
  * the primitives directly and once through the intrinsics (tir_byoc_onednn_<pattern>, on the
- * same buffers), alternating, so that both see the same machine.  Prints both medians.
+ * same buffers), alternating, so that both see the same machine; first it checks that both
+ * compute the same outputs (exit status 1 if not).  Prints both medians.
  */
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -22,6 +27,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <dlfcn.h>
 #include <cstdint>
 #include <cstdio>
@@ -58,7 +64,8 @@ using Buffer = std::vector<char, Aligned64<char>>;
 
 struct Layer {
   int64_t m, n, k;
-  bool integer, bias, relu, dense;
+  int64_t batch;  // products per run: BATCH of a batched layer, else 1
+  bool integer, bias, relu, dense, batched;
   int32_t signature;  // the intrinsic's dtype code
   void *x_data;
   dnnl::matmul primitive;
@@ -70,7 +77,7 @@ struct Layer {
   void IntegerEpilogue() {
     int32_t *out = reinterpret_cast<int32_t *>(y.data());
     const int32_t *add = reinterpret_cast<const int32_t *>(b.data());
-    for (int64_t i = 0; i < m; ++i) {
+    for (int64_t i = 0; i < batch * m; ++i) {  // Y is compact: every batch's rows in turn
       int32_t *row = out + i * n;
       if (bias)
         for (int64_t j = 0; j < n; ++j) row[j] += add[j];
@@ -115,16 +122,19 @@ static Layer Create(const std::string &spec, bool prepacked, dnnl::engine &engin
       if (v == choice) return true;
     return false;
   };
-  if (f.size() != 7 || !one_of(f[3], {"f32", "bf16", "u8s8", "s8s8"}) ||
-      !one_of(f[4], {"dense", "matmul"})) {
+  const bool batched = f.size() == 8;
+  const int64_t batch = batched ? std::atoll(f[7].c_str()) : 1;
+  if ((f.size() != 7 && !batched) || !one_of(f[3], {"f32", "bf16", "u8s8", "s8s8"}) ||
+      !one_of(f[4], {"dense", "matmul"}) || batch < 1) {
     std::fprintf(stderr,
-                 "bad layer %s: expected M:N:K:DTYPES:LAYOUT:BIAS:RELU with DTYPES f32, bf16, "
-                 "u8s8 or s8s8 and LAYOUT dense or matmul\n",
+                 "bad layer %s: expected M:N:K:DTYPES:LAYOUT:BIAS:RELU[:BATCH] with DTYPES f32, "
+                 "bf16, u8s8 or s8s8, LAYOUT dense or matmul and BATCH 1 or more\n",
                  spec.c_str());
     std::exit(2);
   }
   Layer L;
   L.m = std::atoll(f[0].c_str()), L.n = std::atoll(f[1].c_str()), L.k = std::atoll(f[2].c_str());
+  L.batch = batch, L.batched = batched;
   dt x_dt = dt::f32, w_dt = dt::f32, y_dt = dt::f32;
   if (f[3] == "bf16") x_dt = w_dt = dt::bf16;
   if (f[3] == "u8s8") x_dt = dt::u8, w_dt = dt::s8, y_dt = dt::s32;
@@ -139,13 +149,23 @@ static Layer Create(const std::string &spec, bool prepacked, dnnl::engine &engin
                          : w_dt == dt::s8 ? TIR_BYOC_INT8
                                           : TIR_BYOC_FLOAT32;
   L.signature = TIR_BYOC_SIGNATURE(code_x, code_w, L.integer ? TIR_BYOC_INT32 : TIR_BYOC_FLOAT32);
-  // Step 1. Descriptors as the intrinsic builds them (the weight by strides, not copied).
-  dnnl::memory::desc src({L.m, L.k}, x_dt, dims{L.k, 1});
-  dnnl::memory::desc plain_w({L.k, L.n}, w_dt, dense ? dims{1, L.k} : dims{L.n, 1});
-  dnnl::memory::desc any_w({L.k, L.n}, w_dt, dnnl::memory::format_tag::any);
-  dnnl::memory::desc dst({L.m, L.n}, y_dt, dims{L.n, 1});
+  // Step 1. Descriptors as the intrinsic builds them (the weight by strides, not copied); a
+  // batched layer's are 3-D, each (rows, cols) matrix after the previous one.
+  const auto matrix = [&](int64_t rows, int64_t cols, dt type, dims strides) {
+    if (!batched) return dnnl::memory::desc({rows, cols}, type, strides);
+    return dnnl::memory::desc({L.batch, rows, cols}, type,
+                              dims{rows * cols, strides[0], strides[1]});
+  };
+  dnnl::memory::desc src = matrix(L.m, L.k, x_dt, dims{L.k, 1});
+  dnnl::memory::desc plain_w = matrix(L.k, L.n, w_dt, dense ? dims{1, L.k} : dims{L.n, 1});
+  dnnl::memory::desc any_w =
+      batched ? dnnl::memory::desc({L.batch, L.k, L.n}, w_dt, dnnl::memory::format_tag::any)
+              : dnnl::memory::desc({L.k, L.n}, w_dt, dnnl::memory::format_tag::any);
+  dnnl::memory::desc dst = matrix(L.m, L.n, y_dt, dims{L.n, 1});
   dnnl::memory::desc bias_md;
-  if (L.bias && !L.integer) bias_md = dnnl::memory::desc({1, L.n}, y_dt, dims{L.n, 1});
+  if (L.bias && !L.integer)
+    bias_md = batched ? dnnl::memory::desc({1, 1, L.n}, y_dt, dims{L.n, L.n, 1})
+                      : dnnl::memory::desc({1, L.n}, y_dt, dims{L.n, 1});
   dnnl::primitive_attr attr;
   if (L.relu && !L.integer) {
     dnnl::post_ops ops;
@@ -162,6 +182,7 @@ static Layer Create(const std::string &spec, bool prepacked, dnnl::engine &engin
   Fill(&L.x, x_dt, 7), Fill(&L.w, w_dt, 5), Fill(&L.b, y_dt, 3);
   void *x_data = L.x.data();
   if (previous != nullptr && previous->m == L.m && previous->n == L.k &&
+      previous->batch == L.batch && previous->batched == L.batched &&
       previous->integer == L.integer && x_dt == dt::f32)
     x_data = previous->y.data();
   L.x_data = x_data;
@@ -183,10 +204,19 @@ using NoBias = int32_t (*)(const void *, const void *, void *, int64_t, int64_t,
                           int32_t);
 using WithBias = int32_t (*)(const void *, const void *, const void *, void *, int64_t, int64_t,
                              int64_t, int32_t);
+/* The bmm_ entry points: the same, then batch0, batch1, x_stride0, x_stride1, w_stride0,
+ * w_stride1 (tir_byoc.h). */
+using BatchedNoBias = int32_t (*)(const void *, const void *, void *, int64_t, int64_t, int64_t,
+                                  int32_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                  int64_t);
+using BatchedWithBias = int32_t (*)(const void *, const void *, const void *, void *, int64_t,
+                                    int64_t, int64_t, int32_t, int64_t, int64_t, int64_t,
+                                    int64_t, int64_t, int64_t);
 
 /* The intrinsic serving ``L`` in the loaded library, by the registry's naming. */
 static void *Intrinsic(void *library, const Layer &L) {
-  std::string name = std::string("tir_byoc_onednn_") + (L.dense ? "dense" : "matmul") +
+  std::string name = std::string("tir_byoc_onednn_") + (L.batched ? "bmm_" : "") +
+                     (L.dense ? "dense" : "matmul") +
                      (L.bias ? "_bias" : "") + (L.relu ? "_relu" : "");
   void *symbol = dlsym(library, name.c_str());
   if (symbol == nullptr) {
@@ -204,19 +234,64 @@ static void RunDirect(std::vector<Layer> &layers, dnnl::stream &stream) {
   }
 }
 
+/* One layer through its intrinsic; a batched one as tir_byoc calls it for a single batch dim:
+ * batch0 = 1 (strides 0), batch1 = BATCH with each operand's matrices back to back. */
+static int32_t RunIntrinsic(Layer &L, void *symbol) {
+  if (!L.batched)
+    return L.bias ? reinterpret_cast<WithBias>(symbol)(L.x_data, L.w.data(), L.b.data(),
+                                                       L.y.data(), L.m, L.n, L.k, L.signature)
+                  : reinterpret_cast<NoBias>(symbol)(L.x_data, L.w.data(), L.y.data(), L.m, L.n,
+                                                     L.k, L.signature);
+  const int64_t x_stride = L.m * L.k, w_stride = L.k * L.n;
+  return L.bias ? reinterpret_cast<BatchedWithBias>(symbol)(
+                      L.x_data, L.w.data(), L.b.data(), L.y.data(), L.m, L.n, L.k, L.signature,
+                      1, L.batch, 0, x_stride, 0, w_stride)
+                : reinterpret_cast<BatchedNoBias>(symbol)(L.x_data, L.w.data(), L.y.data(), L.m,
+                                                          L.n, L.k, L.signature, 1, L.batch, 0,
+                                                          x_stride, 0, w_stride);
+}
+
 static void RunIntrinsics(std::vector<Layer> &layers, const std::vector<void *> &symbols) {
   for (size_t i = 0; i < layers.size(); ++i) {
-    Layer &L = layers[i];
-    int32_t status =
-        L.bias ? reinterpret_cast<WithBias>(symbols[i])(L.x_data, L.w.data(), L.b.data(),
-                                                        L.y.data(), L.m, L.n, L.k, L.signature)
-               : reinterpret_cast<NoBias>(symbols[i])(L.x_data, L.w.data(), L.y.data(), L.m,
-                                                      L.n, L.k, L.signature);
+    const int32_t status = RunIntrinsic(layers[i], symbols[i]);
     if (status != TIR_BYOC_OK) {
       std::fprintf(stderr, "intrinsic returned status %d\n", status);
       std::exit(1);
     }
   }
+}
+
+/* Whether the intrinsics compute what the primitives do, layer by layer (outputs within a
+ * relative 1e-4 of each other; integer ones equal): a bridge timing compares like with like
+ * only then.  Prints the first difference. */
+static bool Agree(std::vector<Layer> &layers, dnnl::stream &stream,
+                  const std::vector<void *> &symbols) {
+  RunDirect(layers, stream);
+  std::vector<Buffer> direct;
+  for (const Layer &layer : layers) direct.push_back(layer.y);
+  RunIntrinsics(layers, symbols);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const Layer &L = layers[i];
+    for (size_t e = 0; e < L.y.size() / 4; ++e) {  // f32 or s32 outputs: 4 bytes each
+      bool same;
+      double expected, found;
+      if (L.integer) {
+        int32_t a, b;
+        std::memcpy(&a, direct[i].data() + 4 * e, 4), std::memcpy(&b, L.y.data() + 4 * e, 4);
+        same = a == b, expected = a, found = b;
+      } else {
+        float a, b;
+        std::memcpy(&a, direct[i].data() + 4 * e, 4), std::memcpy(&b, L.y.data() + 4 * e, 4);
+        same = std::abs(b - a) <= 1e-4f * std::max(1.0f, std::abs(a)), expected = a, found = b;
+      }
+      if (!same) {
+        std::fprintf(stderr, "layer %zu, element %zu: the intrinsic gave %g, oneDNN %g\n", i,
+                     e, found, expected);
+        return false;
+      }
+    }
+  }
+  return true;
 }
 
 static double Median(std::vector<double> times) {
@@ -250,6 +325,7 @@ int main(int argc, char **argv) {
       return 2;
     }
     for (const Layer &layer : layers) symbols.push_back(Intrinsic(library, layer));
+    if (!Agree(layers, stream, symbols)) return 1;
   }
   // Step 3. Warm up, then time each run of all layers (interleaved: each way in turn).
   std::vector<double> direct, bridged;

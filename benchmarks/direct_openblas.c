@@ -3,10 +3,12 @@
  * tir_byoc: the baseline for tir_byoc's OpenBLAS intrinsics (fp32).
  *
  * usage: direct_openblas WARMUP REPEATS LAYER [LAYER...]
- *   LAYER = M:N:K:f32:LAYOUT:BIAS:RELU, LAYOUT dense | matmul, BIAS and RELU 0 | 1.
+ *   LAYER = M:N:K:f32:LAYOUT:BIAS:RELU[:BATCH], LAYOUT dense | matmul, BIAS and RELU 0 | 1,
+ *   BATCH (a batched matmul, compact operands as in the oneDNN harness) 1 or more.
  * Each timed run computes every layer the way a C programmer would with cblas: the bias
- * broadcast into the output, one sgemm (sgemv for one row) with beta = 1, a relu pass.  Layers chain like the
- * oneDNN harness.  Prints the median milliseconds of a run and the OpenBLAS core in use.
+ * broadcast into the output, one sgemm (sgemv for one row) with beta = 1 per batch index, a
+ * relu pass.  Layers chain like the oneDNN harness.  Prints the median milliseconds of a run
+ * and the OpenBLAS core in use.
  */
 #include <cblas.h>
 #include <stdio.h>
@@ -15,7 +17,7 @@
 #include <time.h>
 
 typedef struct {
-  int m, n, k, dense, bias, relu;
+  int m, n, k, dense, bias, relu, batch;
   float *x, *w, *b, *y;
 } Layer;
 
@@ -39,21 +41,24 @@ static float *filled(size_t count, int modulus) {
 }
 
 static void run(const Layer *L) {
+  const size_t rows = (size_t)L->batch * L->m;
   if (L->bias)
-    for (int i = 0; i < L->m; ++i) memcpy(L->y + (size_t)i * L->n, L->b, L->n * sizeof(float));
+    for (size_t i = 0; i < rows; ++i) memcpy(L->y + i * L->n, L->b, L->n * sizeof(float));
   float beta = L->bias ? 1.0f : 0.0f;
-  if (L->m == 1 && L->dense)
-    scipy_cblas_sgemv(CblasRowMajor, CblasNoTrans, L->n, L->k, 1.0f, L->w, L->k, L->x, 1, beta,
-                      L->y, 1);
-  else if (L->m == 1)
-    scipy_cblas_sgemv(CblasRowMajor, CblasTrans, L->k, L->n, 1.0f, L->w, L->n, L->x, 1, beta,
-                      L->y, 1);
-  else
-    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, L->dense ? CblasTrans : CblasNoTrans, L->m,
-                      L->n, L->k, 1.0f, L->x, L->k, L->w, L->dense ? L->k : L->n, beta, L->y,
-                      L->n);
+  for (int b = 0; b < L->batch; ++b) {
+    const float *x = L->x + (size_t)b * L->m * L->k, *w = L->w + (size_t)b * L->n * L->k;
+    float *y = L->y + (size_t)b * L->m * L->n;
+    if (L->m == 1 && L->dense)
+      scipy_cblas_sgemv(CblasRowMajor, CblasNoTrans, L->n, L->k, 1.0f, w, L->k, x, 1, beta, y,
+                        1);
+    else if (L->m == 1)
+      scipy_cblas_sgemv(CblasRowMajor, CblasTrans, L->k, L->n, 1.0f, w, L->n, x, 1, beta, y, 1);
+    else
+      scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, L->dense ? CblasTrans : CblasNoTrans, L->m,
+                        L->n, L->k, 1.0f, x, L->k, w, L->dense ? L->k : L->n, beta, y, L->n);
+  }
   if (L->relu)
-    for (size_t i = 0; i < (size_t)L->m * L->n; ++i) L->y[i] = L->y[i] > 0.0f ? L->y[i] : 0.0f;
+    for (size_t i = 0; i < rows * L->n; ++i) L->y[i] = L->y[i] > 0.0f ? L->y[i] : 0.0f;
 }
 
 int main(int argc, char **argv) {
@@ -66,18 +71,28 @@ int main(int argc, char **argv) {
   for (int i = 0; i < count; ++i) {
     Layer *L = &layers[i];
     char dtypes[16], layout[16];
-    if (sscanf(argv[3 + i], "%d:%d:%d:%15[^:]:%15[^:]:%d:%d", &L->m, &L->n, &L->k, dtypes,
-               layout, &L->bias, &L->relu) != 7 || strcmp(dtypes, "f32") != 0) {
-      fprintf(stderr, "bad layer %s: expected M:N:K:f32:LAYOUT:BIAS:RELU\n", argv[3 + i]);
+    int end = 0, batch_end = 0;
+    const char *spec = argv[3 + i];
+    L->batch = 1;
+    /* The whole spec must be read: sscanf alone would ignore a field it was not asked for. */
+    if (sscanf(spec, "%d:%d:%d:%15[^:]:%15[^:]:%d:%d%n", &L->m, &L->n, &L->k, dtypes, layout,
+               &L->bias, &L->relu, &end) != 7 ||
+        (spec[end] != '\0' &&
+         (sscanf(spec + end, ":%d%n", &L->batch, &batch_end) != 1 ||
+          spec[end + batch_end] != '\0' || L->batch < 1)) ||
+        strcmp(dtypes, "f32") != 0) {
+      fprintf(stderr, "bad layer %s: expected M:N:K:f32:LAYOUT:BIAS:RELU[:BATCH]\n", spec);
       return 2;
     }
     L->dense = strcmp(layout, "dense") == 0;
-    L->x = (i > 0 && layers[i - 1].m == L->m && layers[i - 1].n == L->k)
+    const size_t batch = (size_t)L->batch;
+    L->x = (i > 0 && layers[i - 1].m == L->m && layers[i - 1].n == L->k &&
+            layers[i - 1].batch == L->batch)
                ? layers[i - 1].y
-               : filled((size_t)L->m * L->k, 7);
-    L->w = filled((size_t)L->n * L->k, 5);
+               : filled(batch * L->m * L->k, 7);
+    L->w = filled(batch * L->n * L->k, 5);
     L->b = filled((size_t)L->n, 3);
-    L->y = filled((size_t)L->m * L->n, 2);
+    L->y = filled(batch * L->m * L->n, 2);
   }
   double *times = malloc(repeats * sizeof(double));
   for (int r = 0; r < warmup + repeats; ++r) {

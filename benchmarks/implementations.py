@@ -134,10 +134,11 @@ def layer_metaschedule(workload, dtype, settings) -> Measured:
 
     signature, trials = DTYPES[dtype], settings.trials
     mod = ir_module(workload, signature)
+    batch = f"{workload.batch}x" if workload.batch else ""
     work_dir = (
         RESULTS
         / "metaschedule"
-        / f"{workload.m}x{workload.k}x{workload.n}-{workload.pattern}-{trials}"
+        / f"{batch}{workload.m}x{workload.k}x{workload.n}-{workload.pattern}-{trials}"
     )
     marker = work_dir / "tuned.json"
     if marker.is_file():
@@ -184,15 +185,22 @@ def _reference_too_slow(workload: Workload, settings: Settings) -> str | None:
     return None
 
 
+def _nothing_to_prepack(workload: Workload, settings: Settings) -> str | None:
+    if workload.batched:
+        return "skipped: a batched matmul's weight is an activation (K, V), not packed ahead"
+    return None
+
+
 def layer_direct(library: str, workload, dtype, settings, prepacked=False) -> Measured:
     return measure_direct(library, [layer_spec(workload, dtype)], settings.budget, prepacked)
 
 
 def layer_numpy(workload, dtype, settings) -> Measured:
+    """``np.matmul`` into a preallocated output (batched: one product per batch index)."""
     import numpy as np
 
     (x, w, *bias), out = arrays(workload, DTYPES[dtype])
-    wt = w.T
+    wt = np.swapaxes(w, -1, -2) if workload.dense else w
 
     def run():
         np.matmul(x, wt, out=out)
@@ -211,10 +219,21 @@ def layer_torch(workload, dtype, settings) -> Measured:
     (x, w, *bias), _ = arrays(workload, DTYPES[dtype])
     tx, tw = torch.from_numpy(x), torch.from_numpy(w)
     tb = torch.from_numpy(bias[0]) if bias else None
+    if workload.batched:  # (B, M, K) x (B, K, N): torch.matmul, one bmm
+        tw_kn = tw.transpose(-1, -2) if workload.dense else tw
+
+        def product():
+            y = torch.matmul(tx, tw_kn)
+            return y if tb is None else y.add_(tb)
+    else:  # F.linear takes the (N, K) weight and a 2-D or (B, M, K) input
+        tw_nk = tw if workload.dense else tw.t()
+
+        def product():
+            return torch.nn.functional.linear(tx, tw_nk, tb)
 
     def run():
         with torch.no_grad():
-            y = torch.nn.functional.linear(tx, tw, tb)
+            y = product()
             if workload.has_relu:
                 y.relu_()
 
@@ -367,6 +386,7 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
         Implementation(
             "oneDNN direct, prepacked weight (C)",
             layer=partial(layer_direct, "onednn", prepacked=True),
+            skip=_nothing_to_prepack,
         ),
         Implementation(
             "OpenBLAS direct (C)",

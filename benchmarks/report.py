@@ -70,14 +70,14 @@ def _fmt(value, spec):
 
 def print_table(rows: list[Row], out=sys.stdout) -> None:
     header = (
-        f"| {'workload':<24} | {'dtype':<5} | {'implementation':<36} | {'ms':>9} | "
+        f"| {'workload':<26} | {'dtype':<5} | {'implementation':<36} | {'ms':>9} | "
         f"{'GFLOP/s':>7} | {'x direct':>8} | {'best peer / this':>16} | note |"
     )
     print(header, file=out)
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|", file=out)
     for r in rows:
         print(
-            f"| {r.workload:<24} | {r.dtype:<5} | {r.implementation:<36} | {_fmt(r.ms, '9.4f')} | "
+            f"| {r.workload:<26} | {r.dtype:<5} | {r.implementation:<36} | {_fmt(r.ms, '9.4f')} | "
             f"{_fmt(r.gflops, '7.1f')} | {_fmt(r.vs_direct, '8.2f')} | "
             f"{_fmt(r.vs_best_peer, '16.2f')} | {r.note} |",
             file=out,

@@ -4,12 +4,14 @@ Entry point: ``python benchmarks/run.py`` (``make bench``); ``--matcher`` times 
 itself instead.  Writes ``benchmarks/results/results.csv`` and ``chart.png`` and prints a table.
 
 Workloads: the seed MLP layers 64x800->500 (+bias+relu) and 64x500->10 (+bias), 128x1024->1024,
-512x4096->4096 and the GEMV-like 1x4096->4096 (``MxK->N``, dense weight N x K), in fp32, plus
-bf16 and int8 (u8 x s8 -> s32) where oneDNN runs them on this CPU; and the whole seed MLP on the
-Relax VM.  Implementations: tir_byoc with each backend; the same libraries called directly from
-C (no TVM; ``direct_onednn.cpp``, ``direct_openblas.c``, compiled here) to measure the bridge;
-NumPy; PyTorch eager (if installed); TVM unscheduled, with its default (dlight) schedule, and
-tuned by MetaSchedule (``--trials``, tuning cached under ``results/metaschedule``).
+512x4096->4096 and the GEMV-like 1x4096->4096 (``MxK->N``, dense weight N x K); the batch forms
+(group ``batch``): attention's Q.K^T and P.V as batched matmuls over 8 x 12 heads and a Linear
+on an (8, 128, 768) activation; in fp32, plus bf16 and int8 (u8 x s8 -> s32) where oneDNN runs
+them on this CPU; and the whole seed MLP on the Relax VM.  Implementations: tir_byoc with each
+backend; the same libraries called directly from C (no TVM; ``direct_onednn.cpp``,
+``direct_openblas.c``, compiled here) to measure the bridge; NumPy; PyTorch eager (if
+installed); TVM unscheduled, with its default (dlight) schedule, and tuned by MetaSchedule
+(``--trials``, tuning cached under ``results/metaschedule``).
 
 Every implementation runs in its own process (the libraries' thread pools would otherwise
 disturb each other's numbers; see ``benchmarks/threads.py``), with ``TVM_NUM_THREADS`` set to
@@ -36,7 +38,7 @@ from pathlib import Path
 from direct import RESULTS, measure_bridge
 from implementations import IMPLEMENTATIONS, Settings, running
 from report import Row, best_of_rounds, chart, complete, machine, print_table, write_csv
-from workloads import DTYPES, MLP, WORKLOADS
+from workloads import DTYPES, GROUPS, MLP, WORKLOADS, select
 
 # --------------------------------------------------------------------------------------
 # Children: one implementation each
@@ -50,9 +52,7 @@ def child(args) -> list[dict]:
         ms, note = implementation.mlp(settings)
         return [asdict(Row(MLP.name, "fp32", implementation.name, ms, note=note))]
     rows = []
-    for workload in WORKLOADS:
-        if args.workloads and workload.name not in args.workloads:
-            continue
+    for workload in select(args.workloads):
         for dtype in implementation.dtypes:
             try:
                 ms, note = implementation.measure_layer(workload, dtype, settings)
@@ -60,7 +60,7 @@ def child(args) -> list[dict]:
                 ms, note = None, f"failed: {type(err).__name__}: {str(err).splitlines()[0]}"
             rows.append(asdict(Row(workload.name, dtype, implementation.name, ms, note=note)))
             print(
-                f"  {implementation.name:<36} {workload.name:<24} {dtype:<5} "
+                f"  {implementation.name:<36} {workload.name:<26} {dtype:<5} "
                 f"{'-' if ms is None else f'{ms:.4f} ms'}  {note}",
                 file=sys.stderr,
                 flush=True,
@@ -156,12 +156,12 @@ def check_selection(parser: argparse.ArgumentParser, args) -> None:
     """Refuse, before anything runs, filters that name nothing or together select nothing."""
     if args.child:  # the parent already checked what it passes on
         return
-    workloads = [w.name for w in WORKLOADS]
     for name in args.workloads or ():
-        if name not in workloads:
+        try:
+            select([name])
+        except ValueError as err:
             parser.error(
-                f"--workload {name!r} is not a workload; expected one of {_names(workloads)}; "
-                "the seed MLP is not selected by name (it runs unless --no-mlp)"
+                f"--workload {err}; the seed MLP is not selected by name (it runs unless --no-mlp)"
             )
     for name in args.only or ():
         if name not in IMPLEMENTATIONS:
@@ -192,7 +192,8 @@ def main(argv=None) -> int:
         "--workload",
         dest="workloads",
         action="append",
-        help=f"only this layer workload (repeatable): {_names(w.name for w in WORKLOADS)}",
+        help=f"only this layer workload (repeatable): {_names(w.name for w in WORKLOADS)}; "
+        f"or a group of them: {_names(GROUPS)}",
     )
     parser.add_argument(
         "--only",
@@ -204,7 +205,8 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--bridge",
         action="store_true",
-        help="time tir_byoc's oneDNN intrinsics against direct oneDNN calls in one process",
+        help="time tir_byoc's oneDNN intrinsics against direct oneDNN calls in one process "
+        "(--workload and --no-mlp select)",
     )
     parser.add_argument(
         "--rounds", type=int, default=1, help="measure everything N times, keep the best"
@@ -218,7 +220,7 @@ def main(argv=None) -> int:
         print(json.dumps(child(args)))
         return 0
     if args.bridge:
-        return measure_bridge(args.budget)
+        return measure_bridge(args.budget, select(args.workloads), mlp=not args.no_mlp)
     if args.matcher:
         from matcher_speed import main as matcher_main
 

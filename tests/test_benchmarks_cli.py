@@ -39,3 +39,13 @@ def test_a_selection_of_nothing_is_one_line_and_status_2(argv, expected):
 def test_the_valid_names_are_listed():
     result = _run("--workload", "nosuchname")
     assert "'64x800->500 +bias+relu'" in result.stderr and "'1x4096->4096'" in result.stderr
+    assert "'attn Q.K^T 96x128x64->128'" in result.stderr
+    assert "or a group: '2d', 'batch'" in result.stderr
+
+
+@pytest.mark.parametrize("name", ["batch", "2d", "Linear 8x128x768->3072"])
+def test_a_workload_or_group_name_passes_the_check(name):
+    # The next check refuses, so nothing runs: the refusal is --only's, not --workload's.
+    result = _run("--workload", name, "--only", "nosuchname")
+    assert result.returncode == 2 and "--workload" not in result.stderr
+    assert "--only 'nosuchname' is not an implementation" in result.stderr

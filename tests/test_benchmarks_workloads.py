@@ -1,8 +1,9 @@
 """benchmarks/workloads.py and the implementation table of benchmarks/implementations.py.
 
 The workloads are tir_byoc's own pattern descriptions with static shapes, so the matcher must
-recognise each one as its pattern; the table is what ``run.py`` checks ``--only`` against and
-runs from, in the order the layer and MLP runs always had.
+recognise each one as its pattern; the batch forms are the shapes issue 11 names, each served
+by the intrinsic it names; the table is what ``run.py`` checks ``--only`` against and runs
+from, in the order the layer and MLP runs always had.  Nothing here is timed.
 """
 
 import sys
@@ -10,9 +11,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from tvm import tirx
+import tvm
+import tvm_ffi
+from tvm import ir, tirx
 
 import tir_byoc
+from tir_byoc.offload import apply
+from tir_byoc.patterns import BATCH_FORMS
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 MODULES = ("workloads", "timing", "direct", "implementations")
@@ -22,14 +27,50 @@ MODULES = ("workloads", "timing", "direct", "implementations")
 def bench():
     sys.path.insert(0, str(BENCHMARKS))
     try:
+        import direct
         import implementations
         import workloads
 
-        yield SimpleNamespace(workloads=workloads, implementations=implementations)
+        yield SimpleNamespace(workloads=workloads, implementations=implementations, direct=direct)
     finally:
         sys.path.remove(str(BENCHMARKS))
         for name in MODULES:
             sys.modules.pop(name, None)
+
+
+#: The batch workloads as issue 11 states them (8 x 12 attention heads flattened into a batch
+#: of 96): parameter shapes (X, W, Y), FLOPs, the reference intrinsic that serves each, the
+#: extents and batch arguments of its call, and the direct harnesses' LAYER argument.
+BATCH_WORKLOADS = {
+    "attn Q.K^T 96x128x64->128": (
+        [(96, 128, 64), (96, 64, 128), (96, 128, 128)],
+        2 * 96 * 128 * 64 * 128,
+        "ref.bmm_matmul",
+        [128, 128, 64, 1, 96, 0, 128 * 64, 0, 64 * 128],
+        "128:128:64:f32:matmul:0:0:96",
+    ),
+    "attn P.V 96x128x128->64": (
+        [(96, 128, 128), (96, 128, 64), (96, 128, 64)],
+        2 * 96 * 128 * 128 * 64,
+        "ref.bmm_matmul",
+        [128, 64, 128, 1, 96, 0, 128 * 128, 0, 128 * 64],
+        "128:64:128:f32:matmul:0:0:96",
+    ),
+    "Linear 8x128x768->3072": (  # the 2-D dense, with the batch folded into M = 1024
+        [(8, 128, 768), (3072, 768), (8, 128, 3072)],
+        2 * 8 * 128 * 768 * 3072,
+        "ref.dense",
+        [1024, 3072, 768],
+        "1024:3072:768:f32:dense:0:0",
+    ),
+}
+
+
+def _expected_shapes(workload):
+    if workload.batch is not None:
+        return BATCH_WORKLOADS[workload.name][0]
+    m, n, k = workload.m, workload.n, workload.k
+    return [(m, k), (n, k), *([(n,)] if workload.has_bias else []), (m, n)]
 
 
 def _cases():
@@ -46,8 +87,7 @@ def _cases():
 def test_a_workload_is_its_pattern_with_static_shapes(bench, workload, dtype):
     signature = bench.workloads.DTYPES[dtype]
     func = bench.workloads.prim_func(workload, signature)
-    m, n, k = workload.m, workload.n, workload.k
-    expected = [(m, k), (n, k), *([(n,)] if workload.has_bias else []), (m, n)]
+    expected = _expected_shapes(workload)
     shapes = [tuple(int(e) for e in p.ty.shape) for p in func.params]
     assert shapes == expected
     assert all(isinstance(e, tirx.IntImm) for p in func.params for e in p.ty.shape)
@@ -57,6 +97,67 @@ def test_a_workload_is_its_pattern_with_static_shapes(bench, workload, dtype):
     assert [(a.shape, str(a.dtype)) for a in (*operands, out)] == [
         (shape, str(p.ty.dtype.dtype)) for shape, p in zip(expected, func.params)
     ]
+
+
+def _extern_calls(func) -> list[tuple[str, list[int]]]:
+    """(symbol, integer arguments) of every ``call_extern`` in ``func``."""
+    calls = []
+
+    def on_call(call):
+        if call.op.same_as(ir.Op.get("tirx.call_extern")):
+            integers = [int(a.value) for a in call.args[1:] if isinstance(a, tirx.IntImm)]
+            calls.append((call.args[0].value, integers))
+
+    tvm_ffi.structural_walk(func.body, (ir.Call, on_call))
+    return calls
+
+
+def test_the_batch_workloads_are_the_issues_shapes_and_flops(bench):
+    workloads = bench.workloads.select(["batch"])
+    assert [w.name for w in workloads] == list(BATCH_WORKLOADS)
+    for workload in workloads:
+        _, flops, _, _, spec = BATCH_WORKLOADS[workload.name]
+        assert workload.flops == bench.workloads.FLOPS[workload.name] == flops
+        assert bench.direct.layer_spec(workload, "fp32") == spec
+
+
+@pytest.mark.parametrize("name", list(BATCH_WORKLOADS))
+def test_a_batch_workload_is_served_as_the_issue_says_and_builds(bench, name):
+    (workload,) = bench.workloads.select([name])
+    _, _, intrinsic, arguments, _ = BATCH_WORKLOADS[name]
+    mod = bench.workloads.ir_module(workload, "float32")
+    planned = tir_byoc.plan(mod, backends=["ref"])
+    (choice,) = planned.choices
+    assert (choice.pattern, choice.intrinsic) == (workload.pattern, intrinsic)
+    assert [int(c) for c in choice.match.batch.counts] == [workload.batch]
+    offloaded = apply(planned)
+    symbol = "tir_byoc_" + intrinsic.replace(".", "_")
+    signature = 1 | 1 << 8 | 1 << 16  # TIR_BYOC_SIGNATURE(FLOAT32, FLOAT32, FLOAT32)
+    expected = [*arguments[:3], signature, *arguments[3:]]
+    assert _extern_calls(offloaded["main"]) == [(symbol, expected)]
+    assert tvm.compile(offloaded, target="llvm") is not None
+
+
+def test_a_workload_has_a_batch_exactly_when_its_pattern_has_a_batch_form(bench):
+    workload = bench.workloads.Workload
+    assert set(bench.workloads.BATCH_PREFIXES) == {p for p in BATCH_FORMS.values() if p}
+    assert workload("3-D", 2, 3, 4, "batch_dense", batch=5).flops == 2 * 5 * 2 * 3 * 4
+    with pytest.raises(ValueError, match=r"'bmm_matmul' expected a batch, got batch=None"):
+        workload("bmm", 2, 3, 4, "bmm_matmul")
+    with pytest.raises(ValueError, match=r"'dense' expected no batch, got batch=8"):
+        workload("2-D", 2, 3, 4, "dense", batch=8)
+
+
+def test_select_takes_workloads_and_groups_in_table_order(bench):
+    select, names = bench.workloads.select, [w.name for w in bench.workloads.WORKLOADS]
+    assert [w.name for w in select(None)] == names
+    assert [w.name for w in select(["batch", "1x4096->4096", "2d"])] == names
+    assert [w.name for w in select(["Linear 8x128x768->3072", "128x1024->1024"])] == [
+        "128x1024->1024",
+        "Linear 8x128x768->3072",
+    ]
+    with pytest.raises(ValueError, match=r"'3d' is not a workload; .* or a group: '2d', 'batch'"):
+        select(["3d"])
 
 
 def test_static_shapes_names_an_extent_it_was_not_given(bench):
@@ -116,3 +217,8 @@ def test_skip_reasons_come_before_any_measuring(bench):
     assert (ms, note) == (None, "skipped (--trials 0)")
     ms, note = table["TVM MetaSchedule"].measure_layer(big, "fp32", settings(1.0, 64, 5.0))
     assert ms is None and "above --ms-max-gflop 5.0" in note
+    attention = bench.workloads.select(["attn Q.K^T 96x128x64->128"])[0]
+    prepacked = table["oneDNN direct, prepacked weight (C)"]
+    ms, note = prepacked.measure_layer(attention, "fp32", settings(1.0, 64, 5.0))
+    assert ms is None and "weight is an activation" in note
+    assert prepacked.skip(bench.workloads.select(["Linear 8x128x768->3072"])[0], None) is None
