@@ -1,0 +1,125 @@
+"""Known frontend problems are recognised by their error and reported in one line.
+
+The boolean-compare problem is reproduced for real (a tiny Relax module, compiled in
+milliseconds); the torch-side ones (a ``use_cache`` cache, sdpa attention torch cannot
+decompose) are raised by a stand-in for the failing stage, since reproducing them needs a
+transformers model and seconds of export each.
+"""
+
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+import tvm
+import tvm.relax.frontend.torch as relax_torch
+from tvm import relax
+
+import tir_byoc
+from tir_byoc import frontend
+
+
+@pytest.mark.parametrize("problem", frontend.KNOWN_PROBLEMS, ids=lambda p: p.symptom[:30])
+def test_each_known_problem_is_recognised_by_its_stage_and_symptom(problem):
+    error = RuntimeError(f"something failed: {problem.symptom} (details)")
+    ops = [f"aten.{problem.requires_op}.default"] if problem.requires_op else []
+    advice = frontend.diagnose(problem.stage, error, graph_ops=ops)
+    assert advice == problem.advice.format(functions="?")
+    other_stage = next(s for s in frontend.STAGES if s != problem.stage)
+    assert frontend.diagnose(other_stage, error, graph_ops=ops) is None
+    assert frontend.diagnose(problem.stage, RuntimeError("unrelated"), graph_ops=ops) is None
+
+
+def test_an_op_specific_problem_needs_its_op_in_the_graph():
+    error = ValueError("Cannot view a tensor with shape torch.Size([2, 16, 64]) and strides")
+    assert frontend.diagnose("import", error, graph_ops=["aten.view.default"]) is None
+    advice = frontend.diagnose(
+        "import", error, graph_ops=["aten.scaled_dot_product_attention.default"]
+    )
+    assert "attn_implementation='eager'" in advice
+
+
+def test_a_problem_names_a_known_stage():
+    with pytest.raises(ValueError, match="expected a stage in"):
+        frontend.FrontendProblem("run", "x", "y")
+
+
+def _compare(dtype: str) -> tvm.IRModule:
+    """``main(a, b) = a == b`` on (2, 1, 16, 1) and (2, 1, 1, 16) tensors of ``dtype``."""
+    builder = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType((2, 1, 16, 1), dtype))
+    b = relax.Var("b", relax.TensorType((2, 1, 1, 16), dtype))
+    with builder.function("main", [a, b]):
+        with builder.dataflow():
+            out = builder.emit_output(builder.emit(relax.op.equal(a, b)))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+def test_comparing_booleans_is_reported_with_the_function_and_what_to_change():
+    with pytest.raises(tir_byoc.UnsupportedModel) as error:
+        tir_byoc.build_model(_compare("bool"))
+    message = str(error.value)
+    assert "\n" not in message
+    assert "cannot compile comparisons of booleans (equal)" in message
+    assert "pass a prepared additive float attention_mask" in message
+    assert "Invalid operand types for FCmp instruction)" in message
+    assert "fcmp oeq i1" in str(error.value.__cause__)
+    # The same comparison on floats builds.
+    assert tir_byoc.build_model(_compare("float32")).schedules == {"equal": "unscheduled"}
+
+
+class _Attention(torch.nn.Module):
+    def forward(self, q):
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q)
+
+
+class _Linear(torch.nn.Module):
+    def forward(self, q):
+        return q * 2
+
+
+def _failing_import(message):
+    def from_exported_program(_exported):
+        raise ValueError(message)
+
+    return from_exported_program
+
+
+def test_sdpa_that_torch_cannot_decompose_asks_for_eager_attention(monkeypatch):
+    message = "Cannot view a tensor with shape torch.Size([2, 16, 64]) and strides (64, 128, 1)"
+    monkeypatch.setattr(relax_torch, "from_exported_program", _failing_import(message))
+    q = torch.ones(1, 2, 4, 8)
+    with pytest.raises(tir_byoc.UnsupportedModel, match="attn_implementation='eager'") as error:
+        tir_byoc.build_model(_Attention().eval(), q)
+    assert "\n" not in str(error.value)
+    # Without scaled_dot_product_attention in the graph the error is not ours to explain.
+    with pytest.raises(ValueError, match="Cannot view a tensor") as error:
+        tir_byoc.build_model(_Linear().eval(), q)
+    assert not isinstance(error.value, tir_byoc.UnsupportedModel)
+
+
+def test_a_returned_cache_asks_for_use_cache_false(monkeypatch):
+    def export(*_args, **_kwargs):
+        raise RuntimeError(
+            "Found <class 'transformers.cache_utils.DynamicCache'> in output, which is not a "
+            "known type.\nIf this type holds tensors, you need to register a pytree for it."
+        )
+
+    monkeypatch.setattr(torch.export, "export", export)
+    with pytest.raises(tir_byoc.UnsupportedModel, match="pass use_cache=False") as error:
+        tir_byoc.build_model(_Linear().eval(), torch.ones(2))
+    assert "\n" not in str(error.value)
+    assert "DynamicCache" in str(error.value)
+
+
+def test_an_unknown_export_error_is_raised_as_it_is(monkeypatch):
+    original = RuntimeError("some other export failure")
+
+    def export(*_args, **_kwargs):
+        raise original
+
+    monkeypatch.setattr(torch.export, "export", export)
+    with pytest.raises(RuntimeError) as error:
+        tir_byoc.build_model(_Linear().eval(), torch.ones(2))
+    assert error.value is original

@@ -1,0 +1,208 @@
+"""build_model: from a torch model, a Relax module or a TIR function to something that runs.
+
+Results are compared with torch (or NumPy) on the models of :mod:`built_models`; the export is
+loaded in a fresh process that imports neither tir_byoc nor torch.
+"""
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+import built_models
+import torch
+import tvm
+from test_rewrite import two_layers
+from tvm import relax
+
+import tir_byoc
+from tir_byoc import demo, model
+from tir_byoc.rewrite import intrinsic_calls
+
+FP32 = {"rtol": 1e-4, "atol": 1e-5}
+
+
+def test_an_mlp_equals_torch_called_with_torch_or_numpy():
+    built = built_models.mlp()
+    (x,) = built.inputs
+    from_torch = built.model(x)
+    from_numpy = built.model(x.numpy())
+    assert isinstance(from_torch, torch.Tensor)
+    assert isinstance(from_numpy, np.ndarray)
+    np.testing.assert_allclose(from_torch.numpy(), built.expected, **FP32)
+    np.testing.assert_allclose(from_numpy, built.expected, **FP32)
+    assert dict(built.model.intrinsics) == {
+        "fused_matmul_add_relu": ("ref.dense_bias_relu",),
+        "fused_matmul1_add1": ("ref.dense_bias",),
+    }
+    # The weight transposes the offload folded away are not built at all.
+    assert dict(built.model.schedules) == {
+        "fused_matmul_add_relu": model.OFFLOADED,
+        "fused_matmul1_add1": model.OFFLOADED,
+    }
+
+
+def test_without_offload_nothing_calls_an_intrinsic_and_the_result_is_the_same():
+    built = built_models.mlp_native()
+    assert dict(built.model.intrinsics) == {}
+    assert model.OFFLOADED not in built.model.schedules.values()
+    np.testing.assert_allclose(built.model(built.inputs[0]).numpy(), built.expected, **FP32)
+
+
+def test_a_transformer_encoder_layer_equals_torch_and_the_rest_gets_dlight():
+    built = built_models.encoder_layer()
+    np.testing.assert_allclose(built.model(*built.inputs).numpy(), built.expected, **FP32)
+    # The four projections (the fused q/k/v one, the output one and the feed-forward two) and
+    # both attention products run in the library, once per call site of their PrimFunc.
+    fired = {}
+    for name, sites in built_models.prim_func_calls(built.model.module).items():
+        for intrinsic, n in intrinsic_calls(built.model.module[name]).items():
+            fired[intrinsic] = fired.get(intrinsic, 0) + n * sites
+    assert fired == {"ref.dense_bias": 4, "ref.bmm_matmul": 2}
+    assert set(built.model.intrinsics) == {
+        name for name, way in built.model.schedules.items() if way == model.OFFLOADED
+    }
+    # ...the softmax and the layer norms get dlight's Reduction rule.
+    dlight_scheduled = [n for n, s in built.model.schedules.items() if s == model.DLIGHT]
+    assert any("softmax" in n for n in dlight_scheduled)
+    assert any("layer_norm" in n for n in dlight_scheduled)
+    assert dict(built.model.dlight_failures) == {}
+
+
+def test_a_relax_module_is_lowered_offloaded_and_runs_its_only_function():
+    built = tir_byoc.build_model(demo.lowered_mlp(), backends="ref")
+    assert built.entry == "forward"
+    assert sorted(built.intrinsics) == [
+        "fused_matmul1_add1",
+        "fused_matmul_add_relu",
+    ]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((demo.BATCH, demo.IN_FEATURES)).astype("float32")
+    params = demo.mlp_weights(rng)
+    np.testing.assert_allclose(built(x, *params), demo.mlp_reference(x, *params), **FP32)
+
+
+def test_a_prim_func_takes_its_inputs_or_every_buffer_and_returns_what_it_writes():
+    built = tir_byoc.build_model(two_layers, backends="ref")
+    assert dict(built.intrinsics) == {"two_layers": ("ref.dense", "ref.dense_bias_relu")}
+    rng = np.random.default_rng(4)
+    x, w1, b1, w2 = (
+        rng.standard_normal(s).astype("float32") for s in [(4, 6), (5, 6), (5,), (3, 5)]
+    )
+    expected = np.maximum(x @ w1.T + b1, 0) @ w2.T
+    np.testing.assert_allclose(built(x, w1, b1, w2), expected, **FP32)
+    out = np.full((4, 3), np.nan, "float32")
+    np.testing.assert_allclose(built(x, w1, b1, w2, out), expected, **FP32)
+
+
+def test_a_failing_dlight_rule_leaves_its_function_unscheduled_and_is_recorded(monkeypatch):
+    class Broken(tvm.s_tir.dlight.ScheduleRule):
+        def apply(self, func, target, tunable):
+            raise RuntimeError("rule broke\nsecond line")
+
+    monkeypatch.setattr(model, "DLIGHT_RULES", (Broken,))
+    built = tir_byoc.build_model(demo.lowered_mlp(), offload=False)
+    assert dict(built.dlight_failures) == {
+        "fused_matmul_add_relu": "RuntimeError: rule broke",
+        "fused_matmul1_add1": "RuntimeError: rule broke",
+        "transpose": "RuntimeError: rule broke",
+        "transpose1": "RuntimeError: rule broke",
+    }
+    assert set(built.schedules.values()) == {model.UNSCHEDULED}
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((demo.BATCH, demo.IN_FEATURES)).astype("float32")
+    params = demo.mlp_weights(rng)
+    np.testing.assert_allclose(built(x, *params), demo.mlp_reference(x, *params), **FP32)
+
+
+def test_the_export_runs_in_a_fresh_process_without_tir_byoc_or_torch(tmp_path):
+    built = built_models.encoder_layer()
+    library = built.model.export_library(tmp_path / "layer.so")
+    np.save(tmp_path / "x.npy", built.inputs[0].numpy())
+    script = f"""
+        import sys
+        sys.modules["torch"] = None  # the exported library must not need torch
+        import numpy as np, tvm
+        from tvm import relax
+        vm = relax.VirtualMachine(tvm.runtime.load_module("{library}"), tvm.cpu())
+        (out,) = vm["main"](tvm.runtime.tensor(np.load("x.npy")))
+        np.save("out.npy", out.numpy())
+        assert "tir_byoc" not in sys.modules, "the library needed tir_byoc"
+        # tir_byoc itself imports without torch.
+        import tir_byoc
+        print(tir_byoc.build_model.__name__)
+    """
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout == "build_model\n"
+    np.testing.assert_allclose(
+        np.load(tmp_path / "out.npy"), built.model(*built.inputs).numpy(), rtol=0, atol=0
+    )
+
+
+def _one_line_value_error(call, *fragments):
+    with pytest.raises(ValueError) as error:
+        call()
+    message = str(error.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message
+    return message
+
+
+def test_bad_models_and_options_are_one_line_value_errors():
+    mlp = built_models.mlp()
+    _one_line_value_error(lambda: tir_byoc.build_model(42), "expected a torch.nn.Module", "int")
+    _one_line_value_error(
+        lambda: tir_byoc.build_model(mlp.module), "needs example_inputs", "got None"
+    )
+    _one_line_value_error(
+        lambda: tir_byoc.build_model(mlp.module, [1, 2]), "expected example_inputs", "int"
+    )
+    _one_line_value_error(
+        lambda: tir_byoc.build_model(demo.lowered_mlp(), mlp.inputs),
+        "example_inputs are only for a torch model",
+    )
+    _one_line_value_error(
+        lambda: tir_byoc.build_model(two_layers, target="c"), "expected an llvm (CPU) target"
+    )
+    _one_line_value_error(
+        lambda: tir_byoc.build_model(demo.lowered_mlp(), entry="backward"),
+        "expected entry= naming one of ['forward']",
+    )
+    training = torch.nn.Linear(4, 4).train()
+    _one_line_value_error(
+        lambda: tir_byoc.build_model(training, torch.ones(1, 4)), "call model.eval() first"
+    )
+    empty = tvm.IRModule({})
+    _one_line_value_error(lambda: tir_byoc.build_model(empty), "expected an IRModule")
+
+
+def test_bad_call_arguments_are_one_line_value_errors():
+    built = built_models.mlp().model
+    x = np.zeros((8, 32), "float32")
+    _one_line_value_error(lambda: built(), "expected 1 inputs (input), got 0")
+    _one_line_value_error(lambda: built(x, x), "expected 1 inputs")
+    _one_line_value_error(
+        lambda: built(np.zeros((8, 31), "float32")), "expected shape (8, 32) float32, got (8, 31)"
+    )
+    _one_line_value_error(lambda: built(x.astype("float64")), "float32, got (8, 32) float64")
+    _one_line_value_error(lambda: built(x.tolist()), "expected input 0 as a NumPy array", "list")
+    # The good call, next to them.
+    assert built(x).shape == (8, 10)
+
+
+def test_vm_is_only_for_relax_models():
+    built = tir_byoc.build_model(two_layers, backends="ref")
+    _one_line_value_error(built.vm, "expected a Relax model")
+    assert isinstance(built_models.mlp().model.vm(), relax.VirtualMachine)

@@ -1,0 +1,236 @@
+"""From a torch model to a Relax module, and what to change when TVM 0.27 cannot take it.
+
+Entry point: :func:`import_torch` (``torch.export`` under ``no_grad``, then
+``from_exported_program``, parameters bound as constants).  torch is imported only when a
+torch model is given: ``import tir_byoc`` never imports it.
+
+The frontend problems seen with TVM 0.27 and transformers are data, :data:`KNOWN_PROBLEMS`:
+each names the stage where it shows, the text of the error it raises and the change that
+avoids it.  None has an exact workaround tir_byoc could apply without changing the model, so
+each is reported as :class:`UnsupportedModel`, one line saying what to change, with the
+original error as its ``__cause__``.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+
+
+class UnsupportedModel(ValueError):
+    """A model TVM 0.27 cannot take as it is; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class FrontendProblem:
+    """A known failure of the flow, recognised by the error it raises.
+
+    Attributes
+    ----------
+    stage : str
+        Where it shows: ``"export"`` (``torch.export``), ``"import"``
+        (``from_exported_program``, which also runs torch's decompositions) or ``"compile"``
+        (``tvm.compile``).
+    symptom : str
+        Text the error's message contains.
+    advice : str
+        What the user should change, one sentence; ``{functions}`` is replaced by the
+        PrimFuncs that compare booleans (for the compile-stage mask problem).
+    requires_op : str or None
+        The problem applies only if the exported graph calls an operator whose name contains
+        this (``None``: always).
+    """
+
+    stage: str
+    symptom: str
+    advice: str
+    requires_op: str | None = None
+
+    def __post_init__(self):
+        if self.stage not in STAGES:
+            raise ValueError(f"expected a stage in {STAGES}, got {self.stage!r}")
+
+
+STAGES = ("export", "import", "compile")
+
+_USE_CACHE = (
+    "the model returns a key/value cache (use_cache=True), which torch.export and TVM 0.27 "
+    "cannot take: pass use_cache=False (in its config or to forward)"
+)
+
+# TVM 0.27 emits == on booleans as a float compare; LLVM rejects it ("fcmp oeq i1", or a check
+# in CodeGenLLVM).  transformers builds its causal mask that way.
+_BOOLEAN_COMPARE = (
+    "TVM 0.27 cannot compile comparisons of booleans ({functions}); if they build an attention "
+    "mask (transformers' causal mask does), pass a prepared additive float attention_mask (0 "
+    "where attended, torch.finfo(dtype).min elsewhere) so that the model does not build one"
+)
+
+#: Known frontend problems, first match wins.
+KNOWN_PROBLEMS = (
+    FrontendProblem("export", "cache_utils", _USE_CACHE),
+    FrontendProblem("import", "Concat expects all input tensors to have same ndim", _USE_CACHE),
+    FrontendProblem(
+        "import",
+        "Cannot view a tensor with shape",
+        "torch could not decompose scaled_dot_product_attention for TVM: build the model "
+        "with attn_implementation='eager'",
+        requires_op="scaled_dot_product_attention",
+    ),
+    FrontendProblem("compile", "MatchesCode(DLDataTypeCode::kDLFloat)", _BOOLEAN_COMPARE),
+    FrontendProblem("compile", "Invalid operand types for FCmp", _BOOLEAN_COMPARE),
+)
+
+
+def diagnose(stage: str, error: BaseException, *, graph_ops=(), module=None) -> str | None:
+    """The advice of the first :data:`KNOWN_PROBLEMS` entry ``error`` shows, or None.
+
+    Parameters
+    ----------
+    stage : str
+        One of :data:`STAGES`.
+    error : BaseException
+        What the stage raised.
+    graph_ops : iterable of str
+        Operators the exported graph calls (for :attr:`FrontendProblem.requires_op`).
+    module : tvm.IRModule, optional
+        The module being compiled (names the functions that compare booleans).
+    """
+    if stage not in STAGES:
+        raise ValueError(f"expected a stage in {STAGES}, got {stage!r}")
+    text = str(error)
+    ops = list(graph_ops)
+    for problem in KNOWN_PROBLEMS:
+        if problem.stage != stage or problem.symptom not in text:
+            continue
+        if problem.requires_op and not any(problem.requires_op in op for op in ops):
+            continue
+        functions = ", ".join(boolean_comparisons(module)) if module is not None else "?"
+        return problem.advice.format(functions=functions or "?")
+    return None
+
+
+def boolean_comparisons(mod: tvm.IRModule) -> list[str]:
+    """PrimFuncs of ``mod`` that compare booleans (``==`` or ``!=`` on bool operands)."""
+
+    def compares_bool(func) -> bool:
+        found = []
+        tvm_ffi.structural_walk(
+            func.body,
+            ((tirx.EQ, tirx.NE), lambda c: found.append(str(c.a.ty.dtype) == "bool")),
+        )
+        return any(found)
+
+    return sorted(
+        gvar.name_hint
+        for gvar, func in mod.functions_items()
+        if isinstance(func, tirx.PrimFunc) and compares_bool(func)
+    )
+
+
+def first_line(error: BaseException) -> str:
+    """The first non-empty line of ``error``'s message, with its type."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
+
+
+def is_torch_module(obj) -> bool:
+    """True for a ``torch.nn.Module``; never imports torch (if it is not loaded, obj is not one)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.nn.Module)
+
+
+def is_torch_tensor(obj) -> bool:
+    """True for a ``torch.Tensor``; never imports torch."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def example_tuple(example_inputs) -> tuple:
+    """``example_inputs`` as a tuple of torch tensors, or a one-line ``ValueError``."""
+    if example_inputs is None:
+        raise ValueError(
+            "tir_byoc.build_model: a torch model needs example_inputs (a tensor or a tuple of "
+            "tensors to export it with), got None"
+        )
+    inputs = (example_inputs,) if is_torch_tensor(example_inputs) else example_inputs
+    if not isinstance(inputs, tuple | list) or not all(is_torch_tensor(t) for t in inputs):
+        found = (
+            type(example_inputs).__name__
+            if not isinstance(inputs, tuple | list)
+            else "a sequence of " + ", ".join(sorted({type(t).__name__ for t in inputs}))
+        )
+        raise ValueError(
+            "tir_byoc.build_model: expected example_inputs as a torch.Tensor or a tuple of "
+            f"them, got {found}"
+        )
+    return tuple(inputs)
+
+
+def _fail(stage: str, error: BaseException, **context):
+    advice = diagnose(stage, error, **context)
+    if advice is None:
+        raise error
+    raise UnsupportedModel(f"tir_byoc.build_model: {advice} ({symptom_line(error)})") from error
+
+
+def symptom_line(error: BaseException) -> str:
+    """The line of ``error``'s message that shows a known problem (else its first line)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    symptoms = [p.symptom for p in KNOWN_PROBLEMS]
+    shown = next((ln for ln in lines if any(s in ln for s in symptoms)), None)
+    return f"{type(error).__name__}: {shown}" if shown else first_line(error)
+
+
+def import_torch(model, example_inputs):
+    """Export ``model`` with ``example_inputs`` and import it into Relax.
+
+    Returns
+    -------
+    tuple of (tvm.IRModule, torch.utils._pytree.TreeSpec)
+        The Relax module (entry ``main``, parameters bound as constants) and the structure of
+        the model's output, for giving results back in the same shape.
+
+    Raises
+    ------
+    ValueError
+        Missing or malformed example inputs, or a model in training mode.
+    UnsupportedModel
+        A :data:`KNOWN_PROBLEMS` entry; the message says what to change.
+    """
+    import torch
+    from tvm.relax.frontend.torch import from_exported_program
+
+    # Step 1. Inputs and mode; dropout or batch-norm statistics in training mode would be
+    # exported as they behave in training.
+    inputs = example_tuple(example_inputs)
+    if model.training:
+        raise ValueError(
+            "tir_byoc.build_model: expected a model in eval mode, got one in training mode "
+            "(call model.eval() first)"
+        )
+    # Step 2. torch.export.
+    try:
+        with torch.no_grad():
+            exported = torch.export.export(model, inputs)
+    except Exception as error:
+        _fail("export", error)
+    # Step 3. Into Relax; torch's decompositions run here.
+    ops = {str(node.target) for node in exported.graph.nodes if node.op == "call_function"}
+    try:
+        mod = from_exported_program(exported)
+    except Exception as error:
+        _fail("import", error, graph_ops=ops)
+    return mod, exported.call_spec.out_spec
+
+
+def compile_module(mod: tvm.IRModule, target, **kwargs):
+    """``tvm.compile``, with a known problem reported as :class:`UnsupportedModel`."""
+    try:
+        return tvm.compile(mod, target, **kwargs)
+    except Exception as error:
+        _fail("compile", error, module=mod)

@@ -1,0 +1,512 @@
+"""One call from a model to something you can run: lower, offload, schedule the rest, build.
+
+Entry point: :func:`build_model`, which returns a :class:`Model`.  It takes
+
+- a torch ``nn.Module`` with example inputs: ``torch.export`` under ``no_grad``, then
+  ``from_exported_program`` (:mod:`tir_byoc.frontend`, which also reports the known frontend
+  problems in one line saying what to change);
+- a Relax ``IRModule``: the standard lowering, :data:`LOWERING`, then :func:`tir_byoc.offload`;
+- a TIR ``IRModule`` or a ``PrimFunc``: :func:`tir_byoc.offload`.
+
+What tir_byoc leaves to TVM gets TVM's default CPU schedule, dlight's :data:`DLIGHT_RULES`,
+function by function (:func:`default_schedule`): a function a rule fails on keeps its
+unscheduled loops and is recorded in :attr:`Model.dlight_failures`.  Relax modules then go
+through TVM's Relax build pipeline here rather than inside ``tvm.compile``, so that
+:attr:`Model.module` is the module the executable runs, call for call.
+
+A :class:`Model` is called with NumPy arrays or torch tensors and returns the same kind (a torch
+model's outputs in the structure the model returns), exports with
+:meth:`Model.export_library` (the intrinsic code linked in, so the library loads in any
+process with TVM), and profiles itself per PrimFunc with :meth:`Model.profile`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax, s_tir, tirx
+from tvm.s_tir import dlight
+
+from . import frontend
+from .export import export_library
+from .offload import offload as offload_module
+from .rewrite import intrinsic_calls
+
+logger = logging.getLogger("tir_byoc")
+
+#: The standard Relax lowering, in order: operators to TIR, fused into PrimFuncs.
+LOWERING = (
+    relax.transform.LegalizeOps,
+    relax.transform.AnnotateTIROpPattern,
+    relax.transform.FuseOps,
+    relax.transform.FuseTIR,
+)
+#: dlight's CPU rules, tried in order on every PrimFunc (``tvm/s_tir/dlight/cpu``).
+DLIGHT_RULES = (dlight.cpu.GEMV, dlight.cpu.Reduction)
+#: How a PrimFunc of a built model runs (:attr:`Model.schedules`).
+OFFLOADED, DLIGHT, UNSCHEDULED = "tir_byoc", "dlight", "unscheduled"
+
+_SCHEDULED_ATTR = "tirx.is_scheduled"
+
+
+def _is_scheduled(func: tirx.PrimFunc) -> bool:
+    return bool(func.attrs) and _SCHEDULED_ATTR in func.attrs and bool(func.attrs[_SCHEDULED_ATTR])
+
+
+def default_schedule(mod: tvm.IRModule, target: tvm.target.Target):
+    """Apply :data:`DLIGHT_RULES` to each PrimFunc of ``mod`` on its own.
+
+    Returns
+    -------
+    tuple of (tvm.IRModule, list of str, dict)
+        The module, the PrimFuncs a rule scheduled, and the PrimFuncs a rule failed on with
+        the first line of the error (those keep their loops as they were).
+    """
+    result, scheduled, failures = mod.clone(), [], {}
+    for gvar, func in mod.functions_items():
+        if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
+            continue
+        rules = [rule() for rule in DLIGHT_RULES]
+        try:
+            with target:
+                applied = dlight.ApplyDefaultSchedule(*rules)(tvm.IRModule({gvar: func}))
+        except Exception as error:
+            failures[gvar.name_hint] = frontend.first_line(error)
+            logger.warning("dlight failed on %s, left unscheduled: %s", gvar.name_hint, error)
+            continue
+        if _is_scheduled(applied[gvar]):
+            result.update_func(gvar, applied[gvar])
+            scheduled.append(gvar.name_hint)
+    return result, scheduled, failures
+
+
+def _target(target) -> tvm.target.Target:
+    resolved = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+    if resolved.kind.name != "llvm":
+        raise ValueError(
+            f"tir_byoc.build_model: expected an llvm (CPU) target, got {resolved.kind.name}"
+        )
+    return resolved
+
+
+def _kind(model) -> str:
+    """``"torch"``, ``"relax"`` or ``"tir"``, or a one-line ``ValueError``."""
+    if frontend.is_torch_module(model):
+        return "torch"
+    if isinstance(model, tirx.PrimFunc):
+        return "tir"
+    if isinstance(model, tvm.IRModule):
+        functions = [f for _, f in model.functions_items()]
+        if any(isinstance(f, relax.Function) for f in functions):
+            return "relax"
+        if functions and all(isinstance(f, tirx.PrimFunc) for f in functions):
+            return "tir"
+        raise ValueError(
+            "tir_byoc.build_model: expected an IRModule with Relax functions or PrimFuncs, "
+            f"got one with {len(functions)} function(s) of neither kind"
+        )
+    raise ValueError(
+        "tir_byoc.build_model: expected a torch.nn.Module (with example_inputs), a Relax or "
+        f"TIR tvm.IRModule, or a tvm.tirx.PrimFunc, got {type(model).__name__}"
+    )
+
+
+def _entry(mod: tvm.IRModule, function_type, entry: str | None) -> str:
+    names = sorted(g.name_hint for g, f in mod.functions_items() if isinstance(f, function_type))
+    if entry is None:
+        entry = "main" if "main" in names else (names[0] if len(names) == 1 else None)
+    if entry not in names:
+        raise ValueError(
+            f"tir_byoc.build_model: expected entry= naming one of {names}, got {entry!r}"
+        )
+    return entry
+
+
+def build_model(
+    model,
+    example_inputs=None,
+    *,
+    target="llvm",
+    backends: Iterable[str] | str | None = None,
+    offload: bool = True,
+    entry: str | None = None,
+) -> Model:
+    """Lower, offload, schedule and build a model; the result runs with NumPy or torch inputs.
+
+    Parameters
+    ----------
+    model : torch.nn.Module, tvm.IRModule or tvm.tirx.PrimFunc
+        A torch model in eval mode, a Relax module (lowered or not) or a TIR module.
+    example_inputs : torch.Tensor or tuple of torch.Tensor, optional
+        What a torch model is exported with (required for one, refused for anything else).
+    target : str, dict or tvm.target.Target
+        An llvm target (default ``"llvm"``).
+    backends : str or iterable of str, optional
+        As for :func:`tir_byoc.offload`.
+    offload : bool
+        ``False`` builds the same model without tir_byoc (for comparing).
+    entry : str, optional
+        The function to call (default: ``main``, or the module's only Relax function /
+        PrimFunc).
+
+    Returns
+    -------
+    Model
+
+    Raises
+    ------
+    ValueError
+        Input of the wrong kind, missing example inputs, a torch model in training mode, a
+        target that is not llvm.
+    tir_byoc.frontend.UnsupportedModel
+        A known frontend problem (a ``use_cache`` cache, sdpa attention torch cannot
+        decompose, a boolean mask TVM cannot compile); the one-line message says what to
+        change in the model.
+    """
+    # Step 1. What the model is; torch models become Relax here.
+    kind = _kind(model)
+    resolved = _target(target)
+    output_spec = None
+    if kind == "torch":
+        mod, output_spec = frontend.import_torch(model, example_inputs)
+    elif example_inputs is not None:
+        raise ValueError(
+            "tir_byoc.build_model: example_inputs are only for a torch model, got them with "
+            f"a {type(model).__name__}"
+        )
+    elif isinstance(model, tirx.PrimFunc):
+        name = str((model.attrs or {}).get("global_symbol", "main"))
+        mod = tvm.IRModule({name: model.with_attr("global_symbol", name)})
+    else:
+        mod = model
+    is_relax = kind != "tir"
+    entry = _entry(mod, relax.Function if is_relax else tirx.PrimFunc, entry)
+    # Step 2. The standard lowering (Relax), then the offload.
+    if is_relax:
+        mod = tvm.transform.Sequential([p() for p in LOWERING])(mod)
+    signature = TirSignature.of(mod[entry]) if not is_relax else None
+    if offload:
+        mod = offload_module(mod, backends=backends)
+    if is_relax:
+        # The weight copies the offload folded away are no longer called: not built at all.
+        mod = relax.transform.DeadCodeElimination()(mod)
+    # Step 3. dlight for the rest, function by function.
+    mod, scheduled, failures = default_schedule(mod, resolved)
+    # Step 4. The Relax build pipeline (as tvm.compile would run it), then the build.
+    if is_relax:
+        with resolved:
+            mod = relax.get_pipeline("default")(mod)
+        executable = frontend.compile_module(mod, resolved, relax_pipeline=None)
+    else:
+        executable = frontend.compile_module(mod, resolved)
+    return Model(
+        executable,
+        mod,
+        resolved,
+        entry,
+        scheduled=scheduled,
+        dlight_failures=failures,
+        output_spec=output_spec,
+        tir_signature=signature,
+    )
+
+
+@dataclass(frozen=True)
+class TirSignature:
+    """A TIR entry's buffer parameters, by name, and those it writes (its outputs)."""
+
+    params: tuple[str, ...]
+    written: tuple[str, ...]
+
+    @classmethod
+    def of(cls, func: tirx.PrimFunc) -> TirSignature:
+        for param in func.params:
+            if not isinstance(param.ty, tirx.BufferType):
+                raise ValueError(
+                    "tir_byoc.build_model: expected only buffer parameters, got the scalar "
+                    f"{param.name}"
+                )
+        targets = []
+        tvm_ffi.structural_walk(
+            func.body,
+            [
+                (s_tir.SBlock, lambda block: targets.extend(r.source for r in block.writes)),
+                (tirx.BufferStore, lambda store: targets.append(store.buffer)),
+            ],
+        )
+        written = [p.name for p in func.params if any(p.same_as(t) for t in targets)]
+        return cls(tuple(p.name for p in func.params), tuple(written))
+
+
+class Model:
+    """A built model: call it, export it, profile it.  Made by :func:`build_model`.
+
+    Attributes
+    ----------
+    executable : tvm.runtime.Executable
+        What ``tvm.compile`` returned.
+    module : tvm.IRModule
+        The module it was built from (for Relax, after TVM's Relax build pipeline: ``R.call_tir``
+        has become direct calls of the PrimFuncs).
+    target : tvm.target.Target
+    entry : str
+        The function :meth:`__call__` runs.
+    schedules : Mapping[str, str]
+        Each PrimFunc's way of running: :data:`OFFLOADED` (it calls an intrinsic),
+        :data:`DLIGHT` or :data:`UNSCHEDULED`.
+    intrinsics : Mapping[str, tuple of str]
+        The intrinsics each offloaded PrimFunc calls.
+    dlight_failures : Mapping[str, str]
+        PrimFuncs a dlight rule failed on, with the error's first line.
+    """
+
+    def __init__(
+        self,
+        executable,
+        module: tvm.IRModule,
+        target: tvm.target.Target,
+        entry: str,
+        *,
+        scheduled=(),
+        dlight_failures=None,
+        output_spec=None,
+        tir_signature=None,
+    ):
+        self.executable = executable
+        self.module = module
+        self.target = target
+        self.entry = entry
+        self.dlight_failures = MappingProxyType(dict(dlight_failures or {}))
+        calls = {
+            g.name_hint: intrinsic_calls(f)
+            for g, f in module.functions_items()
+            if isinstance(f, tirx.PrimFunc)
+        }
+        self.intrinsics = MappingProxyType({n: tuple(sorted(c)) for n, c in calls.items() if c})
+        self.schedules = MappingProxyType(
+            {
+                name: OFFLOADED if c else DLIGHT if name in set(scheduled) else UNSCHEDULED
+                for name, c in calls.items()
+            }
+        )
+        self._output_spec = output_spec
+        self._tir_signature = tir_signature
+        self._vm = None
+
+    @property
+    def is_relax(self) -> bool:
+        return self._tir_signature is None
+
+    def __repr__(self) -> str:
+        ways = list(self.schedules.values())
+        counts = {k: ways.count(k) for k in (OFFLOADED, DLIGHT, UNSCHEDULED)}
+        return (
+            f"<tir_byoc.Model {self.entry} on {self.target.kind.name}: "
+            f"{len(self.schedules)} PrimFuncs, "
+            + ", ".join(f"{n} {k}" for k, n in counts.items())
+            + ">"
+        )
+
+    # -- running ---------------------------------------------------------------------------
+
+    def vm(self) -> relax.VirtualMachine:
+        """The Relax VM this model runs on (created once)."""
+        if not self.is_relax:
+            raise ValueError("tir_byoc.Model: expected a Relax model for vm(), got a TIR one")
+        if self._vm is None:
+            self._vm = relax.VirtualMachine(self.executable, tvm.cpu())
+        return self._vm
+
+    def arguments(self, inputs) -> list:
+        """``inputs`` (NumPy arrays or torch tensors) as TVM tensors, checked against the entry.
+
+        A TIR model takes every buffer parameter, or only those its entry does not write: the
+        others are then allocated, zero-filled.  Either way :meth:`__call__` returns the
+        written ones.
+        """
+        arrays = [_as_numpy(x, i) for i, x in enumerate(inputs)]
+        expected = self._expected_inputs(len(arrays))
+        if len(arrays) != len(expected):
+            raise ValueError(
+                f"tir_byoc.Model: {self.entry} expected {len(expected)} inputs "
+                f"({', '.join(name for name, _, _ in expected)}), got {len(arrays)}"
+            )
+        for i, (array, (name, shape, dtype)) in enumerate(zip(arrays, expected, strict=True)):
+            if not _conforms(array, shape, dtype):
+                raise ValueError(
+                    f"tir_byoc.Model: input {i} ({name}) expected shape {_shape_text(shape)} "
+                    f"{dtype}, got {tuple(array.shape)} {array.dtype}"
+                )
+        tensors = [tvm.runtime.tensor(a, tvm.cpu()) for a in arrays]
+        if not self.is_relax and len(arrays) < len(self._tir_signature.params):
+            tensors = self._with_outputs(tensors)
+        return tensors
+
+    def run(self, tensors):
+        """Run the entry on TVM tensors (from :meth:`arguments`); returns what TVM returns."""
+        if self.is_relax:
+            return self.vm()[self.entry](*tensors)
+        self.executable[self.entry](*tensors)
+        signature = self._tir_signature
+        outputs = tuple(tensors[signature.params.index(name)] for name in signature.written)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def __call__(self, *inputs):
+        """Run the model; outputs are NumPy arrays, or torch tensors if any input was one."""
+        result = _to_numpy(self.run(self.arguments(inputs)))
+        as_torch = any(frontend.is_torch_tensor(x) for x in inputs)
+        if as_torch:
+            import torch
+
+            result = _map_arrays(result, torch.from_numpy)
+        return self._structured(result)
+
+    def _structured(self, result):
+        if self._output_spec is None:
+            return result
+        from torch.utils import _pytree
+
+        leaves = list(result) if isinstance(result, tuple) else [result]
+        if len(leaves) != self._output_spec.num_leaves:
+            return result
+        return _pytree.tree_unflatten(leaves, self._output_spec)
+
+    def _expected_inputs(self, given: int) -> list[tuple[str, tuple, str]]:
+        func = self.module[self.entry]
+        if self.is_relax:
+            return [(p.name, _relax_shape(p.ty), str(p.ty.dtype)) for p in func.params]
+        signature = self._tir_signature
+        return [
+            (p.name, tuple(_static(e) for e in p.ty.shape), str(p.ty.dtype))
+            for p in func.params
+            if given == len(signature.params) or p.name not in signature.written
+        ]
+
+    def _with_outputs(self, tensors):
+        signature = self._tir_signature
+        given = iter(tensors)
+        full = []
+        for param in self.module[self.entry].params:
+            if param.name not in signature.written:
+                full.append(next(given))
+                continue
+            shape = tuple(_static(e) for e in param.ty.shape)
+            if None in shape:
+                raise ValueError(
+                    f"tir_byoc.Model: output {param.name} has a symbolic shape; expected "
+                    f"every buffer ({', '.join(signature.params)}) to be given"
+                )
+            full.append(tvm.runtime.tensor(np.zeros(shape, str(param.ty.dtype)), tvm.cpu()))
+        return full
+
+    # -- exporting and profiling -------------------------------------------------------------
+
+    def export_library(self, path: str | os.PathLike) -> Path:
+        """Write the built model as a shared library with its intrinsic code linked in.
+
+        It loads with ``tvm.runtime.load_module(path)`` in a process that never imports
+        tir_byoc (a Relax model then runs on ``relax.VirtualMachine(lib, tvm.cpu())``).
+        """
+        return export_library(self.executable, path)
+
+    def profile(self, *inputs, repeat: int = 20, warmup: int = 10):
+        """Time each PrimFunc the entry calls; see :func:`tir_byoc.profile`."""
+        from .profiling import profile
+
+        return profile(self, *inputs, repeat=repeat, warmup=warmup)
+
+
+def _static(expr) -> int | None:
+    return int(expr.value) if isinstance(expr, tirx.IntImm) else None
+
+
+def _relax_shape(ty) -> tuple | None:
+    shape = getattr(ty, "shape", None)
+    if shape is None or not hasattr(shape, "values"):
+        return None
+    return tuple(_static(e) for e in shape.values)
+
+
+def _shape_text(shape) -> str:
+    if shape is None:
+        return "(any)"
+    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
+
+
+def _conforms(array: np.ndarray, shape, dtype: str) -> bool:
+    if str(array.dtype) != dtype:
+        return False
+    if shape is None:
+        return True
+    return array.ndim == len(shape) and all(
+        d is None or d == n for d, n in zip(shape, array.shape, strict=True)
+    )
+
+
+def _as_numpy(value, index: int) -> np.ndarray:
+    if frontend.is_torch_tensor(value):
+        return np.ascontiguousarray(value.detach().cpu().numpy())
+    if isinstance(value, np.ndarray):
+        return np.ascontiguousarray(value)
+    if isinstance(value, tvm.runtime.Tensor):
+        return value.numpy()
+    raise ValueError(
+        f"tir_byoc.Model: expected input {index} as a NumPy array or a torch tensor, "
+        f"got {type(value).__name__}"
+    )
+
+
+def _to_numpy(result):
+    if isinstance(result, tvm.runtime.Tensor):
+        return result.numpy()
+    if isinstance(result, tuple | list | tvm_ffi.Array):
+        return tuple(_to_numpy(r) for r in result)
+    return result
+
+
+def _map_arrays(result, convert):
+    if isinstance(result, tuple):
+        return tuple(_map_arrays(r, convert) for r in result)
+    return convert(result) if isinstance(result, np.ndarray) else result
+
+
+__all__ = [
+    "DLIGHT",
+    "DLIGHT_RULES",
+    "LOWERING",
+    "OFFLOADED",
+    "UNSCHEDULED",
+    "Model",
+    "build_model",
+    "default_schedule",
+]
+
+
+def called_functions(mod: tvm.IRModule, entry: str) -> dict[str, int]:
+    """How often one run of ``entry`` calls each PrimFunc, by name, counting call sites.
+
+    ``entry`` is a Relax function of a module after TVM's Relax build pipeline (PrimFuncs are
+    called directly); a call of another Relax function counts its call sites once per call.
+    """
+    counts: dict[str, int] = {}
+
+    def on_call(call):
+        if not isinstance(call.op, tvm.ir.GlobalVar):
+            return
+        callee = mod[call.op]
+        if isinstance(callee, tirx.PrimFunc):
+            counts[call.op.name_hint] = counts.get(call.op.name_hint, 0) + 1
+        elif isinstance(callee, relax.Function):
+            for name, n in called_functions(mod, call.op.name_hint).items():
+                counts[name] = counts.get(name, 0) + n
+
+    tvm_ffi.structural_walk(mod[entry].body, (relax.Call, on_call))
+    return counts
