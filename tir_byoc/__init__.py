@@ -13,14 +13,21 @@ export_library(ex, path)
                      a self-contained shared library of a ``tvm.compile`` result
 register_intrinsic(...)
                      add your own C kernel
+build_model(model, example_inputs)
+                     a torch model, Relax or TIR module lowered, offloaded, scheduled and built
+profile(model, *inputs)
+                     each PrimFunc's time, calls and share in a built model
 """
 
 from . import backends as _bundled_backends  # noqa: F401  (registers the bundled intrinsics)
 from .export import export_library
+from .frontend import UnsupportedModel
 from .match import FunctionScan, Match, Rejection
+from .model import Model, build_model
 from .offload import Offload, explain, offload, scan
 from .patterns import PATTERNS, Pattern, describe
 from .planning import Plan, plan
+from .profiling import FunctionTime, Profile, profile
 from .registry import (
     REGISTRY,
     Backend,
@@ -44,21 +51,27 @@ __all__ = [
     "Choice",
     "DtypeSignature",
     "FunctionScan",
+    "FunctionTime",
     "Intrinsic",
     "LinkSpec",
     "Match",
+    "Model",
     "Offload",
     "Pattern",
     "Plan",
+    "Profile",
     "Registry",
     "Rejection",
     "RewriteError",
     "ToolchainError",
+    "UnsupportedModel",
+    "build_model",
     "describe",
     "explain",
     "export_library",
     "offload",
     "plan",
+    "profile",
     "register_backend",
     "register_intrinsic",
     "scan",
