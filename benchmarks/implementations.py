@@ -29,6 +29,7 @@ class Settings:
     budget: float
     trials: int
     ms_max_gflop: float
+    ms_batch: bool = False  # tune the batch forms too
 
 
 Measured = tuple[float | None, str]
@@ -176,6 +177,8 @@ def _tuning_too_long(workload: Workload, settings: Settings) -> str | None:
         return "skipped (--trials 0)"
     if workload.flops > settings.ms_max_gflop * 1e9:
         return f"skipped: above --ms-max-gflop {settings.ms_max_gflop} (tuning takes too long)"
+    if workload.batch is not None and not settings.ms_batch:
+        return "skipped: a batch form takes too long to tune (36 min for Q.K^T here); --ms-batch"
     return None
 
 

@@ -47,7 +47,7 @@ from workloads import DTYPES, GROUPS, MLP, WORKLOADS, select
 
 def child(args) -> list[dict]:
     implementation = IMPLEMENTATIONS[args.child]
-    settings = Settings(args.budget, args.trials, args.ms_max_gflop)
+    settings = Settings(args.budget, args.trials, args.ms_max_gflop, args.ms_batch)
     if args.mlp:
         ms, note = implementation.mlp(settings)
         return [asdict(Row(MLP.name, "fp32", implementation.name, ms, note=note))]
@@ -118,6 +118,8 @@ def _run_child_process(implementation, mlp, args, env) -> list[dict]:
     ]
     if mlp:
         command.append("--mlp")
+    if args.ms_batch:
+        command.append("--ms-batch")
     for name in args.workloads or ():
         command += ["--workload", name]
     done = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True, check=False)
@@ -187,6 +189,11 @@ def main(argv=None) -> int:
     parser.add_argument("--trials", type=int, default=64, help="MetaSchedule trials per workload")
     parser.add_argument(
         "--ms-max-gflop", type=float, default=5.0, help="no MetaSchedule above this size"
+    )
+    parser.add_argument(
+        "--ms-batch",
+        action="store_true",
+        help="tune the batch forms too (64 trials took 36 min per workload on a 2-vCPU VM)",
     )
     parser.add_argument(
         "--workload",

@@ -222,3 +222,7 @@ def test_skip_reasons_come_before_any_measuring(bench):
     ms, note = prepacked.measure_layer(attention, "fp32", settings(1.0, 64, 5.0))
     assert ms is None and "weight is an activation" in note
     assert prepacked.skip(bench.workloads.select(["Linear 8x128x768->3072"])[0], None) is None
+    metaschedule = table["TVM MetaSchedule"]
+    ms, note = metaschedule.measure_layer(attention, "fp32", settings(1.0, 64, 5.0))
+    assert ms is None and note.endswith("too long to tune (36 min for Q.K^T here); --ms-batch")
+    assert metaschedule.skip(attention, settings(1.0, 64, 5.0, ms_batch=True)) is None
