@@ -44,8 +44,9 @@ def scan(
     registry : Registry, optional
         Where intrinsics are looked up.
     fold_transposes : bool
-        Relax modules: report a matmul whose weight is a ``transpose`` of another tensor as
-        the dense match :func:`offload` makes of it (see :mod:`tir_byoc.relax_transpose`).
+        Relax modules: report a GEMM whose weight is a copy of another tensor (``transpose``,
+        ``broadcast_to``) as the match :func:`offload` makes of it on that tensor (see
+        :mod:`tir_byoc.relax_fold`).
 
     Returns
     -------
@@ -95,9 +96,9 @@ def offload(
     registry : Registry, optional
         Where intrinsics are looked up.
     fold_transposes : bool
-        Relax modules: serve a matmul whose weight is a ``transpose`` of another tensor with
-        the dense intrinsic on that tensor, and drop the transpose when nothing else uses it
-        (see :mod:`tir_byoc.relax_transpose`).
+        Relax modules: serve a GEMM whose weight is a copy of another tensor (``transpose``,
+        ``broadcast_to``) with an intrinsic on that tensor, and drop the copy when nothing
+        else uses it (see :mod:`tir_byoc.relax_fold`).
 
     Returns
     -------

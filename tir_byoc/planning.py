@@ -9,8 +9,8 @@ function twice.
 
 Who calls whom: ``plan`` -> ``match.scan_function`` (the matcher), ``registry.choose`` (the
 choice), ``toolchain.unavailable`` (whether a backend can be built), and for Relax modules
-``relax_transpose.fold_weight_transposes``, whose own planning of each folded callee is kept
-and reused.
+``relax_fold.fold_weight_copies``, which plans each callee it rewrites through this planner,
+so that planning is kept and reused.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax, tirx
 
-from . import relax_transpose, toolchain
+from . import toolchain
 from .match import FunctionScan, Match, Rejection, scan_function
 from .registry import REGISTRY, Choice, Intrinsic, Registry, backend_order, choose
+from .relax_fold import FoldReport, fold_weight_copies
 
 logger = logging.getLogger("tir_byoc")
 
@@ -55,19 +56,22 @@ class Plan:
     Attributes
     ----------
     module : tvm.IRModule
-        The module planned: the input, with weight transposes folded for Relax modules.
+        The module planned: the input, with weight copies folded for Relax modules.
     functions : tuple of FunctionPlan
         One per PrimFunc, in module order.
     registry : Registry
         Where the chosen intrinsics are registered.
     wrapped : bool
         The input was a single PrimFunc (wrapped into ``module``).
+    folds : FoldReport
+        What the fold of weight copies did and refused (Relax modules).
     """
 
     module: tvm.IRModule
     functions: tuple[FunctionPlan, ...]
     registry: Registry
     wrapped: bool = False
+    folds: FoldReport = field(default_factory=FoldReport)
 
     @property
     def choices(self) -> list[Choice]:
@@ -140,19 +144,18 @@ class _Planner:
             if isinstance(func, tirx.PrimFunc)
         )
 
-    def fold_transposes(self, mod: tvm.IRModule) -> tvm.IRModule:
-        """Relax modules: matmuls on a transposed weight become dense on the original weight."""
+    def fold_copies(self, mod: tvm.IRModule) -> tuple[tvm.IRModule, FoldReport]:
+        """Relax modules: GEMMs on a transposed or broadcast weight read the weight itself."""
         if not any(isinstance(f, relax.Function) for f in mod.functions.values()):
-            return mod
+            return mod, FoldReport()
 
-        def served(name, func, weight) -> bool:
-            planned = self.function(tvm.ir.GlobalVar(name), func)
-            return any(c.intrinsic and c.match.w.same_as(weight) for c in planned.choices)
+        def plan_function(name: str, func: tirx.PrimFunc) -> FunctionPlan:
+            return self.function(tvm.ir.GlobalVar(name), func)
 
-        folded, report = relax_transpose.fold_weight_transposes(mod, served)
+        folded, report = fold_weight_copies(mod, plan_function)
         for refusal in report.refusals:
             logger.info("%s", refusal)
-        return folded
+        return folded, report
 
 
 def plan(
@@ -174,9 +177,9 @@ def plan(
     registry : Registry, optional
         Where intrinsics are looked up.
     fold_transposes : bool
-        Relax modules: plan a matmul whose weight is a ``transpose`` of another tensor as
-        dense on that tensor, and drop the transpose when nothing else uses it (see
-        :mod:`tir_byoc.relax_transpose`).
+        Relax modules: plan a GEMM whose weight is a copy of another tensor (a ``transpose``,
+        a ``broadcast_to``, or both) as a GEMM on that tensor, and drop the copy when nothing
+        else uses it (see :mod:`tir_byoc.relax_fold`).
 
     Returns
     -------
@@ -184,9 +187,10 @@ def plan(
     """
     mod, wrapped = as_module(mod_or_func)
     planner = _Planner(backends, registry)
+    folds = FoldReport()
     if fold_transposes and not wrapped:
-        mod = planner.fold_transposes(mod)
-    return Plan(mod, planner.module(mod), registry, wrapped)
+        mod, folds = planner.fold_copies(mod)
+    return Plan(mod, planner.module(mod), registry, wrapped, folds)
 
 
 __all__ = ["Choice", "FunctionPlan", "Plan", "as_module", "plan"]

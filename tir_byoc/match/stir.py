@@ -6,7 +6,7 @@ blocks they denote by :mod:`tir_byoc.plain_loops`); :class:`Extents` proves exte
 the checks a loop nest and its buffers must pass before a kernel may replace it.
 
 Used by the matcher's analyses (:mod:`.reduction`, :mod:`.epilogue`, :mod:`.chain`) and by
-:mod:`tir_byoc.relax_transpose`, which reads the same facts for its fold.
+:mod:`tir_byoc.relax_fold`, which reads the same facts to prove a weight copy.
 """
 
 from __future__ import annotations
