@@ -8,8 +8,9 @@ TVM 0.27's Relax VM has no profiler; it has ``VirtualMachine.set_instrument``, a
 calls before and after each call it makes (PrimFuncs and its own builtins: allocation, shape
 checks, tuples).  The profile times each call between the two callbacks with
 ``time.perf_counter_ns``, on a VM of its own, and runs the model ``repeat`` times on it
-alternating with as many runs on a plain VM, so that the cost of the instrument is measured
-in the same conditions rather than guessed: :attr:`Profile.overhead_us` is the difference of
+alternating with as many runs on a plain VM (Python's garbage collector off during both, as
+``timeit`` does), so that the cost of the instrument is measured in the same conditions rather
+than guessed: :attr:`Profile.overhead_us` is the difference of
 the two medians per instrumented call.
 
 Measured on the 2-vCPU AMD EPYC VM this project runs on (the BERT-like model of the README,
@@ -31,6 +32,7 @@ Every figure is a median over ``repeat`` runs; nothing here asserts or compares 
 
 from __future__ import annotations
 
+import gc
 import os
 import statistics
 import time
@@ -281,16 +283,24 @@ def _relax_profile(model: Model, tensors, repeat: int, warmup: int) -> Profile:
         entry_plain(*tensors)
         entry_instrumented(*tensors)
     recorder.runs.clear()
-    # Step 2. Alternate plain and instrumented runs, so that both see the same machine.
+    # Step 2. Alternate plain and instrumented runs, so that both see the same machine; the
+    # collector off, as timeit does (the callback allocates, and a full collection over the
+    # objects a build leaves behind took milliseconds).
     plain_ns, instrumented_ns = [], []
-    for _ in range(repeat):
-        start = time.perf_counter_ns()
-        entry_plain(*tensors)
-        plain_ns.append(time.perf_counter_ns() - start)
-        recorder.new_run()
-        start = time.perf_counter_ns()
-        entry_instrumented(*tensors)
-        instrumented_ns.append(time.perf_counter_ns() - start)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(repeat):
+            start = time.perf_counter_ns()
+            entry_plain(*tensors)
+            plain_ns.append(time.perf_counter_ns() - start)
+            recorder.new_run()
+            start = time.perf_counter_ns()
+            entry_instrumented(*tensors)
+            instrumented_ns.append(time.perf_counter_ns() - start)
+    finally:
+        if collecting:
+            gc.enable()
     # Step 3. Medians per function; PrimFuncs are records, builtins a total.
     primfuncs = set(model.schedules)
     names = {name for run in recorder.runs for name in run}
