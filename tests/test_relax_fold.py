@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import tvm
@@ -12,6 +14,7 @@ from tvm.script import relax as R
 from tvm.script import tirx as T
 
 import tir_byoc
+from tir_byoc import cli
 from tir_byoc.demo import lowered_mlp, mlp_reference, mlp_weights
 from tir_byoc.registry import Registry
 from tir_byoc.relax_fold import (
@@ -589,6 +592,7 @@ def test_weight_copies_fold_into_the_gemm(producer, pattern, intrinsic):
     assert _calls_of(after, "copy0") == 0
     assert [c.pattern for c in tir_byoc.scan(mod)] == [pattern]
     assert intrinsics_fired(after["gemm"]) == [intrinsic]
+    assert tir_byoc.explain(mod) == []
     # The original module, built by TVM alone, and the folded one agree, and with NumPy.
     arrays = _inputs(mod)
     (expected,) = _run(mod, arrays)
@@ -636,6 +640,8 @@ def test_callee_that_writes_the_copy_is_left_alone():
         "forward",
         "the callee writes W or takes its address, not only reads it",
     )
+    # explain lists it beside the matcher's refusals, read the same way.
+    assert tir_byoc.explain(mod) == [refusal]
     assert not refusal
     assert str(refusal) == (
         "gemm: block matmul reads W, a copy that copy0 makes on every call of forward; not "
@@ -854,3 +860,74 @@ def test_source_out_of_scope_at_the_call_is_refused():
     x, w = _inputs(mod)
     (y,) = _run(tir_byoc.offload(mod), [x, w])
     np.testing.assert_allclose(y, x @ (2 * w).T, rtol=1e-5, atol=1e-5)
+
+
+PERMUTED_INPUT = '''
+from tvm.script import ir as I
+from tvm.script import relax as R
+from tvm.script import tirx as T
+
+
+@I.ir_module
+class PermutedInput:
+    """An activation transposed before a Linear (as nn.TransformerEncoderLayer's input is):
+    the copy is proven, but the GEMM reading the activation directly is not a pattern."""
+
+    @T.prim_func(private=True, s_tir=True)
+    def swap(A: T.Buffer((3, 2, 6), "float32"), B: T.Buffer((2, 3, 6), "float32")):
+        for n, i, k in T.grid(2, 3, 6):
+            with T.sblock("T_transpose"):
+                vn, vi, vk = T.axis.remap("SSS", [n, i, k])
+                B[vn, vi, vk] = A[vi, vn, vk]
+
+    @T.prim_func(private=True, s_tir=True)
+    def linear(
+        X: T.Buffer((2, 3, 6), "float32"),
+        W: T.Buffer((5, 6), "float32"),
+        Y: T.Buffer((2, 3, 5), "float32"),
+    ):
+        for n, i, j, k in T.grid(2, 3, 5, 6):
+            with T.sblock("matmul"):
+                vn, vi, vj, vk = T.axis.remap("SSSR", [n, i, j, k])
+                with T.init():
+                    Y[vn, vi, vj] = T.float32(0)
+                Y[vn, vi, vj] = Y[vn, vi, vj] + X[vn, vi, vk] * W[vj, vk]
+
+    @R.function
+    def forward(x: R.Tensor((3, 2, 6), "float32"), w: R.Tensor((5, 6), "float32")):
+        cls = PermutedInput
+        with R.dataflow():
+            xt = R.call_tir(cls.swap, (x,), out_ty=R.Tensor((2, 3, 6), "float32"))
+            y = R.call_tir(cls.linear, (xt, w), out_ty=R.Tensor((2, 3, 5), "float32"))
+            R.output(y)
+        return y
+'''
+
+
+@pytest.fixture
+def permuted_input(tmp_path):
+    path = tmp_path / "permuted_input.py"
+    path.write_text(PERMUTED_INPUT)
+    return path
+
+
+def test_explain_and_the_command_line_list_a_copy_kept(permuted_input, capsys):
+    (definition,) = tir_byoc.tvmscript.load(permuted_input)
+    mod = definition.module
+    (refusal,) = tir_byoc.explain(mod)
+    assert (refusal.func, refusal.blocks, refusal.producer) == ("linear", ("matmul",), "swap")
+    assert refusal.why.startswith("reading the tensor copied, linear is not matched: operands ")
+    assert intrinsics_fired(tir_byoc.offload(mod)["linear"]) == ["ref.dense"]
+    # The command line shows it as a row of the explain table, and in --json.
+    assert cli.main(["explain", str(permuted_input)]) == 0
+    header, row = capsys.readouterr().out.splitlines()
+    assert header.split() == ["FUNCTION", "BLOCKS", "NEAREST", "WHY", "NOT"]
+    assert row.split()[:2] == ["linear", "matmul"]
+    assert "reads X, a copy that swap makes on every call of forward; not folded" in row
+    assert cli.main(["explain", str(permuted_input), "--json"]) == 0
+    (record,) = json.loads(capsys.readouterr().out)
+    assert (record["function"], record["blocks"], record["reason"]) == (
+        "linear",
+        ["matmul"],
+        refusal.reason,
+    )

@@ -191,7 +191,7 @@ def cmd_explain(args, out: Output) -> int:
     rows = [
         (definition, rejection)
         for definition in definitions
-        for rejection in plan(definition.module, fold_transposes=False).rejections
+        for rejection in plan(definition.module).rejections
         if args.func is None or rejection.func == args.func
     ]
     if args.json:

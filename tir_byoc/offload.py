@@ -1,8 +1,9 @@
 """The driver: views of a :class:`~tir_byoc.planning.Plan`, and the rewrite it plans.
 
 Entry points: :func:`scan` (what would be offloaded, with the intrinsic chosen or the reason
-none was), :func:`explain` (blocks that looked like candidates and why they were refused),
-:func:`offload` and its module-pass form :class:`Offload`.  Each computes one plan
+none was), :func:`explain` (blocks that looked like candidates and why they were refused, and
+weight copies that still feed a GEMM and why they were not folded), :func:`offload` and its
+module-pass form :class:`Offload`.  Each computes one plan
 (:func:`tir_byoc.planning.plan`) and reads it; :func:`offload` then hands the planned matches to
 :func:`tir_byoc.rewrite.rewrite_function`.
 
@@ -20,6 +21,7 @@ from . import toolchain
 from .match import Rejection
 from .planning import Choice, plan
 from .registry import REGISTRY, Registry
+from .relax_fold import Refusal
 from .rewrite import rewrite_function
 
 logger = logging.getLogger("tir_byoc")
@@ -59,16 +61,21 @@ def scan(
     ).choices
 
 
-def explain(mod_or_func) -> list[Rejection]:
+def explain(mod_or_func) -> list[Rejection | Refusal]:
     """Blocks that looked like part of a chain but were not matched, with the reason.
+
+    For a Relax module, the blocks are those of the module :func:`offload` rewrites (weight
+    copies folded), followed by the copies of weights that still feed a GEMM, each with the
+    reason the fold kept it.  Deciding a fold asks which intrinsics would serve the result,
+    so for a Relax module ``explain`` resolves the backends as :func:`scan` does.
 
     Returns
     -------
-    list of Rejection
-        Each names the function, the block, the nearest pattern and the first failed
+    list of Rejection or Refusal
+        Each names the function, the blocks, the nearest pattern and the first failed
         condition.
     """
-    return plan(mod_or_func, fold_transposes=False).rejections
+    return plan(mod_or_func).rejections
 
 
 def offload(

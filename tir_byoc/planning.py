@@ -26,7 +26,7 @@ from tvm import relax, tirx
 from . import toolchain
 from .match import FunctionScan, Match, Rejection, scan_function
 from .registry import REGISTRY, Choice, Intrinsic, Registry, backend_order, choose
-from .relax_fold import FoldReport, fold_weight_copies
+from .relax_fold import FoldReport, Refusal, fold_weight_copies
 
 logger = logging.getLogger("tir_byoc")
 
@@ -78,8 +78,10 @@ class Plan:
         return [c for f in self.functions for c in f.choices]
 
     @property
-    def rejections(self) -> list[Rejection]:
-        return [r for f in self.functions for r in f.scan.rejections]
+    def rejections(self) -> list[Rejection | Refusal]:
+        """The matcher's refusals, then the copies the fold kept, each with its reason."""
+        refused = [r for f in self.functions for r in f.scan.rejections]
+        return refused + list(self.folds.refusals)
 
     def offloaded(self, function: FunctionPlan) -> Iterator[tuple[Match, Intrinsic]]:
         """The matches of ``function`` that have an intrinsic, with that intrinsic."""

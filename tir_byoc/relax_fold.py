@@ -48,7 +48,8 @@ copy's shape and dtype.  Then each read ``T[e]`` of an index within T is ``W[f(e
 other chain of the callee can match differently.
 
 Every refusal is kept as a :class:`Refusal` (:attr:`FoldReport.refusals`), which reads like a
-:class:`~tir_byoc.match.Rejection` (``func``, ``blocks``, ``nearest``, ``reason``).  A producer
+:class:`~tir_byoc.match.Rejection` (``func``, ``blocks``, ``nearest``, ``reason``) so that
+:func:`tir_byoc.explain` and ``tir-byoc explain`` list it next to the matcher's.  A producer
 that is not a proven copy is not a candidate at all (most are reshapes or arithmetic on
 activations); :func:`copy_map` says why.
 """
@@ -144,8 +145,8 @@ class NotACopy:
 class Refusal:
     """A copy that still feeds a GEMM, and why it was not folded.
 
-    It reads like a :class:`~tir_byoc.match.Rejection`: ``func``, ``blocks``, ``nearest`` and
-    ``reason``.
+    It reads like a :class:`~tir_byoc.match.Rejection`, so :func:`tir_byoc.explain` and the
+    command line list it with the matcher's refusals.
 
     Attributes
     ----------
