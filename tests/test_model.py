@@ -181,6 +181,10 @@ def test_bad_models_and_options_are_one_line_value_errors():
         lambda: tir_byoc.build_model(two_layers, target="c"), "expected an llvm (CPU) target"
     )
     _one_line_value_error(
+        lambda: tir_byoc.build_model(two_layers, target="no-such-target"),
+        "expected an llvm (CPU) target, got 'no-such-target'",
+    )
+    _one_line_value_error(
         lambda: tir_byoc.build_model(demo.lowered_mlp(), entry="backward"),
         "expected entry= naming one of ['forward']",
     )

@@ -88,8 +88,18 @@ def default_schedule(mod: tvm.IRModule, target: tvm.target.Target):
     return result, scheduled, failures
 
 
+def _is_relax(func) -> bool:
+    return isinstance(func, relax.Function)
+
+
 def _target(target) -> tvm.target.Target:
-    resolved = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+    try:
+        resolved = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+    except Exception as error:
+        raise ValueError(
+            f"tir_byoc.build_model: expected an llvm (CPU) target, got {target!r} "
+            f"({frontend.first_line(error)})"
+        ) from error
     if resolved.kind.name != "llvm":
         raise ValueError(
             f"tir_byoc.build_model: expected an llvm (CPU) target, got {resolved.kind.name}"
@@ -197,7 +207,8 @@ def build_model(
         mod = offload_module(mod, backends=backends)
     if is_relax:
         # The weight copies the offload folded away are no longer called: not built at all.
-        mod = relax.transform.DeadCodeElimination()(mod)
+        relax_functions = [g.name_hint for g, f in mod.functions_items() if _is_relax(f)]
+        mod = relax.transform.DeadCodeElimination(relax_functions)(mod)
     # Step 3. dlight for the rest, function by function.
     mod, scheduled, failures = default_schedule(mod, resolved)
     # Step 4. The Relax build pipeline (as tvm.compile would run it), then the build.
@@ -488,25 +499,3 @@ __all__ = [
     "build_model",
     "default_schedule",
 ]
-
-
-def called_functions(mod: tvm.IRModule, entry: str) -> dict[str, int]:
-    """How often one run of ``entry`` calls each PrimFunc, by name, counting call sites.
-
-    ``entry`` is a Relax function of a module after TVM's Relax build pipeline (PrimFuncs are
-    called directly); a call of another Relax function counts its call sites once per call.
-    """
-    counts: dict[str, int] = {}
-
-    def on_call(call):
-        if not isinstance(call.op, tvm.ir.GlobalVar):
-            return
-        callee = mod[call.op]
-        if isinstance(callee, tirx.PrimFunc):
-            counts[call.op.name_hint] = counts.get(call.op.name_hint, 0) + 1
-        elif isinstance(callee, relax.Function):
-            for name, n in called_functions(mod, call.op.name_hint).items():
-                counts[name] = counts.get(name, 0) + n
-
-    tvm_ffi.structural_walk(mod[entry].body, (relax.Call, on_call))
-    return counts

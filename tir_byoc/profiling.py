@@ -42,10 +42,10 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
-from .model import DLIGHT, OFFLOADED, Model, called_functions
+from .model import DLIGHT, OFFLOADED, UNSCHEDULED, Model
 
 #: How the table names each way a PrimFunc runs.
-CODE_LABELS = {OFFLOADED: "tir_byoc", DLIGHT: "TVM, dlight", "unscheduled": "TVM, unscheduled"}
+CODE_LABELS = {OFFLOADED: "tir_byoc", DLIGHT: "TVM, dlight", UNSCHEDULED: "TVM, unscheduled"}
 
 
 @dataclass(frozen=True)
@@ -218,7 +218,7 @@ class Profile:
                 "tir_byoc.Profile.chart: expected matplotlib to be installed (pip install "
                 "matplotlib, or the project's bench extra), got none"
             ) from error
-        colours = {OFFLOADED: "#2a9d8f", DLIGHT: "#e9c46a", "unscheduled": "#e76f51"}
+        colours = {OFFLOADED: "#2a9d8f", DLIGHT: "#e9c46a", UNSCHEDULED: "#e76f51"}
         shown = list(self.functions[:top])
         names = [f.name for f in shown]
         times = [f.time_ms for f in shown]
@@ -384,4 +384,4 @@ def profile(model: Model, *inputs, repeat: int = 20, warmup: int = 10) -> Profil
     return _tir_profile(model, tensors, repeat, warmup)
 
 
-__all__ = ["FunctionTime", "Profile", "called_functions", "profile"]
+__all__ = ["FunctionTime", "Profile", "profile"]
