@@ -14,7 +14,14 @@ from tir_byoc.testing.equivalence import (
     run,
     tolerance,
 )
-from tir_byoc.testing.programs import ChainSpec, ProgramSpec, build_program
+from tir_byoc.testing.programs import (
+    ChainSpec,
+    DistractorSpec,
+    Knobs,
+    ProgramSpec,
+    build_program,
+    mutate,
+)
 
 pytestmark = pytest.mark.usefixtures("reference_backend")
 
@@ -83,6 +90,32 @@ def test_a_parameter_with_an_offset_is_run_as_a_view(monkeypatch):
     monkeypatch.setattr(rewrite, "_pointer", tirx.buffer_data)
     problems = differences(program.func, tir_byoc.offload(program.func), seed=1)
     assert len(problems) == 1 and problems[0].startswith("Z0 (float32")
+
+
+@pytest.mark.parametrize("symbolic", [False, True])
+def test_a_parameter_with_explicit_strides_is_run_with_them_and_read_back(symbolic):
+    # X's rows are K + 1 elements apart, and a block overwrites X with tanh(X) after the product.
+    chain = ChainSpec(n=3, k=4, batch=(2,), x_batch=("carry",), w_batch=("lack",))
+    spec = ProgramSpec(
+        chains=(chain,),
+        distractors=(DistractorSpec("overwrite_x", 0),),
+        m=5,
+        symbolic_m=symbolic,
+        symbolic_batch=symbolic,
+    )
+    program = build_program(mutate(spec, 0, "x_non_compact"))
+    arrays = random_arguments(program.func, program.bindings, seed=4)
+    x, w, z = run(program.func, arrays, bindings=program.bindings)
+    np.testing.assert_allclose(z, arrays[0] @ w.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(x, np.tanh(arrays[0]), rtol=1e-5, atol=1e-6)
+
+
+def test_explicit_strides_on_a_bfloat16_parameter_are_refused_by_name():
+    dtypes = ("bfloat16", "bfloat16", "float32")
+    chain = ChainSpec(dtypes=dtypes, knobs=Knobs(x_row_padding=1), mutation="x_non_compact")
+    program = build_program(ProgramSpec(chains=(chain,)))
+    with pytest.raises(ValueError, match="parameter X0: explicit strides on a bfloat16 buffer"):
+        run(program.func, random_arguments(program.func, seed=0))
 
 
 def test_run_returns_every_buffer_and_leaves_its_arguments_alone():

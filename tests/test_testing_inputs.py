@@ -3,9 +3,11 @@
 import ml_dtypes
 import numpy as np
 import pytest
+from tvm import tirx
 
 from tir_byoc.testing.inputs import (
     WIDE_INTEGER_BOUND,
+    concrete_extent,
     parameter_shapes,
     random_arguments,
     random_array,
@@ -60,3 +62,12 @@ def test_symbolic_extents_come_from_sizes_by_var_or_name_or_a_default():
     assert resolved_sizes(program.func, default_extent=5) == {"m": 5}
     with pytest.raises(ValueError, match="neither a constant nor a variable given in sizes"):
         random_arguments(program.func)
+
+
+def test_an_extent_may_be_an_expression_of_the_given_variables():
+    m = tirx.Var("m", "int64")
+    stride = m * tirx.IntImm("int64", 4) + tirx.IntImm("int64", 1)
+    assert concrete_extent(stride, {"m": 5}) == 21
+    assert concrete_extent(stride, {m: 2}) == 9
+    with pytest.raises(ValueError, match="neither a constant nor a variable given in sizes"):
+        concrete_extent(stride, {})

@@ -66,12 +66,16 @@ def test_mutate_refuses_a_mutation_that_does_not_apply():
         mutate(spec, 0, "typo")
 
 
+#: A batched matmul whose X carries both batch dims and whose weight carries the inner one.
+BATCHED = ChainSpec(n=3, k=3, batch=(2, 3), x_batch=("carry", "carry"), w_batch=("lack", "carry"))
+
+
 def test_every_mutation_applies_somewhere():
     separate = ChainSpec(bias="vector", relu="max(z, 0)", n=3, k=3)
     folded = ChainSpec(bias="vector", relu="max(z, 0)", folded=True, n=3, k=3)
     in_place = ChainSpec(bias="vector", relu="max(z, 0)", n=3, k=3, init="block", in_place=True)
     found = set()
-    for chain in (separate, folded, in_place, ChainSpec()):
+    for chain in (separate, folded, in_place, ChainSpec(), BATCHED):
         found.update(applicable_mutations(ProgramSpec(chains=(chain,), m=3), 0))
     assert found == set(MUTATIONS)
 
@@ -81,8 +85,9 @@ def _takers():
     separate = ChainSpec(bias="vector", relu="max(z, 0)", n=3, k=3)
     folded = replace(separate, folded=True)
     in_place = replace(separate, init="block", in_place=True)
+    chains = (separate, folded, in_place, ChainSpec(), ChainSpec(init="block"), BATCHED)
     for name in MUTATIONS:
-        for chain in (separate, folded, in_place, ChainSpec(), ChainSpec(init="block")):
+        for chain in chains:
             spec = ProgramSpec(chains=(chain,), m=3)
             if name in applicable_mutations(spec, 0):
                 yield name, spec
@@ -173,3 +178,58 @@ def test_scheduling_never_inlines_a_consumer_whose_producer_has_another_reader()
     schedule = s_tir.Schedule(lone.func)
     _apply_step(schedule, "reverse_compute_inline", "relu0", 2)
     assert "relu0" not in {block.name_hint for block in _leaf_blocks(schedule.mod["main"])}
+
+
+def test_batch_specs_that_cannot_be_built_name_the_problem():
+    with pytest.raises(ValueError, match="expected at most 2 batch dims"):
+        ProgramSpec(chains=(ChainSpec(batch=(2, 2, 2), x_batch=("carry",) * 3, w_batch=()),))
+    with pytest.raises(ValueError, match="expected w_batch to give one of"):
+        ProgramSpec(chains=(ChainSpec(batch=(2,), x_batch=("carry",)),))
+    with pytest.raises(ValueError, match="only leading batch dims can be lacking"):
+        ProgramSpec(chains=(replace(BATCHED, x_batch=("carry", "lack")),))
+    with pytest.raises(ValueError, match="expected loop_order a permutation of 'ijk' and any"):
+        ProgramSpec(chains=(ChainSpec(loop_order="aijk"),))
+    with pytest.raises(ValueError, match="feeds chain 1: expected batch"):
+        ProgramSpec(chains=(replace(BATCHED, feeds_next=True), ChainSpec(k=3)))
+
+
+def test_a_batch_chain_with_every_distractor_is_well_formed_and_scans_as_built():
+    chain = replace(BATCHED, bias="vector", relu="max(z, 0)", loop_order="kbija", iter_order="jik")
+    for symbolic in (False, True):
+        kinds = ("exp_x", "transpose_w_in", "row_sum_out", "transpose_out", "inplace_out")
+        spec = ProgramSpec(
+            chains=(chain, ChainSpec(batch=(2,), x_batch=("lack",), w_batch=("carry",))),
+            distractors=tuple(DistractorSpec(kind, 0) for kind in kinds),
+            symbolic_m=symbolic,
+            symbolic_batch=symbolic,
+        )
+        program = build_program(spec)
+        assert tvm.s_tir.analysis.verify_well_formed(program.func)
+        matches = tir_byoc.scan(program.func)
+        assert [(m.pattern, m.blocks) for m in matches] == [
+            (c.pattern, c.blocks) for c in program.chains
+        ]
+        assert [c.pattern for c in program.chains] == ["bmm_dense_bias_relu", "bmm_dense"]
+        names = {v.name for v in program.bindings}
+        assert names == ({"m", "B0_0", "B0_1", "B1_0"} if symbolic else set())
+
+
+def test_a_fed_chain_shares_the_batch_of_the_chain_feeding_it():
+    feeding = replace(BATCHED, feeds_next=True)
+    fed = ChainSpec(k=3, batch=(2, 3), x_batch=("carry", "carry"), w_batch=("lack", "lack"))
+    program = build_program(ProgramSpec(chains=(feeding, fed), symbolic_batch=True))
+    assert [c.pattern for c in program.chains] == ["bmm_dense", "batch_dense"]
+    assert {v.name: value for v, value in program.bindings.items()} == {"B0_0": 2, "B0_1": 3}
+
+
+@pytest.mark.parametrize(
+    ("name", "spec"),
+    [(n, s) for n, s in _takers() if MUTATIONS[n].refusal is not None],
+    ids=lambda v: str(v)[:24],
+)
+def test_a_mutation_that_names_its_refusal_is_refused_in_those_words(name, spec):
+    program = build_program(mutate(spec, 0, name))
+    assert tir_byoc.scan(program.func) == []
+    reduction = f"{spec.chains[0].layout}0"  # the builder's name for chain 0's reduction
+    (reason,) = [r.reason for r in tir_byoc.explain(program.func) if r.blocks == (reduction,)]
+    assert MUTATIONS[name].refusal in reason

@@ -10,7 +10,7 @@ from __future__ import annotations
 from tvm import ir, s_tir, tirx
 from tvm.s_tir import analysis
 
-from .specs import DistractorSpec, ProgramSpec
+from .specs import BATCH_AXES, DistractorSpec, ProgramSpec
 
 
 def is_float(dtype: str) -> bool:
@@ -38,14 +38,23 @@ class FunctionBuilder:
     def const(self, value: int):
         return tirx.IntImm(self.index_dtype, value)
 
+    def batch_extents(self, c: int, values) -> tuple:
+        """Chain ``c``'s batch extents: constants, or variables bound to ``values``."""
+        if not self.spec.symbolic_batch:
+            return tuple(self.const(v) for v in values)
+        extents = tuple(tirx.Var(f"B{c}_{d}", self.index_dtype) for d in range(len(values)))
+        self.bindings.update(zip(extents, values))
+        return extents
+
     # Step 1. Buffers.
-    def buffer(self, name, shape, dtype, *, param=True, alloc="sblock", offset=False):
+    def buffer(self, name, shape, dtype, *, param=True, alloc="sblock", offset=False, strides=None):
         shape = [self.const(s) if isinstance(s, int) else s for s in shape]
         elem_offset = tirx.Var(f"{name}_offset", self.index_dtype) if offset else None
         var = tirx.decl_buffer(
             shape,
             dtype,
             name=name,
+            strides=strides,
             layout=None,
             elem_offset=elem_offset,
             offset_factor=1 if offset else 0,
@@ -130,8 +139,8 @@ def _exp_x(b, chain, tag):
 
 
 def _transpose_w_in(b, chain, tag):
-    rows, cols = chain.w.shape
-    source = b.buffer(f"Wt{chain.c}", (cols, rows), chain.w.dtype)
+    *lead, rows, cols = chain.w.shape
+    source = b.buffer(f"Wt{chain.c}", (*lead, cols, rows), chain.w.dtype)
     _transpose(b, f"transpose_w{tag}", source, chain.w)
 
 
@@ -141,12 +150,13 @@ def _bias_in(b, chain, tag):
 
 
 def _row_sum_out(b, chain, tag):
-    _row_sum(b, f"row_sum{tag}", chain.out, b.buffer(f"R{tag}", (b.m,), chain.out.dtype))
+    sums = b.buffer(f"R{tag}", chain.out.shape[:-1], chain.out.dtype)
+    _row_sum(b, f"row_sum{tag}", chain.out, sums)
 
 
 def _transpose_out(b, chain, tag):
-    rows, cols = chain.out.shape
-    target = b.buffer(f"Zt{tag}", (cols, rows), chain.out.dtype)
+    *lead, rows, cols = chain.out.shape
+    target = b.buffer(f"Zt{tag}", (*lead, cols, rows), chain.out.dtype)
     _transpose(b, f"transpose_out{tag}", chain.out, target)
 
 
@@ -177,13 +187,21 @@ def distractor(b: FunctionBuilder, d: DistractorSpec, chain, tag: str):
     _DISTRACTOR_BLOCKS[d.kind](b, chain, tag)
 
 
+def axis_names(rank: int) -> str:
+    """The axes of a rank-``rank`` buffer: batch axes (:data:`~.specs.BATCH_AXES`), then i, j."""
+    lead = max(rank - 2, 0)
+    if lead > len(BATCH_AXES):
+        raise ValueError(f"expected at most {len(BATCH_AXES) + 2} dimensions, got {rank}")
+    return BATCH_AXES[:lead] + "ij"[: rank - lead]
+
+
 def _axes(shape):
-    return [(a, e, False) for a, e in zip("ij", shape)]
+    return [(a, e, False) for a, e in zip(axis_names(len(shape)), shape)]
 
 
 def elementwise(b: FunctionBuilder, name, source, target, bounded=False):
     def store(v):
-        idx = [v[a] for a in "ij"[: len(target.shape)]]
+        idx = [v[a] for a in axis_names(len(target.shape))]
         value = _elementwise_op(tirx.BufferLoad(source, idx), target.dtype, bounded)
         return tirx.BufferStore(target, value, idx)
 
@@ -191,22 +209,30 @@ def elementwise(b: FunctionBuilder, name, source, target, bounded=False):
 
 
 def _transpose(b: FunctionBuilder, name, source, target):
+    """``target[..., i, j] = source[..., j, i]``."""
+
     def store(v):
-        return tirx.BufferStore(target, tirx.BufferLoad(source, [v["j"], v["i"]]), [v["i"], v["j"]])
+        lead = [v[a] for a in axis_names(len(target.shape))[:-2]]
+        load = tirx.BufferLoad(source, [*lead, v["j"], v["i"]])
+        return tirx.BufferStore(target, load, [*lead, v["i"], v["j"]])
 
     b.nest(name, _axes(target.shape), store)
 
 
 def _row_sum(b: FunctionBuilder, name, source, target):
+    """``target[..., i] = sum_j source[..., i, j]``."""
+    names = axis_names(len(source.shape))
+
     def store(v):
-        acc = tirx.BufferLoad(target, [v["i"]])
-        return tirx.BufferStore(target, acc + tirx.BufferLoad(source, [v["i"], v["j"]]), [v["i"]])
+        row = [v[a] for a in names[:-1]]
+        acc = tirx.BufferLoad(target, row)
+        return tirx.BufferStore(target, acc + tirx.BufferLoad(source, [*row, v["j"]]), row)
 
     def init(v):
-        return tirx.BufferStore(target, zero(target.dtype), [v["i"]])
+        return tirx.BufferStore(target, zero(target.dtype), [v[a] for a in names[:-1]])
 
-    axes = [("i", source.shape[0], False), ("j", source.shape[1], True)]
+    axes = [(a, e, a == "j") for a, e in zip(names, source.shape)]
     b.nest(name, axes, store, init=init)
 
 
-__all__ = ["FunctionBuilder", "distractor", "elementwise", "is_float", "zero"]
+__all__ = ["FunctionBuilder", "axis_names", "distractor", "elementwise", "is_float", "zero"]

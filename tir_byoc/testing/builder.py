@@ -4,8 +4,8 @@ Entry point: :func:`build_program`, which gives a :class:`Program`: the function
 the matcher should report for each chain (:class:`ExpectedChain`).  Functions are built with
 the IR constructors (``s_tir.SBlock``, ``tirx.For``, ``tirx.BufferStore``...), not parsed
 from TVMScript, so every spelling can be reached: loop orders, commuted operands, each relu
-spelling, int32 or int64 indices, a symbolic batch, intermediates as root-block allocations or
-``AllocBuffer`` statements.
+spelling, int32 or int64 indices, symbolic extents, batch dims each operand carries,
+broadcasts or lacks, intermediates as root-block allocations or ``AllocBuffer`` statements.
 
 The builder reads spec fields only.  A near miss is a chain whose :class:`~.specs.Knobs` are
 turned; each knob is looked up in the tables of :mod:`.spellings` or sets an extent, and no
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 from tvm import tirx
 
-from ..patterns import pattern_for
 from ..signature import DtypeSignature
 from .blocks import FunctionBuilder, distractor, elementwise, zero
-from .specs import CUTTING_KINDS, ChainSpec, ProgramSpec
+from .labels import batch_label, expected_pattern
+from .specs import CUTTING_KINDS, ChainSpec, ProgramSpec, full_order
 from .spellings import BIAS_COMBINERS, BIAS_FORMS, COMBINERS, PRODUCTS, RELU_FORMS, Relu
 
 
@@ -29,8 +29,10 @@ from .spellings import BIAS_COMBINERS, BIAS_FORMS, COMBINERS, PRODUCTS, RELU_FOR
 class ExpectedChain:
     """What the generator built for one chain, for checking the matcher's report.
 
-    ``pattern`` is the pattern the chain was built as; when ``mutation`` is set the chain is a
-    near miss of that pattern and must not be reported as it.
+    ``pattern`` is the pattern the chain was built as (:func:`~.labels.expected_pattern`);
+    when ``mutation`` is set the chain is a near miss of that pattern and must not be
+    reported as it.  ``batch_dims`` is how many merged batch dims its match reports (0
+    without batch dims).
     """
 
     index: int
@@ -42,6 +44,7 @@ class ExpectedChain:
     out: str
     dtype: DtypeSignature
     mutation: str | None = None
+    batch_dims: int = 0
 
 
 @dataclass(frozen=True)
@@ -65,17 +68,27 @@ class Program:
 
 
 class ChainBuilder:
-    """Builds the blocks of one chain into a :class:`~.blocks.FunctionBuilder`."""
+    """Builds the blocks of one chain into a :class:`~.blocks.FunctionBuilder`.
 
-    def __init__(self, b: FunctionBuilder, c: int, chain: ChainSpec, x=None):
+    ``x`` and ``batch`` are the previous chain's output and batch extents when it feeds this
+    one.
+    """
+
+    def __init__(self, b: FunctionBuilder, c: int, chain: ChainSpec, x=None, batch=None):
         self.b, self.c, self.chain, self.knobs = b, c, chain, chain.knobs
         x_dtype, w_dtype, self.acc = chain.dtypes
         n, k = b.const(chain.n), b.const(chain.k)
         self.n, self.k = n, k
+        self.batch = batch if batch is not None else b.batch_extents(c, chain.batch)
         alloc = chain.alloc
         # Step 1. Inputs (X may come from the previous chain; W and b may be made locally).
-        self.x = x if x is not None else b.buffer(f"X{c}", (b.m, k), x_dtype, offset=chain.x_view)
-        w_shape = (n, k) if chain.layout == "dense" else (k, n)
+        if x is None:
+            shape = self._operand_shape("x", (b.m, k))
+            strides = self._padded_strides(shape) if self.knobs.x_row_padding else None
+            view = chain.x_view and strides is None
+            x = b.buffer(f"X{c}", shape, x_dtype, offset=view, strides=strides)
+        self.x = x
+        w_shape = self._operand_shape("w", (n, k) if chain.layout == "dense" else (k, n))
         produced = {d.kind for d in b.spec.distractors if d.chain == c}
         local_w = "transpose_w_in" in produced
         self.w = b.buffer(f"W{c}", w_shape, w_dtype, param=not local_w, alloc=alloc)
@@ -97,9 +110,84 @@ class ChainBuilder:
                 self.stages.append(self.x)
                 continue
             param = last and not chain.feeds_next
-            self.stages.append(b.buffer(f"{stem}{c}", (b.m, n), self.acc, param=param, alloc=alloc))
+            shape = (*self.batch, b.m, n)
+            self.stages.append(b.buffer(f"{stem}{c}", shape, self.acc, param=param, alloc=alloc))
         if chain.in_place:
             self.stages *= steps + 1
+
+    # Step 0. Batch dims: which axis of each operand each batch dim of the output reads.
+    def _varying(self) -> tuple[int, ...]:
+        return self.chain.varying_dims(self.b.spec.symbolic_batch)
+
+    def _modes(self, operand: str) -> list[str]:
+        """How ``operand`` ("x" or "w") treats each batch dim, after ``batch_unread``."""
+        modes = list(self.chain.x_batch if operand == "x" else self.chain.w_batch)
+        if self.knobs.batch_unread:
+            unread = self._varying()[0]
+            modes[unread] = "broadcast" if modes[unread] == "carry" else modes[unread]
+        return modes
+
+    def _first_carried(self, operand: str, varying: bool) -> int | None:
+        """The first batch dim ``operand`` carries (whose extent is not a static 1)."""
+        allowed = self._varying() if varying else range(len(self.batch))
+        modes = self._modes(operand)
+        return next((d for d in allowed if modes[d] == "carry"), None)
+
+    def _batch_axes(self, operand: str) -> list[tuple[object, int | None]]:
+        """(extent, dim it reads or None for index 0) of each batch axis of ``operand``."""
+        knobs, b = self.knobs, self.b
+        longer = self._first_carried(operand, False) if knobs.batch_operand_longer else None
+        at_zero = self._first_carried(operand, True) if knobs.batch_read_at_zero else None
+        axes = []
+        for d, mode in enumerate(self._modes(operand)):
+            if mode == "lack":
+                continue
+            if mode == "broadcast":
+                axes.append((b.const(1), None))
+                continue
+            extent = self.batch[d]
+            if knobs.batch_operand_longer == operand and d == longer:
+                extent = b.const(self.chain.batch[d] + 1)
+            read_at_zero = knobs.batch_read_at_zero == operand and d == at_zero
+            axes.append((extent, None if read_at_zero else d))
+        return axes
+
+    def _swapped(self, operand: str) -> bool:
+        return operand == "x" and self.knobs.x_batch_swapped
+
+    def _operand_shape(self, operand: str, matrix) -> tuple:
+        shape = [extent for extent, _ in self._batch_axes(operand)] + list(matrix)
+        if self._swapped(operand):
+            shape[-3], shape[-2] = shape[-2], shape[-3]
+        return tuple(shape)
+
+    def _operand_indices(self, operand: str, v, matrix) -> list:
+        batch_iters = self._batch_iters(v)
+        indices = [
+            zero(self.b.index_dtype) if d is None else batch_iters[d]
+            for _, d in self._batch_axes(operand)
+        ] + list(matrix)
+        if self._swapped(operand):
+            indices[-3], indices[-2] = indices[-2], indices[-3]
+        return indices
+
+    def _padded_strides(self, shape) -> tuple:
+        """Row-major strides of ``shape`` with rows ``x_row_padding`` elements longer."""
+        b = self.b
+        strides = [b.const(1), shape[-1] + b.const(self.knobs.x_row_padding)]
+        for extent in reversed(shape[1:-1]):
+            strides.append(strides[-1] * extent)
+        return tuple(reversed(strides))
+
+    def _batch_iters(self, v) -> list:
+        return [v[a] for a in self.chain.batch_axes]
+
+    def _batch_loops(self, short_dim=None, short=0) -> list:
+        """The (axis, extent, reduce) of the batch axes, dim ``short_dim`` ``short`` short."""
+        return [
+            (a, extent - self.b.const(short) if d == short_dim and short else extent, False)
+            for d, (a, extent) in enumerate(zip(self.chain.batch_axes, self.batch))
+        ]
 
     @property
     def out(self):
@@ -123,13 +211,17 @@ class ChainBuilder:
             load = tirx.BufferLoad(buffer, indices)
             return load if buffer.dtype == self.acc else tirx.Cast(self.acc, load)
 
+        def out_indices(v):
+            return [*self._batch_iters(v), v["i"], v["j"]]
+
         def store(v):
-            x = operand(self.x, [v[a] for a in knobs.x_index])
-            w = operand(self.w, [v[a] for a in ("jk" if dense else "kj")])
-            acc = tirx.BufferLoad(out, [v["i"], v["j"]])
+            x = operand(self.x, self._operand_indices("x", v, [v[a] for a in knobs.x_index]))
+            w_matrix = [v[a] for a in ("jk" if dense else "kj")]
+            w = operand(self.w, self._operand_indices("w", v, w_matrix))
+            acc = tirx.BufferLoad(out, out_indices(v))
             update = product(x, w, chain.commuted)
             return tirx.BufferStore(
-                out, combiner(acc, update, chain.accumulate_last), [v["i"], v["j"]]
+                out, combiner(acc, update, chain.accumulate_last), out_indices(v)
             )
 
         def init(v):
@@ -139,23 +231,29 @@ class ChainBuilder:
                 start = self._bias_load(v["i"], v["j"])
             else:
                 start = zero(self.acc)
-            return tirx.BufferStore(out, start, [v["i"], v["j"]])
+            return tirx.BufferStore(out, start, out_indices(v))
 
         names = []
         if chain.init == "block":
             names.append(f"{chain.layout}{self.c}_init")
             rows = self._rows(knobs.init_rows_short)
-            b.nest(names[-1], [("i", rows, False), ("j", self.n, False)], init)
+            axes = [*self._batch_loops(), ("i", rows, False), ("j", self.n, False)]
+            b.nest(names[-1], axes, init)
         k_extent = b.const(chain.k - knobs.k_short)
-        axes = [("i", self._rows(knobs.reduction_rows_short), False), ("j", self.n, False)]
+        short_dim = self._varying()[0] if knobs.batch_loop_short else None
+        axes = [
+            *self._batch_loops(short_dim, knobs.batch_loop_short),
+            ("i", self._rows(knobs.reduction_rows_short), False),
+            ("j", self.n, False),
+        ]
         names.append(f"{chain.layout}{self.c}")
         b.nest(
             names[-1],
             [*axes, ("k", k_extent, True)],
             store,
             init=init if chain.init != "block" else None,
-            loop_order=chain.loop_order,
-            iter_order=chain.iter_order,
+            loop_order=full_order(chain.loop_order, chain.batch_axes),
+            iter_order=full_order(chain.iter_order, chain.batch_axes),
         )
         return tuple(names)
 
@@ -176,16 +274,22 @@ class ChainBuilder:
 
         def store(v):
             vi, vj = v["i"], v["j"]
-            value = tirx.BufferLoad(source, [v[a] for a in index])
+            batch_iters = self._batch_iters(v)
+            value = tirx.BufferLoad(source, [*batch_iters, *(v[a] for a in index)])
             loaded = value
             for op in group:
                 value = self._bias(value, vi, vj) if op == "bias" else self._relu(value, loaded)
-            return tirx.BufferStore(target, value, [vi, vj])
+            return tirx.BufferStore(target, value, [*batch_iters, vi, vj])
 
         short = self.knobs.last_epilogue_columns_short if last else 0
-        axes = [("i", self.b.m, False), ("j", self.b.const(self.chain.n - short), False)]
+        axes = [
+            *self._batch_loops(),
+            ("i", self.b.m, False),
+            ("j", self.b.const(self.chain.n - short), False),
+        ]
         name = f"{'_'.join(group)}{self.c}"
-        self.b.nest(name, axes, store, loop_order=self.chain.epilogue_order)
+        order = full_order(self.chain.epilogue_order, self.chain.batch_axes)
+        self.b.nest(name, axes, store, loop_order=order)
         return name
 
     def _bias(self, value, vi, vj):
@@ -199,14 +303,15 @@ class ChainBuilder:
 
     def read_reduction(self):
         """A block copying the reduction's output elsewhere (``Knobs.reduction_read``)."""
-        peek = self.b.buffer(f"P{self.c}", (self.b.m, self.n), self.acc)
+        peek = self.b.buffer(f"P{self.c}", self.stages[0].shape, self.acc)
         elementwise(self.b, f"peek{self.c}", self.stages[0], peek)
 
 
-def _expected(c, chain: ChainSpec, built: ChainBuilder, blocks) -> ExpectedChain:
+def _expected(spec: ProgramSpec, c, built: ChainBuilder, blocks) -> ExpectedChain:
+    chain = spec.chains[c]
     return ExpectedChain(
         index=c,
-        pattern=chain.pattern,
+        pattern=expected_pattern(spec, c),
         blocks=blocks,
         x=built.x.name,
         w=built.w.name,
@@ -214,21 +319,24 @@ def _expected(c, chain: ChainSpec, built: ChainBuilder, blocks) -> ExpectedChain
         out=built.out.name,
         dtype=DtypeSignature(*chain.dtypes),
         mutation=chain.mutation,
+        batch_dims=batch_label(spec, chain).dims,
     )
 
 
-def _cut_after_reduction(c, chain: ChainSpec, built: ChainBuilder, reduction) -> ExpectedChain:
+def _cut_after_reduction(spec: ProgramSpec, c, built: ChainBuilder, reduction) -> ExpectedChain:
     """What a chain cut by a block between its reduction and its epilogue scans as."""
+    chain = spec.chains[c]
     bias = built.bias if chain.init == "bias" else None
     return ExpectedChain(
         index=c,
-        pattern=pattern_for(chain.layout, ("bias",) if bias is not None else ()).name,
+        pattern=expected_pattern(spec, c, ("bias",) if bias is not None else ()),
         blocks=reduction,
         x=built.x.name,
         w=built.w.name,
         bias=bias.name if bias is not None else None,
         out=built.stages[0].name,
         dtype=DtypeSignature(*chain.dtypes),
+        batch_dims=batch_label(spec, chain).dims,
     )
 
 
@@ -236,10 +344,10 @@ def build_program(spec: ProgramSpec) -> Program:
     """Build ``spec`` into a PrimFunc and the report expected for each of its chains."""
     b = FunctionBuilder(spec)
     expected = []
-    x = None
+    x = batch = None
     for c, chain in enumerate(spec.chains):
         around = [(n, d) for n, d in enumerate(spec.distractors) if d.chain == c]
-        built = ChainBuilder(b, c, chain, x)
+        built = ChainBuilder(b, c, chain, x, batch)
         # Step 1. Producers and distractors placed before the chain.
         for n, d in around:
             if d.placement == "before":
@@ -259,10 +367,10 @@ def build_program(spec: ProgramSpec) -> Program:
             if d.placement == "after":
                 distractor(b, d, built, f"{c}_{n}")
         if any(d.kind in CUTTING_KINDS for _, d in inside):
-            expected.append(_cut_after_reduction(c, chain, built, reduction))
+            expected.append(_cut_after_reduction(spec, c, built, reduction))
         else:
-            expected.append(_expected(c, chain, built, blocks))
-        x = built.out if chain.feeds_next else None
+            expected.append(_expected(spec, c, built, blocks))
+        x, batch = (built.out, built.batch) if chain.feeds_next else (None, None)
     return Program(spec, b.finish(), tuple(expected), b.bindings)
 
 

@@ -8,7 +8,8 @@ mismatches instead of raising).  Both functions are compiled into one module wit
 afterwards, so an output nobody matched, an input written by mistake or an output left
 unwritten all show up.  :func:`run` runs one function the same way.  A parameter bound with
 a symbolic element offset is passed as a view into a larger tensor, so that the offset is
-not 0.
+not 0; one declared with explicit strides is passed with those strides, its elements spread
+over a larger storage.
 
 Tolerances are per dtype, widened with the longest reduction (see :func:`tolerance`);
 integer results must be exact.  This is the one implementation of compiling, running and
@@ -26,7 +27,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from .inputs import concrete_extent, parameter_shapes, random_arguments
+from .inputs import concrete_extent, numpy_dtype, parameter_shapes, random_arguments
 
 #: Relative tolerance per float dtype; the absolute one also grows with sqrt(K).
 _RTOL = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 2e-2, "float64": 1e-10}
@@ -92,31 +93,68 @@ def compile_functions(functions: Mapping[str, tirx.PrimFunc], target="llvm"):
 _VIEW_PADDING = 64
 
 
-def _argument(array, param, device):
-    """A tensor holding ``array``; a view at an offset when ``param`` has a symbolic offset."""
+def _argument(array, param, device, bindings):
+    """(tensor holding ``array``, reader of its contents after the call).
+
+    The tensor is a view at an offset when ``param`` has a symbolic offset, and has
+    ``param``'s strides when it declares explicit ones.
+    """
+    if len(param.ty.strides):
+        return _strided(array, param, bindings)
     if isinstance(param.ty.elem_offset, (tirx.IntImm, type(None))):
-        return tvm.runtime.tensor(array, device)
+        tensor = tvm.runtime.tensor(array, device)
+        return tensor, tensor.numpy
     padding = _VIEW_PADDING // array.itemsize
     storage = np.zeros(array.size + padding, array.dtype)
     storage[padding:] = array.ravel()
     view = tvm.runtime.tensor(storage, device)._create_view(
         array.shape, relative_byte_offset=_VIEW_PADDING
     )
-    return view
+    return view, view.numpy
 
 
-def _call(executable, name, func, arrays) -> list[np.ndarray]:
+def _strided(array, param, bindings):
+    """``array`` laid out with ``param``'s explicit strides in aligned storage, shared with
+    the tensor passed (so the reader sees what the call wrote).  It goes through DLPack,
+    which has no bfloat16."""
+    if numpy_dtype(param.ty.dtype.dtype).name == "bfloat16":
+        raise ValueError(
+            f"parameter {param.name}: explicit strides on a bfloat16 buffer cannot be passed "
+            "(DLPack has no bfloat16)"
+        )
+    strides = [concrete_extent(s, bindings) for s in param.ty.strides]
+    span = 1 + sum((extent - 1) * stride for extent, stride in zip(array.shape, strides))
+    itemsize = numpy_dtype(array.dtype).itemsize
+    raw = np.zeros(max(span, 1) * itemsize + _VIEW_PADDING, np.uint8)
+    start = -raw.ctypes.data % _VIEW_PADDING  # the kernels may assume aligned data
+    storage = raw[start : start + max(span, 1) * itemsize].view(array.dtype)
+    view = np.lib.stride_tricks.as_strided(
+        storage, array.shape, [s * itemsize for s in strides], writeable=True
+    )
+    view[...] = array
+    tensor = tvm_ffi.from_dlpack(view, require_alignment=0, require_contiguous=False)
+    return tensor, view.copy
+
+
+def _call(executable, name, func, arrays, bindings=None) -> list[np.ndarray]:
     device = tvm.cpu()
-    tensors = [_argument(a, p, device) for a, p in zip(arrays, func.params)]
-    executable[name](*tensors)
-    return [t.numpy() for t in tensors]
+    placed = [_argument(a, p, device, bindings or {}) for a, p in zip(arrays, func.params)]
+    executable[name](*(tensor for tensor, _ in placed))
+    return [read() for _, read in placed]
 
 
-def run(func: tirx.PrimFunc, arrays: Sequence[np.ndarray], *, target="llvm") -> list[np.ndarray]:
+def run(
+    func: tirx.PrimFunc,
+    arrays: Sequence[np.ndarray],
+    *,
+    bindings: Mapping | None = None,
+    target="llvm",
+) -> list[np.ndarray]:
     """Compile ``func``, run it on copies of ``arrays`` (one per parameter), return every
-    parameter's contents afterwards.  ``arrays`` are left as they were."""
+    parameter's contents afterwards.  ``arrays`` are left as they were; ``bindings`` give
+    symbolic extents that explicit strides use."""
     executable = compile_functions({"main": func}, target)
-    return _call(executable, "main", func, arrays)
+    return _call(executable, "main", func, arrays, bindings)
 
 
 def differences(
@@ -150,8 +188,8 @@ def differences(
         return ["the two functions take different parameters"]
     arrays = random_arguments(original, bindings, seed)
     executable = compile_functions({"original": original, "rewritten": rewritten}, target)
-    expected = _call(executable, "original", original, arrays)
-    actual = _call(executable, "rewritten", rewritten, arrays)
+    expected = _call(executable, "original", original, arrays, bindings)
+    actual = _call(executable, "rewritten", rewritten, arrays, bindings)
     k = longest_reduction(original, bindings)
     problems = []
     for param, want, got in zip(original.params, expected, actual):

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from tvm import tirx
+import tvm_ffi
+from tvm import sym, tirx
 
 #: The bound of integers wider than a byte.
 WIDE_INTEGER_BOUND = 1000
@@ -63,7 +64,8 @@ def random_array(shape: Sequence[int], dtype, rng: np.random.Generator) -> np.nd
 
 
 def concrete_extent(expr, sizes: Mapping, default_extent: int | None = None) -> int:
-    """The value of a shape or loop extent: a constant, or a variable given in ``sizes``."""
+    """The value of a shape, stride or loop extent: a constant, a variable given in
+    ``sizes``, or an expression of those (such as a stride ``m * 4``)."""
     if isinstance(expr, tirx.IntImm):
         return int(expr.value)
     if isinstance(expr, tirx.Var):
@@ -72,6 +74,15 @@ def concrete_extent(expr, sizes: Mapping, default_extent: int | None = None) -> 
                 return int(value)
         if default_extent is not None:
             return default_extent
+    else:
+        analyzer = sym.Analyzer()
+        found = []
+        tvm_ffi.structural_walk(expr, (tirx.Var, found.append))
+        for var in found:
+            analyzer.bind(var, concrete_extent(var, sizes, default_extent))
+        value = analyzer.simplify(expr)
+        if isinstance(value, tirx.IntImm):
+            return int(value.value)
     raise ValueError(
         f"shape {expr} is neither a constant nor a variable given in sizes "
         f"(got {sorted(str(v) for v in sizes)})"

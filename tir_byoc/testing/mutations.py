@@ -1,7 +1,8 @@
 """Near misses as data: each mutation is a set of knob values for one chain of a positive.
 
 Entry points: :data:`MUTATIONS` (by name: a :class:`Mutation`, i.e. a description, the
-:class:`~.specs.Knobs` it sets, where it applies and which extents it makes equal),
+:class:`~.specs.Knobs` it sets, where it applies, which extents it makes equal and, for some,
+the words of the matcher's refusal),
 :func:`applicable_mutations` and :func:`mutate`, which turns a positive spec into a near miss
 with ``dataclasses.replace``.  The builder reads the knobs; it never asks which mutation set
 them.
@@ -45,12 +46,16 @@ class Mutation:
     square : tuple of two str, optional
         The extents it sets equal (``("m", "k")``, ``("m", "n")`` or ``("n", "k")``), so that
         the mutant still indexes in bounds.
+    refusal : str, optional
+        Words the matcher's refusal of the chain's reduction block contains: the mutant is
+        refused there, for that reason (see ``tir_byoc/match/reduction.py``).
     """
 
     description: str
     overrides: Mapping[str, object] = field(hash=False)
     applies: Callable[[ProgramSpec, int], bool] = field(default=_always, repr=False)
     square: tuple[str, str] | None = None
+    refusal: str | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "overrides", MappingProxyType(dict(self.overrides)))
@@ -94,10 +99,50 @@ def _separate_epilogue(spec, c):
     return spec.chains[c].epilogue_blocks > 0
 
 
+def _own_x(spec, c):
+    """X is a parameter of the chain's own, not the previous chain's output."""
+    return not (c > 0 and spec.chains[c - 1].feeds_next)
+
+
 def _can_alias(spec, c):
+    """X may be the output: same dtype and, with every batch dim carried, the same batch."""
     chain = spec.chains[c]
-    linked_in = c > 0 and spec.chains[c - 1].feeds_next
-    return chain.dtypes[0] == chain.dtypes[2] and not chain.feeds_next and not linked_in
+    same_batch = set(chain.x_batch) <= {"carry"}
+    return (
+        chain.dtypes[0] == chain.dtypes[2]
+        and not chain.feeds_next
+        and _own_x(spec, c)
+        and same_batch
+    )
+
+
+def _carries(operand, varying):
+    """The operand carries a batch dim (one whose extent is not a static 1, if ``varying``)."""
+
+    def applies(spec, c):
+        chain = spec.chains[c]
+        modes = chain.x_batch if operand == "x" else chain.w_batch
+        dims = chain.varying_dims(spec.symbolic_batch) if varying else range(len(chain.batch))
+        return any(modes[d] == "carry" for d in dims)
+
+    return applies
+
+
+def _has_varying_dim(spec, c):
+    return bool(spec.chains[c].varying_dims(spec.symbolic_batch))
+
+
+def _x_batch_last_carried(spec, c):
+    modes = spec.chains[c].x_batch
+    return bool(modes) and modes[-1] == "carry"
+
+
+def _static_batch(spec, c):
+    return not spec.symbolic_batch
+
+
+def _all(*conditions):
+    return lambda spec, c: all(condition(spec, c) for condition in conditions)
 
 
 def _writes_param(spec, c):
@@ -193,6 +238,57 @@ MUTATIONS: dict[str, Mutation] = {
         "the last epilogue block stops one column short of N",
         {"last_epilogue_columns_short": 1},
         lambda s, c: _separate_epilogue(s, c) and s.chains[c].n >= 2 and _writes_param(s, c),
+    ),
+    "batch_on_row_axis": Mutation(
+        "X's last batch axis and its row axis trade places: X[..., i, b, k]",
+        {"x_batch_swapped": True},
+        _both(_own_x, _x_batch_last_carried),
+        refusal="do not read X[",
+    ),
+    "input_batch_read_at_zero": Mutation(
+        "X is read at 0 on a batch dim it carries, of extent other than 1",
+        {"batch_read_at_zero": "x"},
+        _carries("x", varying=True),
+        refusal="is read only at 0 on axis",
+    ),
+    "weight_batch_read_at_zero": Mutation(
+        "the weight is read at 0 on a batch dim it carries, of extent other than 1",
+        {"batch_read_at_zero": "w"},
+        _carries("w", varying=True),
+        refusal="is read only at 0 on axis",
+    ),
+    "input_batch_longer": Mutation(
+        "X has one more matrix along a batch dim than the output",
+        {"batch_operand_longer": "x"},
+        _all(_static_batch, _own_x, _carries("x", varying=False)),
+        refusal="a partial batch range",
+    ),
+    "weight_batch_longer": Mutation(
+        "the weight has one more matrix along a batch dim than the output",
+        {"batch_operand_longer": "w"},
+        _both(_static_batch, _carries("w", varying=False)),
+        refusal="a partial batch range",
+    ),
+    "batch_loop_short": Mutation(
+        "the reduction, writing the output itself, stops one short along a batch dim",
+        {"batch_loop_short": 1},
+        lambda s, c: not s.chains[c].ops and _writes_param(s, c) and _has_varying_dim(s, c),
+        refusal="the loops do not cover it whole",
+    ),
+    "batch_unread": Mutation(
+        "a batch dim of the output is read by neither operand",
+        {"batch_unread": True},
+        _both(_own_x, _has_varying_dim),
+        refusal="indexes neither operand",
+    ),
+    "x_non_compact": Mutation(
+        "X is a view with explicit strides, its rows one element apart more than K",
+        {"x_row_padding": 1},
+        # Strided tensors are passed through DLPack, which has no bfloat16 (equivalence._strided).
+        lambda s, c: (
+            _own_x(s, c) and not s.chains[c].x_view and s.chains[c].dtypes[0] != "bfloat16"
+        ),
+        refusal="non-compact strides",
     ),
 }
 

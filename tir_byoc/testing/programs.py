@@ -10,6 +10,8 @@ This module gathers the public names of the modules that do the work:
 
 - :mod:`.specs`: the specs (:class:`ChainSpec`, its :class:`Knobs`, :class:`DistractorSpec`,
   :class:`ProgramSpec`);
+- :mod:`.labels`: what the matcher should call a chain (:func:`expected_pattern`, and
+  :func:`batch_label`, the batch form a chain's batch dims give it), read from spec fields;
 - :mod:`.spellings`: the tables of IR spellings the knobs and spellings name;
 - :mod:`.mutations`: the near misses, each a description, the knobs it turns, where it
   applies and which extents it makes equal;
@@ -18,12 +20,16 @@ This module gathers the public names of the modules that do the work:
 """
 
 from .builder import ExpectedChain, Program, build_program
+from .labels import BatchLabel, batch_label, expected_pattern
 from .mutations import MUTATIONS, Mutation, applicable_mutations, mutate
 from .specs import (
+    BATCH_AXES,
+    BATCH_MODES,
     CUTTING_KINDS,
     DISTRACTORS,
     INITS,
     INSIDE_KINDS,
+    MAX_BATCH_DIMS,
     SIGNATURES,
     ChainSpec,
     DistractorSpec,
@@ -33,13 +39,17 @@ from .specs import (
 from .spellings import RELU_SPELLINGS
 
 __all__ = [
+    "BATCH_AXES",
+    "BATCH_MODES",
     "CUTTING_KINDS",
     "DISTRACTORS",
     "INITS",
     "INSIDE_KINDS",
+    "MAX_BATCH_DIMS",
     "MUTATIONS",
     "RELU_SPELLINGS",
     "SIGNATURES",
+    "BatchLabel",
     "ChainSpec",
     "DistractorSpec",
     "ExpectedChain",
@@ -48,6 +58,8 @@ __all__ = [
     "Program",
     "ProgramSpec",
     "applicable_mutations",
+    "batch_label",
     "build_program",
+    "expected_pattern",
     "mutate",
 ]

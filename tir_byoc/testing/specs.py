@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from ..patterns import pattern_for
 from .spellings import BIAS_COMBINERS, BIAS_FORMS, COMBINERS, PRODUCTS, RELU_FORMS, RELU_SPELLINGS
 
 #: How a chain's reduction output is initialised: ``"zero"`` (the block's init), ``"bias"``
@@ -27,6 +26,18 @@ SIGNATURES = (
     ("uint8", "uint8", "int32"),
     ("uint8", "int8", "int32"),
 )
+
+#: How an operand treats one batch dim of the output: it ``"carry"``-s it (an axis of the
+#: same extent, indexed by the batch iterator), ``"broadcast"``-s it (an axis of extent 1,
+#: indexed by 0) or ``"lack"``-s it (no axis at all: the operand has a lower rank and is
+#: aligned to the output from the right, as NumPy broadcasts, so only leading dims can lack).
+BATCH_MODES = ("carry", "broadcast", "lack")
+
+#: A chain has at most this many batch dims (the batched call takes two).
+MAX_BATCH_DIMS = 2
+
+#: The names of the batch axes in loop and iterator orders, outermost first (then i, j, k).
+BATCH_AXES = "ab"
 
 #: Unrelated blocks placed next to a chain, touching its buffers.
 DISTRACTORS = (
@@ -66,9 +77,20 @@ _KNOB_CHOICES = {
     "epilogue_reversed": (False, True),
     "output_is_x": (False, True),
     "reduction_read": (None, "between", "after"),
+    "x_batch_swapped": (False, True),
+    "batch_read_at_zero": (None, "x", "w"),
+    "batch_operand_longer": (None, "x", "w"),
+    "batch_unread": (False, True),
 }
-#: The knobs that count rows, columns or steps left out.
-_COUNTS = ("k_short", "reduction_rows_short", "init_rows_short", "last_epilogue_columns_short")
+#: The knobs that count rows, columns or steps left out (or padding put in).
+_COUNTS = (
+    "k_short",
+    "reduction_rows_short",
+    "init_rows_short",
+    "last_epilogue_columns_short",
+    "batch_loop_short",
+    "x_row_padding",
+)
 
 
 @dataclass(frozen=True)
@@ -112,6 +134,25 @@ class Knobs:
     reduction_read : str or None
         A block also reads the reduction's output: ``"between"`` the reduction and the
         epilogue blocks, or ``"after"`` the chain.
+    x_batch_swapped : bool
+        X's last batch axis (one the chain's X carries) trades places with its row axis, in
+        its shape and in the read: ``X[..., i, b, k]`` of shape (..., M, B, K).
+    batch_read_at_zero : str or None
+        ``"x"`` or ``"w"``: that operand reads its first carried batch dim whose extent is not
+        a static 1 at 0 instead of at the batch iterator (its shape is unchanged).
+    batch_operand_longer : str or None
+        ``"x"`` or ``"w"``: that operand's first carried batch dim is one longer than the
+        output's (static extents only).
+    batch_unread : bool
+        The first batch dim whose extent is not a static 1 is read by neither operand: each
+        that carries it broadcasts it instead.
+    batch_loop_short : int
+        The reduction's loop over the first batch dim whose extent is not a static 1 stops
+        this many short of the output's dim.
+    x_row_padding : int
+        X is declared with explicit strides whose rows are ``K + x_row_padding`` elements
+        apart, and is then not bound at an offset (ignored when X is the previous chain's
+        output).
     """
 
     init_value: int | None = None
@@ -131,6 +172,12 @@ class Knobs:
     init_rows_short: int = 0
     last_epilogue_columns_short: int = 0
     reduction_read: str | None = None
+    x_batch_swapped: bool = False
+    batch_read_at_zero: str | None = None
+    batch_operand_longer: str | None = None
+    batch_unread: bool = False
+    batch_loop_short: int = 0
+    x_row_padding: int = 0
 
     def __post_init__(self):
         for name, choices in _KNOB_CHOICES.items():
@@ -161,6 +208,13 @@ class ChainSpec:
         ``"dense"`` (weight N x K) or ``"matmul"`` (weight K x N).
     n, k : int
         Static extents (M belongs to the program).
+    batch : tuple of int
+        The output's batch dims, outermost first (none to :data:`MAX_BATCH_DIMS`): their
+        extents, or their run-time values when the program's batch is symbolic.
+    x_batch, w_batch : tuple of str
+        Per batch dim, a key of :data:`BATCH_MODES`: whether X (W) carries it, broadcasts it
+        or lacks it.  A positive has every dim whose extent is not a static 1 carried by X
+        or W (see :func:`~tir_byoc.testing.labels.batch_label`).
     bias : str or None
         ``"vector"`` (shape (N,), read ``b[j]``), ``"row"`` (shape (1, N), read ``b[0, j]``)
         or None.
@@ -173,11 +227,13 @@ class ChainSpec:
     dtypes : tuple of str
         ``(x, w, accumulator)``, one of :data:`SIGNATURES`.
     loop_order : str
-        Order of the reduction block's loops, a permutation of ``"ijk"``.
+        Order of the reduction block's loops: a permutation of ``"ijk"`` and any of the
+        batch axes (:data:`BATCH_AXES`); batch axes it leaves out go outermost, in order.
     iter_order : str
-        Order of the reduction block's iterators, a permutation of ``"ijk"``.
+        Order of the reduction block's iterators, read the same way.
     epilogue_order : str
-        ``"ij"`` or ``"ji"``: loop order of the epilogue blocks.
+        Loop order of the epilogue blocks: ``"ij"`` or ``"ji"`` and any of the batch axes,
+        read the same way.
     commuted : bool
         ``W * X`` instead of ``X * W``.
     accumulate_last : bool
@@ -206,6 +262,9 @@ class ChainSpec:
     layout: str = "dense"
     n: int = 4
     k: int = 3
+    batch: tuple[int, ...] = ()
+    x_batch: tuple[str, ...] = ()
+    w_batch: tuple[str, ...] = ()
     bias: str | None = None
     bias_first: bool = False
     relu: str | None = None
@@ -234,14 +293,18 @@ class ChainSpec:
         return tuple(op for op in self.ops if not (op == "bias" and self.init == "bias"))
 
     @property
-    def pattern(self) -> str:
-        """The pattern this chain computes when it is not mutated."""
-        return pattern_for(self.layout, self.ops).name
-
-    @property
     def epilogue_blocks(self) -> int:
         ops = self.epilogue_ops
         return 1 if self.folded and len(ops) == 2 else len(ops)
+
+    @property
+    def batch_axes(self) -> str:
+        """The names of the batch axes, outermost first (a prefix of :data:`BATCH_AXES`)."""
+        return BATCH_AXES[: len(self.batch)]
+
+    def varying_dims(self, symbolic_batch: bool) -> tuple[int, ...]:
+        """The batch dims whose extent is not a static 1 (all of them when symbolic)."""
+        return tuple(d for d, e in enumerate(self.batch) if symbolic_batch or e != 1)
 
 
 @dataclass(frozen=True)
@@ -276,9 +339,12 @@ class ProgramSpec:
     chains : tuple of ChainSpec
     distractors : tuple of DistractorSpec
     m : int
-        The batch extent, or its run-time value when ``symbolic_m``.
+        The row extent M, or its run-time value when ``symbolic_m``.
     symbolic_m : bool
         M is a variable shared by every chain.
+    symbolic_batch : bool
+        Every batch dim is a variable (one per chain and dim; a chain fed by another shares
+        its variables), bound to the chain's ``batch`` at run time.
     index_dtype : str
         ``"int32"`` or ``"int64"``: loop variables, iterators and shapes.
     name : str
@@ -289,6 +355,7 @@ class ProgramSpec:
     distractors: tuple[DistractorSpec, ...] = ()
     m: int = 2
     symbolic_m: bool = False
+    symbolic_batch: bool = False
     index_dtype: str = "int64"
     name: str = "main"
 
@@ -323,22 +390,54 @@ def _chain_problem(chain: ChainSpec) -> str | None:
             f"expected dtypes from SIGNATURES, got {chain.dtypes!r}",
         ),
         (
-            sorted(chain.loop_order) == list("ijk"),
-            f"expected loop_order a permutation of 'ijk', got {chain.loop_order!r}",
+            _is_order(chain.loop_order, "ijk", chain.batch_axes),
+            f"expected loop_order a permutation of 'ijk' and any of {chain.batch_axes!r}, "
+            f"got {chain.loop_order!r}",
         ),
         (
-            sorted(chain.iter_order) == list("ijk"),
-            f"expected iter_order a permutation of 'ijk', got {chain.iter_order!r}",
+            _is_order(chain.iter_order, "ijk", chain.batch_axes),
+            f"expected iter_order a permutation of 'ijk' and any of {chain.batch_axes!r}, "
+            f"got {chain.iter_order!r}",
         ),
         (
-            chain.epilogue_order in ("ij", "ji"),
-            f"expected epilogue_order 'ij' or 'ji', got {chain.epilogue_order!r}",
+            _is_order(chain.epilogue_order, "ij", chain.batch_axes),
+            f"expected epilogue_order a permutation of 'ij' and any of {chain.batch_axes!r}, "
+            f"got {chain.epilogue_order!r}",
         ),
         (chain.alloc in ("sblock", "stmt"), f"expected alloc sblock or stmt, got {chain.alloc!r}"),
         (chain.init in INITS, f"expected init in {INITS}, got {chain.init!r}"),
         (chain.init != "bias" or chain.bias, "init 'bias' needs a chain with a bias"),
     )
-    return next((message for ok, message in checks if not ok), None) or _knobs_problem(chain)
+    return (
+        next((message for ok, message in checks if not ok), None)
+        or _batch_problem(chain)
+        or _knobs_problem(chain)
+    )
+
+
+def _is_order(order: str, required: str, batch_axes: str) -> bool:
+    """``order`` names each of ``required`` once and otherwise only batch axes, once each."""
+    return len(set(order)) == len(order) and set(required) <= set(order) <= set(
+        required + batch_axes
+    )
+
+
+def full_order(order: str, batch_axes: str) -> str:
+    """``order`` with the batch axes it leaves out put first, in order."""
+    return "".join(a for a in batch_axes if a not in order) + order
+
+
+def _batch_problem(chain: ChainSpec) -> str | None:
+    rank = len(chain.batch)
+    if rank > MAX_BATCH_DIMS or any(e < 1 for e in chain.batch):
+        return f"expected at most {MAX_BATCH_DIMS} batch dims, each >= 1, got {chain.batch}"
+    for name, modes in (("x_batch", chain.x_batch), ("w_batch", chain.w_batch)):
+        if len(modes) != rank or not set(modes) <= set(BATCH_MODES):
+            return f"expected {name} to give one of {BATCH_MODES} per batch dim, got {modes}"
+        lacking = modes.count("lack")
+        if modes[:lacking] != ("lack",) * lacking:
+            return f"{name} {modes}: only leading batch dims can be lacking (NumPy alignment)"
+    return None
 
 
 def _knobs_problem(chain: ChainSpec) -> str | None:
@@ -366,10 +465,15 @@ def _spec_problem(spec: ProgramSpec) -> str | None:
         return f"expected index_dtype int32 or int64, got {spec.index_dtype!r}"
     if spec.m < 1:
         return f"expected m >= 1, got {spec.m}"
+    from .labels import batch_label  # the labels are read from these specs
+
     for c, chain in enumerate(spec.chains):
         problem = _chain_problem(chain)
         if problem:
             return f"chain {c}: {problem}"
+        label = batch_label(spec, chain)
+        if chain.mutation is None and label.reason:
+            return f"chain {c} is not a positive: {label.reason}"
         if chain.feeds_next:
             following = spec.chains[c + 1] if c + 1 < len(spec.chains) else None
             if following is None:
@@ -378,6 +482,12 @@ def _spec_problem(spec: ProgramSpec) -> str | None:
                 return f"chain {c} feeds chain {c + 1}: both must be float32"
             if following.k != chain.n:
                 return f"chain {c} feeds chain {c + 1}: expected k={chain.n}, got {following.k}"
+            if following.batch != chain.batch or set(following.x_batch) - {"carry"}:
+                return (
+                    f"chain {c} feeds chain {c + 1}: expected batch {chain.batch} with X "
+                    f"carrying every dim, got batch {following.batch}, x_batch "
+                    f"{following.x_batch}"
+                )
     if sum(chain.mutation is not None for chain in spec.chains) > 1:
         return "at most one chain may be mutated"
     for d in spec.distractors:

@@ -38,6 +38,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from .programs import (
+    BATCH_AXES,
     DISTRACTORS,
     INITS,
     INSIDE_KINDS,
@@ -55,7 +56,37 @@ from .programs import (
 #: Extents drawn by default: 1, small primes and powers of two (shrinking goes to the left).
 EXTENTS = (1, 2, 3, 4, 5, 7, 8, 13, 16, 17, 31, 32)
 
-_PERMUTATIONS = ("ijk", "ikj", "jik", "jki", "kij", "kji")
+#: Numbers of batch dims drawn by default: half the chains are 2-D (which compile faster).
+BATCH_RANKS = (0, 0, 1, 2)
+
+#: Batch extents drawn by default: small, since every batch index is a whole product.
+BATCH_EXTENTS = (1, 2, 3)
+
+
+@st.composite
+def batch_modes(draw, extents: Sequence[int], symbolic_batch: bool = False):
+    """(x_batch, w_batch) for batch dims of ``extents``: each operand carries, broadcasts or
+    lacks each dim (only leading dims lack), and every dim whose extent is not a static 1
+    is carried by X, by W or by both, as in a positive."""
+    readers = []
+    for extent in extents:
+        choices = ("x", "w", "both") + (("neither",) if extent == 1 and not symbolic_batch else ())
+        readers.append(draw(st.sampled_from(choices)))
+
+    def modes(operand):
+        carried = [r in (operand, "both") for r in readers]
+        first = carried.index(True) if True in carried else len(carried)
+        lacking = draw(st.integers(0, first))
+        return tuple(
+            "lack" if d < lacking else "carry" if carry else "broadcast"
+            for d, carry in enumerate(carried)
+        )
+
+    return modes("x"), modes("w")
+
+
+def _order(draw, required: str, batch_axes: str) -> str:
+    return "".join(draw(st.permutations(tuple(batch_axes + required))))
 
 
 @st.composite
@@ -65,22 +96,38 @@ def chain_specs(
     layouts: Sequence[str] = ("dense", "matmul"),
     signatures: Sequence[tuple[str, str, str]] = SIGNATURES,
     extents: Sequence[int] = EXTENTS,
+    batch_ranks: Sequence[int] = BATCH_RANKS,
+    batch_extents: Sequence[int] = BATCH_EXTENTS,
+    symbolic_batch: bool = False,
 ) -> ChainSpec:
-    """One chain: layout, epilogue, spelling, dtypes and extents drawn independently."""
+    """One chain: layout, epilogue, spelling, dtypes and extents drawn independently.
+
+    ``batch_ranks`` are the numbers of batch dims to draw from (repeat one to draw it more
+    often), ``batch_extents`` their
+    extents; ``symbolic_batch`` says the program makes them variables (then a dim of extent
+    1 must be read too).
+    """
     bias = draw(st.sampled_from((None, "vector", "row")))
     relu = draw(st.sampled_from((None, *RELU_SPELLINGS)))
+    rank = draw(st.sampled_from(tuple(batch_ranks)))
+    batch = tuple(draw(st.sampled_from(tuple(batch_extents))) for _ in range(rank))
+    x_batch, w_batch = draw(batch_modes(batch, symbolic_batch))
+    axes = BATCH_AXES[:rank]
     return ChainSpec(
         layout=draw(st.sampled_from(tuple(layouts))),
         n=draw(st.sampled_from(tuple(extents))),
         k=draw(st.sampled_from(tuple(extents))),
+        batch=batch,
+        x_batch=x_batch,
+        w_batch=w_batch,
         bias=bias,
         bias_first=draw(st.booleans()),
         relu=relu,
         folded=bool(bias and relu) and draw(st.booleans()),
         dtypes=draw(st.sampled_from(tuple(tuple(s) for s in signatures))),
-        loop_order=draw(st.sampled_from(_PERMUTATIONS)),
-        iter_order=draw(st.sampled_from(_PERMUTATIONS)),
-        epilogue_order=draw(st.sampled_from(("ij", "ji"))),
+        loop_order=_order(draw, "ijk", axes),
+        iter_order=_order(draw, "ijk", axes),
+        epilogue_order=_order(draw, "ij", axes),
         commuted=draw(st.booleans()),
         accumulate_last=draw(st.booleans()),
         alloc=draw(st.sampled_from(("sblock", "stmt"))),
@@ -91,13 +138,36 @@ def chain_specs(
 
 
 def _link(chains: list[ChainSpec], feeds: list[bool]) -> list[ChainSpec]:
-    """Make chain c + 1 read chain c's output where ``feeds[c]`` and both can be float32."""
+    """Make chain c + 1 read chain c's output where ``feeds[c]`` and both can be float32.
+
+    The fed chain takes the feeding chain's batch dims, all carried by X; its weight keeps
+    its own batch modes if it has as many dims, else it lacks every one.
+    """
     fp32 = ("float32",) * 3
     for c in range(len(chains) - 1):
         if feeds[c] and chains[c].dtypes[2] == "float32":
             chains[c] = replace(chains[c], feeds_next=True)
-            chains[c + 1] = replace(chains[c + 1], dtypes=fp32, k=chains[c].n)
+            batch, following = chains[c].batch, chains[c + 1]
+            same_rank = len(following.batch) == len(batch)
+            chains[c + 1] = replace(
+                following,
+                dtypes=fp32,
+                k=chains[c].n,
+                batch=batch,
+                x_batch=("carry",) * len(batch),
+                w_batch=following.w_batch if same_rank else ("lack",) * len(batch),
+                **_orders_for(following, batch),
+            )
     return chains
+
+
+def _orders_for(chain: ChainSpec, batch) -> dict:
+    """Loop and iterator orders of ``chain`` without the batch axes ``batch`` has not."""
+    kept = set(BATCH_AXES[: len(batch)] + "ijk")
+    return {
+        name: "".join(a for a in getattr(chain, name) if a in kept)
+        for name in ("loop_order", "iter_order", "epilogue_order")
+    }
 
 
 @st.composite
@@ -127,9 +197,16 @@ def program_specs(
     extents: Sequence[int] = EXTENTS,
     **chain_options,
 ) -> ProgramSpec:
-    """A function of 1..max_chains chains (maybe feeding one another) and distractors."""
+    """A function of 1..max_chains chains (maybe feeding one another) and distractors.
+
+    With ``symbolic``, M and the batch dims may each be variables.
+    """
     count = draw(st.integers(1, max_chains))
-    chains = [draw(chain_specs(extents=extents, **chain_options)) for _ in range(count)]
+    symbolic_batch = symbolic and draw(st.booleans())
+    chains = [
+        draw(chain_specs(extents=extents, symbolic_batch=symbolic_batch, **chain_options))
+        for _ in range(count)
+    ]
     feeds = [draw(st.booleans()) for _ in range(count - 1)]
     chains = _link(chains, feeds)
     return ProgramSpec(
@@ -137,6 +214,7 @@ def program_specs(
         distractors=draw(distractor_specs(chains, max_distractors)),
         m=draw(st.sampled_from(tuple(extents))),
         symbolic_m=symbolic and draw(st.booleans()),
+        symbolic_batch=symbolic_batch and any(chain.batch for chain in chains),
         index_dtype=draw(st.sampled_from(tuple(index_dtypes))),
     )
 
@@ -293,10 +371,13 @@ def all_programs(**options) -> st.SearchStrategy[Program]:
 
 
 __all__ = [
+    "BATCH_EXTENTS",
+    "BATCH_RANKS",
     "EXTENTS",
     "SCHEDULE_STEPS",
     "all_programs",
     "any_programs",
+    "batch_modes",
     "chain_specs",
     "distractor_specs",
     "lower_to_plain_loops",
