@@ -1,8 +1,9 @@
 """Property 1, equivalence: an offloaded function computes what the original did.
 
-Every generated function (positives and near misses) is offloaded with the property registry
-(the bundled fp32 intrinsics plus test-only widening ones, so every generated dtype has a
-kernel), both versions are compiled and run on the same random contents of every parameter,
+Every generated function (positives and near misses, 2-D or with batch dims) is offloaded with
+the property registry (the bundled fp32 intrinsics plus test-only widening ones, so every
+generated dtype has a kernel, ``bmm_`` entry points included), both versions are compiled
+and run on the same random contents of every parameter,
 and every parameter is compared afterwards: outputs nobody matched included.
 """
 
@@ -14,6 +15,7 @@ from hypothesis import event, given, note
 from hypothesis import strategies as st
 
 import tir_byoc
+from tir_byoc.patterns import PATTERNS
 from tir_byoc.rewrite import intrinsic_calls
 from tir_byoc.testing import strategies
 from tir_byoc.testing.equivalence import assert_equivalent, run
@@ -38,6 +40,8 @@ def test_offloaded_function_computes_the_same_results(program, seed):
             tvm.ir.assert_structural_equal(rewritten, program.func)
             return
         event(f"offloaded {len(planned)} chain(s)")
+        for form in {PATTERNS[m.pattern].batch for m in planned}:
+            event(f"offloaded a chain of batch form {form}")
         try:
             assert_equivalent(program.func, rewritten, bindings=program.bindings, seed=seed)
         except AssertionError:

@@ -2,7 +2,8 @@
 
 A refusal is a value with a reason: a Rejection (falsy, with a non-empty reason and a
 printable form), or a Match without an intrinsic whose reason says why.  A near miss that is
-not offloaded whole is explained by a Rejection naming one of its blocks.
+not offloaded whole is explained by a Rejection naming one of its blocks, in the words its
+mutation names (``Mutation.refusal``) where it names them.
 """
 
 from harness import PROPERTY_REGISTRY, profile, reported
@@ -11,6 +12,7 @@ from hypothesis import given
 import tir_byoc
 from tir_byoc.registry import REGISTRY
 from tir_byoc.testing import strategies
+from tir_byoc.testing.programs import MUTATIONS
 
 #: Mutations that leave no candidate at all: without a product the reduction is not a GEMM.
 _NOT_A_CANDIDATE = {"reduce_sum_not_product"}
@@ -34,7 +36,12 @@ def test_scan_explain_and_offload_return_values_with_reasons(program):
             return
         whole = [m for m in tir_byoc.scan(program.func) if m.blocks == mutated.blocks]
         if not whole:
-            explained = {b for r in rejections for b in r.blocks}
-            assert explained & set(mutated.blocks), (
+            explaining = [r for r in rejections if set(r.blocks) & set(mutated.blocks)]
+            assert explaining, (
                 f"{mutated.mutation}: no rejection names a block of chain {mutated.index}"
+            )
+            refusal = MUTATIONS[mutated.mutation].refusal
+            assert refusal is None or any(refusal in r.reason for r in explaining), (
+                f"{mutated.mutation}: expected a refusal saying {refusal!r}, got "
+                f"{[r.reason for r in explaining]}"
             )
