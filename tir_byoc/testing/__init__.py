@@ -7,9 +7,10 @@ programs
     :class:`ProgramSpec`) and built into real S-TIR PrimFuncs by :func:`build_program`,
     together with what the matcher should report for them; near-miss mutants
     (:data:`MUTATIONS`).  It re-exports the public names of ``specs`` (the specs and the
-    :class:`Knobs` a near miss turns), ``mutations`` (each near miss as a set of knob values),
-    ``builder`` and ``blocks`` (the one builder) and ``spellings`` (the IR each knob value
-    names).  Needs nothing beyond tir_byoc's own dependencies.
+    :class:`Knobs` a near miss turns), ``labels`` (the pattern the matcher should report for
+    a chain, batch form included, read from its spec), ``mutations`` (each near miss as a set
+    of knob values), ``builder`` and ``blocks`` (the one builder) and ``spellings`` (the IR
+    each knob value names).  Needs nothing beyond tir_byoc's own dependencies.
 strategies
     hypothesis strategies over those programs (``programs()``, ``mutants()``).  Needs the
     ``hypothesis`` package (``pip install tir-byoc[dev]``).

@@ -115,7 +115,7 @@ class ChainBuilder:
         if chain.in_place:
             self.stages *= steps + 1
 
-    # Step 0. Batch dims: which axis of each operand each batch dim of the output reads.
+    # Batch dims: which axis of each operand each batch dim of the output reads.
     def _varying(self) -> tuple[int, ...]:
         return self.chain.varying_dims(self.b.spec.symbolic_batch)
 
@@ -128,7 +128,8 @@ class ChainBuilder:
         return modes
 
     def _first_carried(self, operand: str, varying: bool) -> int | None:
-        """The first batch dim ``operand`` carries (whose extent is not a static 1)."""
+        """The first batch dim ``operand`` carries (of those whose extent is not a static 1,
+        if ``varying``)."""
         allowed = self._varying() if varying else range(len(self.batch))
         modes = self._modes(operand)
         return next((d for d in allowed if modes[d] == "carry"), None)
