@@ -1,0 +1,609 @@
+"""Fold the reshapes around a Linear on an N-D activation, so that its epilogue fuses with it.
+
+``torch.export`` writes a Linear on a (d0, ..., dr, K) activation X as ``view (P, K)`` ->
+``addmm`` -> ``view (d0, ..., dr, N)`` with ``P = d0 * ... * dr``, and the torch frontend
+imports that as::
+
+    a = R.reshape(X, (P, K))
+    m = R.matmul(a, W)                 # W: (K, N), often permute_dims of the (N, K) weight
+    e = R.add(b, m)                    # bias (N,); zero or more elementwise ops
+    y = R.reshape(e, (d0, ..., dr, N))
+    g = R.nn.gelu(y)                   # activation, residual add, gate multiply, ...
+
+A reshape is an injective operator, so ``FuseOps`` closes the GEMM's group before it: the GEMM
+and its bias land in one PrimFunc, the reshape, the activation and the residual add in
+another, and tir_byoc's matcher never sees the epilogue next to the GEMM.  Relax's ``matmul``
+takes the N-D activation as it is (leading dims are batch dims over a 2-D weight), so the
+reshapes are not needed at all::
+
+    m = R.matmul(X, W)                 # (d0, ..., dr, N)
+    y = R.add(b, m)
+    g = R.nn.gelu(y)                   # now fuses with the matmul
+
+Entry point: :func:`fold_linear_reshapes` (:func:`FoldLinearReshapes` is the same as a module
+pass; :func:`find_linear_reshapes` lists what it would fold, and why not the rest).  It runs on
+Relax before ``LegalizeOps``.  Every reshape ``y`` of a dataflow block whose argument is, through
+elementwise operations ``e1 .. en`` of :data:`UNARY_OPS` or :data:`BROADCAST_OPS` bound in the
+same block (0 <= n <= :data:`MAX_EPILOGUE`), a ``matmul`` is a candidate; it is folded when all
+of the following hold (otherwise it is left exactly as it was, and :class:`NotFolded` gives the
+first condition that failed):
+
+1. the matmul is 2-D: ``m = matmul(a, W)`` with ``a`` of shape (P, K) and ``W`` of (K, N);
+2. ``y`` has shape (d0, ..., dr, N), r >= 1: the same last dim N, and d0 * ... * dr = P (a
+   2-D ``y`` would be an identity reshape, nothing to fold);
+3. each ``ei`` is a unary elementwise operation of the chain's value (its other arguments are
+   not tensors), or a binary one of the chain's value, of the chain's shape (P, N), and one
+   other tensor of shape (), (1,), (N,), (1, 1) or (1, N): a broadcast along the last dim only;
+4. ``m`` and every ``ei`` is used exactly once, by the next link of the chain (no other user
+   needs the 2-D value);
+5. ``a = reshape(X, ...)`` in the same dataflow block, and either X has shape
+   (d0, ..., dr, K), or ``a`` has no other user (it is then replaced by
+   ``reshape(X, (d0, ..., dr, K))``, one reshape for another, which needs every symbolic dim
+   of y defined by the function's parameters, so that it is in scope where ``a`` was).
+
+Every dim is compared as a ``PrimExpr``: integers directly, symbolic dims with the arithmetic
+analyzer (``can_prove_equal``); a dim that cannot be proven equal is a refusal.  The shapes are
+read from the struct info Relax inferred, so a ``-1`` in a reshape's target is already resolved.
+
+Why the rewrite computes bitwise the same values.  Write ``i = (i0, ..., ir)`` for an index of
+(d0, ..., dr) and ``flat(i)`` for its row-major position in [0, P).  Relax reshapes are
+row-major, and the last dim is K on the way in and N on the way out (conditions 1, 2, 5), so
+``a[flat(i), k] = X'[i, k]`` where X' is X (or the replacing reshape of X: a reshape of a
+reshape is the reshape of the original, both row-major) and ``y[i, j] = e[flat(i), j]``.  A
+matmul with a 2-D weight treats the leading dims of its input as batch dims:
+``matmul(X', W)[i, j] = sum_k X'[i, k] * W[k, j]``, the same products summed over the same k as
+``m[flat(i), j]``.  An elementwise operation computes each element from the elements at the
+same index; the other operand of a binary one (condition 3) holds at most N distinct elements,
+indexed by j alone (or none), so it broadcasts against (d0, ..., dr, N) to the same element
+``b[j]`` (or ``b[0]``) it broadcast against (P, N) to, and the result keeps the shape
+(d0, ..., dr, N) (r >= 1 and its rank is at most 2).  By induction along the chain, every
+element of the rewritten ``en`` is the element of ``y`` at the same index.  Condition 4 makes
+sure nothing else read the 2-D values that are gone.  (Bitwise, given that the matmul sums each
+row's products in the same order whichever leading dims it has: TVM's legalized ``matmul`` does,
+and tir_byoc's intrinsics get the leading dims folded into M.  The three models of
+``tests/real_models.py`` give bitwise the same output with and without the fold.)
+
+Where Relax infers for the rewritten value a struct info that differs from ``y``'s (dims equal
+but written differently, e.g. symbolically), ``y`` is kept as an identity reshape of it;
+otherwise ``y`` is bound to the rewritten value directly.  Nothing else in the module changes;
+a module with nothing to fold is returned as it was (a second run folds nothing).
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import tvm
+import tvm_ffi
+from tvm import ir, relax, sym, tirx
+
+from .match.exprs import dtype_of, expr_text
+
+_RESHAPE = ir.Op.get("relax.reshape")
+_MATMUL = ir.Op.get("relax.matmul")
+
+#: The most elementwise operations searched between a matmul and its reshape back.
+MAX_EPILOGUE = 32
+#: Elementwise operations of one tensor (their other arguments are attributes or scalars).
+UNARY_OPS = frozenset(
+    {
+        "relax.astype",
+        "relax.clip",
+        "relax.erf",
+        "relax.exp",
+        "relax.negative",
+        "relax.nn.gelu",
+        "relax.nn.gelu_tanh",
+        "relax.nn.leakyrelu",
+        "relax.nn.relu",
+        "relax.nn.silu",
+        "relax.rsqrt",
+        "relax.sigmoid",
+        "relax.sqrt",
+        "relax.square",
+        "relax.tanh",
+    }
+)
+#: Elementwise operations of two tensors that broadcast (numpy rules).
+BROADCAST_OPS = frozenset(
+    {
+        "relax.add",
+        "relax.divide",
+        "relax.maximum",
+        "relax.minimum",
+        "relax.multiply",
+        "relax.power",
+        "relax.subtract",
+    }
+)
+
+
+# --------------------------------------------------------------------------------------
+# Records
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LinearReshape:
+    """A Linear whose reshapes fold away: ``y = reshape(en(...e1(matmul(a, W))), (..., N))``.
+
+    Attributes
+    ----------
+    function : str
+        The Relax function.
+    output : relax.Var
+        ``y``, the reshape back to (d0, ..., dr, N); after the fold it is bound to the
+        rewritten ``en`` (or ``m``).
+    input : relax.Var
+        ``a = reshape(X, (P, K))``, the matmul's input.
+    activation : relax.Expr
+        ``X``, the tensor ``a`` reshapes.
+    matmul : relax.Var
+        ``m = matmul(a, W)``.
+    weight : relax.Expr
+        ``W``, 2-D.
+    epilogue : tuple of relax.Var
+        ``e1 .. en``, from the matmul outwards.
+    operations : tuple of str
+        Their Relax operators (``relax.add``, ``relax.nn.gelu``, ...).
+    reads_activation : bool
+        True if X has shape (d0, ..., dr, K) and the matmul reads it directly; False if ``a``
+        is replaced by ``reshape(X, (d0, ..., dr, K))``.
+    """
+
+    function: str
+    output: relax.Var
+    input: relax.Var
+    activation: relax.Expr
+    matmul: relax.Var
+    weight: relax.Expr
+    epilogue: tuple[relax.Var, ...]
+    operations: tuple[str, ...]
+    reads_activation: bool
+
+    @property
+    def chain(self) -> tuple[relax.Var, ...]:
+        """``m, e1, .., en``: the bindings whose values become N-D."""
+        return (self.matmul, *self.epilogue)
+
+    @property
+    def shape(self) -> tuple[tvm.ir.PrimExpr, ...]:
+        """(d0, ..., dr, N), the shape every value of :attr:`chain` takes."""
+        return _dims(self.output)
+
+    def __str__(self) -> str:
+        inner = f"matmul({self.input.name}, {_name(self.weight)})"
+        for op in self.operations:
+            inner = f"{op.removeprefix('relax.')}({inner})"
+        source = "reads " + _name(self.activation) if self.reads_activation else "reshapes it"
+        return f"{self.function}: {self.output.name} = reshape({inner}): folded ({source})"
+
+
+@dataclass(frozen=True)
+class NotFolded:
+    """A reshape of a matmul's result that stays, and why (falsy, like the matcher's refusals)."""
+
+    function: str
+    output: str
+    reason: str
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __str__(self) -> str:
+        return f"{self.function}: {self.output} = reshape(... matmul ...) not folded: {self.reason}"
+
+
+class _Refused(Exception):
+    """Internal: a candidate fails a condition; the message is the reason."""
+
+
+@dataclass(frozen=True)
+class _Function:
+    """What the checks read about one Relax function."""
+
+    name: str
+    uses: Counter
+    #: The symbolic dims its parameters define (in scope at every binding).
+    param_dims: tuple
+
+
+# --------------------------------------------------------------------------------------
+# Shapes
+# --------------------------------------------------------------------------------------
+
+
+def _name(expr) -> str:
+    return expr.name if isinstance(expr, relax.Var) else type(expr).__name__.lower()
+
+
+def _dims(expr) -> tuple | None:
+    """The dims of a tensor's struct info, or None if its shape is not known."""
+    ty = getattr(expr, "ty", None)
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    return tuple(ty.shape.values)
+
+
+def _shape_text(dims) -> str:
+    inner = ", ".join(expr_text(d) for d in dims)
+    return f"({inner},)" if len(dims) == 1 else f"({inner})"
+
+
+class _Dims:
+    """Proves dims equal: integers directly, symbolic ones with the arithmetic analyzer."""
+
+    def __init__(self):
+        self._analyzer = sym.Analyzer()
+
+    def equal(self, a, b) -> bool:
+        a, b = _int64(a), _int64(b)
+        if isinstance(a, tirx.IntImm) and isinstance(b, tirx.IntImm):
+            return a.value == b.value
+        return bool(self._analyzer.can_prove_equal(a, b))
+
+    def all_equal(self, a, b) -> bool:
+        return len(a) == len(b) and all(self.equal(x, y) for x, y in zip(a, b, strict=True))
+
+    def product(self, dims):
+        return self._analyzer.simplify(functools.reduce(operator.mul, map(_int64, dims)))
+
+
+def _int64(dim):
+    if isinstance(dim, int):
+        return tirx.IntImm("int64", dim)
+    return dim if dtype_of(dim) == "int64" else tirx.Cast("int64", dim)
+
+
+# --------------------------------------------------------------------------------------
+# Finding: from each reshape back to a matmul, through the epilogue
+# --------------------------------------------------------------------------------------
+
+
+def _uses(func: relax.Function) -> Counter:
+    """How often each Relax variable of ``func`` is used (definitions not counted)."""
+    counter = _UseCounter()
+    counter.visit_expr(func)
+    return counter.uses
+
+
+@relax.expr_functor.visitor
+class _UseCounter(relax.PyExprVisitor):
+    def __init__(self):
+        self.uses = Counter()
+
+    def visit_var_(self, var):
+        self.uses[var] += 1
+
+    def visit_dataflow_var_(self, var):
+        self.uses[var] += 1
+
+
+def _call(values: dict, var, op=None) -> relax.Call | None:
+    """The call bound to ``var`` in the dataflow block (of operator ``op``, if given)."""
+    value = values.get(var) if isinstance(var, relax.Var) else None
+    if not isinstance(value, relax.Call) or not isinstance(value.op, ir.Op):
+        return None
+    return value if op is None or value.op.same_as(op) else None
+
+
+def _is_tensor(expr) -> bool:
+    return isinstance(getattr(expr, "ty", None), relax.TensorType)
+
+
+def _chain_operands(call: relax.Call, dims: _Dims) -> list[int]:
+    """The arguments an epilogue operation may carry the chain's value in, in order."""
+    name = call.op.name
+    if name in UNARY_OPS:
+        return [0]
+    if name in BROADCAST_OPS:
+        out = _dims(call)
+        return [
+            i
+            for i, arg in enumerate(call.args)
+            if isinstance(arg, relax.Var) and out is not None and _same_dims(arg, out, dims)
+        ]
+    return []
+
+
+def _same_dims(expr, dims_expected, dims: _Dims) -> bool:
+    found = _dims(expr)
+    return found is not None and dims.all_equal(found, dims_expected)
+
+
+def _walk(values: dict, var, dims: _Dims, dead_ends: set, depth: int = 0) -> list | None:
+    """``[m, e1, .., en]`` (the chain from ``var`` back to a matmul), or None if none.
+
+    ``dead_ends`` remembers the variables no chain starts from (the search is then linear in
+    the block, however often its values are shared); at most :data:`MAX_EPILOGUE` operations
+    are followed.
+    """
+    if _call(values, var, _MATMUL) is not None:
+        return [var]
+    call = _call(values, var)
+    if call is None or depth == MAX_EPILOGUE or var in dead_ends:
+        return None
+    for index in _chain_operands(call, dims):
+        chain = _walk(values, call.args[index], dims, dead_ends, depth + 1)
+        if chain is not None:
+            return [*chain, var]
+    dead_ends.add(var)
+    return None
+
+
+def _candidates(func: relax.Function):
+    """Each dataflow block's bindings as ``{var: value}``, and its reshapes of a matmul chain."""
+    dims = _Dims()
+    for block in func.body.blocks:
+        if not isinstance(block, relax.DataflowBlock):
+            continue
+        values = {b.var: b.value for b in block.bindings if isinstance(b, relax.VarBinding)}
+        dead_ends = set()
+        for var, value in values.items():
+            if _call(values, var, _RESHAPE) is None:
+                continue
+            chain = _walk(values, value.args[0], dims, dead_ends)
+            if chain is not None:
+                yield var, chain, values
+
+
+def find_linear_reshapes(mod: tvm.IRModule) -> tuple[LinearReshape | NotFolded, ...]:
+    """What :func:`fold_linear_reshapes` folds in ``mod``, and the candidates it does not.
+
+    Returns
+    -------
+    tuple of LinearReshape or NotFolded
+        One entry per reshape of a matmul's (elementwise-continued) result, in each Relax
+        function's binding order.
+    """
+    found = []
+    for gvar, func in mod.functions_items():
+        if not _is_plain_relax(func):
+            continue
+        param_dims = tuple(v for p in func.params for v in relax.analysis.tir_vars_in_type(p.ty))
+        context = _Function(gvar.name_hint, _uses(func), param_dims)
+        for output, chain, values in _candidates(func):
+            try:
+                found.append(_check(context, output, chain, values, _Dims()))
+            except _Refused as refused:
+                found.append(NotFolded(context.name, output.name, str(refused)))
+    return tuple(found)
+
+
+def _is_plain_relax(func) -> bool:
+    if not isinstance(func, relax.Function):
+        return False
+    attrs = func.attrs or {}
+    return not any(key in attrs for key in ("Primitive", "Codegen"))
+
+
+# --------------------------------------------------------------------------------------
+# Checking: the conditions of the module docstring, in its order
+# --------------------------------------------------------------------------------------
+
+
+def _known(expr, what: str) -> tuple:
+    found = _dims(expr)
+    if found is None:
+        raise _Refused(f"the shape of {what} is not known")
+    return found
+
+
+def _check(context: _Function, output, chain, values, dims: _Dims) -> LinearReshape:
+    uses = context.uses
+    matmul, epilogue = chain[0], chain[1:]
+    call = values[matmul]
+    a, weight = call.args
+    # Condition 1. A 2-D matmul: (P, K) x (K, N).
+    a_shape, w_shape = _known(a, "the matmul's input"), _known(weight, "the weight")
+    if len(a_shape) != 2 or len(w_shape) != 2:
+        raise _Refused(
+            f"{matmul.name} is a batched matmul (input of {len(a_shape)} dims, weight of "
+            f"{len(w_shape)}); only a 2-D matmul on a 2-D weight is folded"
+        )
+    (p, k), n = a_shape, w_shape[1]
+    # Condition 2. The reshape back keeps N and splits P into the leading dims.
+    y_shape = _known(output, output.name)
+    if len(y_shape) < 3:
+        raise _Refused(
+            f"the reshape back to {_shape_text(y_shape)} is 2-D: nothing to fold (it can only "
+            "be an identity reshape)"
+        )
+    if not dims.equal(y_shape[-1], n):
+        raise _Refused(
+            f"the reshape back to {_shape_text(y_shape)} does not keep the last dim N = "
+            f"{expr_text(n)} (it only may split the leading dim P = {expr_text(p)})"
+        )
+    if not dims.equal(dims.product(y_shape[:-1]), p):
+        raise _Refused(f"the leading dims of {_shape_text(y_shape)} do not multiply to P = {p}")
+    # Condition 3. Each epilogue operation is elementwise, its other operand a last-dim broadcast.
+    full = (p, n)
+    for link, previous in zip(epilogue, chain, strict=False):
+        _check_epilogue(link, values[link], previous, full, dims)
+    # Condition 4. Nothing else reads the 2-D values.
+    for var in chain:
+        if uses[var] != 1:
+            raise _Refused(
+                f"{var.name} is used {uses[var]} times; the fold needs its 2-D value used once, "
+                "by the next step towards the reshape"
+            )
+    # Condition 5. The input is a reshape of the activation.
+    source = _call(values, a, _RESHAPE)
+    if source is None:
+        raise _Refused(f"the matmul's input {_name(a)} is not a reshape (folding would add one)")
+    activation = source.args[0]
+    x_shape = _dims(activation)
+    reads = x_shape is not None and dims.all_equal(x_shape, (*y_shape[:-1], k))
+    if not reads:
+        _check_reshape_in_place(context, a, activation, x_shape, (*y_shape[:-1], k), output)
+    operations = tuple(values[link].op.name for link in epilogue)
+    return LinearReshape(
+        context.name, output, a, activation, matmul, weight, tuple(epilogue), operations, reads
+    )
+
+
+def _check_reshape_in_place(context: _Function, a, activation, x_shape, shape, output) -> None:
+    """Condition 5, second case: ``reshape(X, shape)`` can take the place of ``a``."""
+    if context.uses[a] != 1:
+        shown = "an unknown shape" if x_shape is None else _shape_text(x_shape)
+        raise _Refused(
+            f"{a.name} reshapes {_name(activation)} of {shown}, not {_shape_text(shape)}, "
+            "and has other users"
+        )
+    # The new reshape sits where ``a`` was: the dims it takes from y must be defined there.
+    later = [
+        v
+        for v in relax.analysis.tir_vars_in_type(output.ty)
+        if not any(v.same_as(defined) for defined in context.param_dims)
+    ]
+    if later:
+        raise _Refused(
+            f"the reshape of {_name(activation)} to {_shape_text(shape)} would need "
+            f"{', '.join(v.name for v in later)}, not defined by the function's parameters"
+        )
+
+
+def _check_epilogue(link, call, previous, full, dims: _Dims) -> None:
+    name = call.op.name
+    others = [arg for arg in call.args if not arg.same_as(previous)]
+    if len(others) != len(call.args) - 1:
+        raise _Refused(f"{link.name} = {name} reads {previous.name} more than once")
+    if name in UNARY_OPS:
+        tensors = [arg for arg in others if _is_tensor(arg)]
+        if tensors:
+            raise _Refused(f"{link.name} = {name} takes another tensor, {_name(tensors[0])}")
+    else:
+        _check_broadcast(link, name, others, full, dims)
+    if not _same_dims(link, full, dims):
+        raise _Refused(f"{link.name} = {name} changes the shape {_shape_text(full)}")
+
+
+def _check_broadcast(link, name, others, full, dims: _Dims) -> None:
+    (other,) = others
+    shape = _dims(other)
+    n = full[1]
+    last_dim_only = (
+        shape is not None
+        and len(shape) <= 2
+        and all(dims.equal(d, 1) for d in shape[:-1])
+        and (not shape or dims.equal(shape[-1], 1) or dims.equal(shape[-1], n))
+    )
+    if not last_dim_only:
+        shown = "an unknown shape" if shape is None else _shape_text(shape)
+        raise _Refused(
+            f"{link.name} = {name} with {_name(other)} of {shown}: expected a broadcast along "
+            f"the last dim only, (), (N,) or (1, N) with N = {expr_text(n)}"
+        )
+
+
+# --------------------------------------------------------------------------------------
+# Rewriting
+# --------------------------------------------------------------------------------------
+
+
+def fold_linear_reshapes(mod: tvm.IRModule) -> tvm.IRModule:
+    """Fold the reshapes around each Linear on an N-D activation (see the module docstring).
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        A Relax module before ``LegalizeOps`` (a lowered one has no ``R.matmul`` left and is
+        returned as it is).
+
+    Returns
+    -------
+    tvm.IRModule
+        ``mod`` itself if nothing folds, else a new module; ``mod`` is never modified.
+    """
+    folds = [f for f in find_linear_reshapes(mod) if f]
+    if not folds:
+        return mod
+    return _Rewriter(mod, folds).transform()
+
+
+def FoldLinearReshapes() -> tvm.transform.Pass:
+    """:func:`fold_linear_reshapes` as a module pass (for ``tvm.transform.Sequential``)."""
+    return tvm.transform.module_pass(
+        lambda mod, _ctx: fold_linear_reshapes(mod),
+        opt_level=0,
+        name="tir_byoc.FoldLinearReshapes",
+    )
+
+
+@relax.expr_functor.mutator
+class _Rewriter(relax.PyExprMutator):
+    """Re-emits each folded chain N-D, in place; every other binding as it was."""
+
+    def __init__(self, mod: tvm.IRModule, folds: list[LinearReshape]):
+        super().__init__(mod)
+        self.mod = mod
+        self.functions = {f.function for f in folds}
+        self.steps: dict[relax.Var, Callable] = {}
+        for fold in folds:
+            if not fold.reads_activation:
+                self.steps[fold.input] = functools.partial(self._reshape_input, fold)
+            self.steps[fold.matmul] = functools.partial(self._matmul, fold)
+            for link in fold.epilogue:
+                self.steps[link] = functools.partial(self._link, fold)
+            self.steps[fold.output] = functools.partial(self._output, fold)
+        # An input reshape read by folded matmuls only is dead once they read X.
+        uses_by_folds = Counter(f.input for f in folds if f.reads_activation)
+        self.uses_by_folds = uses_by_folds
+        self.replaced: dict[relax.Var, relax.Var] = {}
+        self.bound_outputs: set[relax.Var] = set()
+
+    def transform(self) -> tvm.IRModule:
+        for gvar, func in self.mod.functions_items():
+            if gvar.name_hint in self.functions:
+                self.uses = _uses(func)
+                self.builder_.update_func(gvar, self.visit_expr(func))
+        return self.builder_.get()
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        var = binding.var
+        step = self.steps.get(var)
+        if step is not None:
+            step(binding)
+        elif self.uses_by_folds.get(var, 0) == self.uses[var] > 0:
+            return  # every user of this input reshape now reads the activation itself
+        else:
+            super().visit_var_binding_(binding)
+
+    # Step 1. The input: X itself, or one reshape of X to (d0, ..., dr, K) in place of ``a``.
+    def _reshape_input(self, fold: LinearReshape, binding: relax.VarBinding) -> None:
+        k = _dims(fold.input)[1]
+        shape = relax.ShapeExpr([*fold.shape[:-1], k])
+        value = relax.op.reshape(self.visit_expr(fold.activation), shape)
+        self.replaced[fold.input] = self.builder_.emit(value, fold.input.name)
+
+    # Step 2. The matmul on the N-D input.
+    def _matmul(self, fold: LinearReshape, binding: relax.VarBinding) -> None:
+        call = binding.value
+        if fold.reads_activation:
+            data = self.visit_expr(fold.activation)
+        else:
+            data = self.replaced[fold.input]
+        value = relax.Call(call.op, [data, self.visit_expr(fold.weight)], call.attrs)
+        self._emit(fold, binding.var, value)
+
+    # Step 3. Each epilogue operation, on the N-D value of the previous one.
+    def _link(self, fold: LinearReshape, binding: relax.VarBinding) -> None:
+        self._emit(fold, binding.var, self.visit_expr(binding.value))
+
+    def _emit(self, fold: LinearReshape, var: relax.Var, value: relax.Expr) -> None:
+        value = self.builder_.normalize(value)
+        if var.same_as(fold.chain[-1]) and tvm_ffi.structural_equal(value.ty, fold.output.ty):
+            # The last step binds y itself: its users read the N-D value, no alias left.
+            self.builder_.emit_normalized(relax.VarBinding(fold.output, value))
+            self.bound_outputs.add(fold.output)
+            return
+        self.set_var_remap(var, self.builder_.emit(value, var.name))
+
+    # Step 4. The reshape back: gone if step 3 bound y, else an identity reshape of the value.
+    def _output(self, fold: LinearReshape, binding: relax.VarBinding) -> None:
+        if fold.output not in self.bound_outputs:
+            super().visit_var_binding_(binding)
