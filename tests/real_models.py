@@ -214,18 +214,19 @@ def torch_gemm_flops(model: RealModel) -> dict[str, int]:
 
 
 def lower(model: RealModel) -> tvm.IRModule:
-    """Export with torch, import into Relax (weights bound as constants), lower and fuse."""
+    """Export with torch, import into Relax (weights bound as constants), lower and fuse.
+
+    The lowering is :func:`tir_byoc.build_model`'s, :data:`tir_byoc.model.LOWERING`: the
+    reshapes around each Linear folded (:mod:`tir_byoc.relax_reshape`), so that an activation
+    or a residual add after a projection fuses into its GEMM's PrimFunc, then ``LegalizeOps``,
+    ``AnnotateTIROpPattern``, ``FuseOps``, ``FuseTIR``.
+    """
+    from tir_byoc.model import LOWERING
+
     with torch.no_grad():
         exported = torch.export.export(model.module, model.inputs)
     mod = from_exported_program(exported)
-    return tvm.transform.Sequential(
-        [
-            relax.transform.LegalizeOps(),
-            relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FuseOps(),
-            relax.transform.FuseTIR(),
-        ]
-    )(mod)
+    return tvm.transform.Sequential([make_pass() for make_pass in LOWERING])(mod)
 
 
 @dataclass(frozen=True)

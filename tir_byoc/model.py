@@ -38,12 +38,16 @@ from tvm.s_tir import dlight
 from . import frontend
 from .export import export_library
 from .offload import offload as offload_module
+from .relax_reshape import FoldLinearReshapes
 from .rewrite import intrinsic_calls
 
 logger = logging.getLogger("tir_byoc")
 
-#: The standard Relax lowering, in order: operators to TIR, fused into PrimFuncs.
+#: The standard Relax lowering, in order: the reshapes around each Linear on an N-D activation
+#: folded away (so its activation or residual add fuses with the GEMM), operators to TIR, fused
+#: into PrimFuncs.
 LOWERING = (
+    FoldLinearReshapes,
     relax.transform.LegalizeOps,
     relax.transform.AnnotateTIROpPattern,
     relax.transform.FuseOps,
