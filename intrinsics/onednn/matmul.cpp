@@ -1,6 +1,7 @@
 /*
- * onednn/matmul.cpp - the oneDNN intrinsics: every pattern of the family as one oneDNN matmul
- * primitive.  Symbols tir_byoc_onednn_<pattern>, registry keys onednn.<pattern>; calling
+ * onednn/matmul.cpp - the oneDNN intrinsics: every pattern of the family, and the gemm entry
+ * point with its epilogue as data, as one oneDNN matmul primitive.  Symbols
+ * tir_byoc_onednn_<pattern> and tir_byoc_onednn_gemm, registry keys onednn.<pattern>; calling
  * convention and status codes as in tir_byoc.h.
  *
  * - The weight is described to oneDNN by strides, never copied: a dense weight (N x K,
@@ -16,13 +17,17 @@
  * - Integer (u8 / s8 inputs, s32 output): oneDNN applies biases and post-ops of an integer
  *   matmul in fp32, which rounds sums above 2^24; the primitive computes the exact s32
  *   product and the bias and relu are applied afterwards in int32, as the TIR does.
- * - Primitives are created once per (shape, dtypes, layout, epilogue) and kept in a bounded,
- *   thread-safe LRU cache (capacity $TIR_BYOC_ONEDNN_CACHE_CAPACITY, default 256).
+ * - The gemm entry point (fp32): the longest prefix of the epilogue that oneDNN computes
+ *   exactly as tir_byoc_epilogue.h does is fused (Plan, and the table above it); the rest runs
+ *   in C after the primitive.
+ * - Primitives are created once per (shape, dtypes, layout, fused epilogue) and kept in a
+ *   bounded, thread-safe LRU cache (capacity $TIR_BYOC_ONEDNN_CACHE_CAPACITY, default 256).
  */
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -81,46 +86,83 @@ bool Decode(int32_t signature, Dtypes *out) {
   return false;
 }
 
-/* What a primitive is specialised for; `relu` is a fused relu post-op.  A 2-D product has
- * the batch {1, 1} with strides 0. */
+/* The bits of a float, so that keys compare and hash constants exactly (a NaN included). */
+uint32_t Bits(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  return bits;
+}
+
+/* One post-op of a primitive: an eltwise op (algorithm, alpha, beta), or a binary op whose
+ * second operand is an (n,) row broadcast over the output, or a tensor of the output's shape. */
+struct PostOp {
+  enum Operand : int32_t { kEltwise, kRow, kFull };
+  dnnl::algorithm algorithm = dnnl::algorithm::undef;
+  float alpha = 0.0f, beta = 0.0f;
+  Operand operand = kEltwise;
+
+  bool operator==(const PostOp &o) const {
+    return algorithm == o.algorithm && Bits(alpha) == Bits(o.alpha) &&
+           Bits(beta) == Bits(o.beta) && operand == o.operand;
+  }
+};
+
+/* The part of an epilogue a primitive computes: the bias argument, which oneDNN adds before
+ * any post-op, then `count` post-ops.  It computes the first ops() ops of the epilogue. */
+struct Fusion {
+  bool bias = false;
+  int32_t count = 0;
+  PostOp post[TIR_BYOC_MAX_OPS];
+
+  int ops() const { return static_cast<int>(bias) + count; }
+
+  bool operator==(const Fusion &o) const {
+    return bias == o.bias && count == o.count && std::equal(post, post + count, o.post);
+  }
+};
+
+/* What a primitive is specialised for.  A 2-D product has the batch {1, 1} with strides 0. */
 struct Key {
   int64_t m, n, k;
   int32_t signature;
   tir_byoc_layout layout;
-  bool bias, relu;
   tir_byoc_batch batch;
+  Fusion fusion;
 
   bool operator==(const Key &o) const {
     return m == o.m && n == o.n && k == o.k && signature == o.signature && layout == o.layout &&
-           bias == o.bias && relu == o.relu &&
-           std::memcmp(&batch, &o.batch, sizeof batch) == 0;
+           std::memcmp(&batch, &o.batch, sizeof batch) == 0 && fusion == o.fusion;
   }
 };
 
 struct KeyHash {
   size_t operator()(const Key &key) const {
     uint64_t h = 1469598103934665603ull;
-    const uint64_t parts[] = {static_cast<uint64_t>(key.m), static_cast<uint64_t>(key.n),
-                              static_cast<uint64_t>(key.k), static_cast<uint64_t>(key.signature),
-                              static_cast<uint64_t>(key.layout),
-                              static_cast<uint64_t>(key.bias) << 1 | key.relu,
-                              static_cast<uint64_t>(key.batch.count[0]),
-                              static_cast<uint64_t>(key.batch.count[1]),
-                              static_cast<uint64_t>(key.batch.x_stride[0]),
-                              static_cast<uint64_t>(key.batch.x_stride[1]),
-                              static_cast<uint64_t>(key.batch.w_stride[0]),
-                              static_cast<uint64_t>(key.batch.w_stride[1])};
-    for (uint64_t part : parts) h = (h ^ part) * 1099511628211ull;
+    auto mix = [&h](uint64_t part) { h = (h ^ part) * 1099511628211ull; };
+    for (int64_t part : {key.m, key.n, key.k, key.batch.count[0], key.batch.count[1],
+                         key.batch.x_stride[0], key.batch.x_stride[1], key.batch.w_stride[0],
+                         key.batch.w_stride[1]})
+      mix(static_cast<uint64_t>(part));
+    mix(static_cast<uint64_t>(key.signature) << 8 | static_cast<uint64_t>(key.layout));
+    mix(static_cast<uint64_t>(key.fusion.count) << 1 | key.fusion.bias);
+    for (int i = 0; i < key.fusion.count; ++i) {
+      const PostOp &post = key.fusion.post[i];
+      mix(static_cast<uint64_t>(post.algorithm) << 2 | static_cast<uint64_t>(post.operand));
+      mix(static_cast<uint64_t>(Bits(post.alpha)) << 32 | Bits(post.beta));
+    }
     return static_cast<size_t>(h);
   }
 };
 
-/* A created primitive with the memory descriptors its arguments are wrapped in. */
+/* A created primitive with the memory descriptors its arguments are wrapped in.  `fusion` is
+ * what it computes: the key's, or a shorter prefix of it (see Create). */
 struct Entry {
   dnnl::matmul primitive;
   dnnl::memory::desc src, weights, bias, dst;
-  std::string implementation;  // oneDNN's name for the kernel it chose
-  uint64_t id;                 // unique per creation, keys the per-thread argument cache
+  Fusion fusion;
+  dnnl::memory::desc operand[TIR_BYOC_MAX_OPS];  // second operand of each binary post-op
+  std::string implementation;                    // oneDNN's name for the kernel it chose
+  uint64_t id;  // unique per creation, keys the per-thread argument cache
 };
 
 std::atomic<uint64_t> next_entry_id{1};
@@ -155,33 +197,57 @@ dnnl::memory::desc Operand(const Key &key, const int64_t *batch_strides, int64_t
   return dnnl::memory::desc(shape, type, strides);
 }
 
+/* An (n,) row of the output's dtype, broadcast over its rows (and batch). */
+dnnl::memory::desc Row(const Key &key, dt type) {
+  return IsBatched(key) ? dnnl::memory::desc({1, 1, 1, key.n}, type, dims{key.n, key.n, key.n, 1})
+                        : dnnl::memory::desc({1, key.n}, type, dims{key.n, 1});
+}
+
 std::shared_ptr<const Entry> Create(const Key &key, const Dtypes &dtypes) {
   // Step 1. Plain row-major descriptors; the weight's layout is carried by its strides.
-  dnnl::memory::desc src = Operand(key, key.batch.x_stride, key.m, key.k, dtypes.x, {key.k, 1});
+  Entry entry;
+  entry.src = Operand(key, key.batch.x_stride, key.m, key.k, dtypes.x, {key.k, 1});
   dims weight_strides = key.layout == TIR_BYOC_LAYOUT_NK ? dims{1, key.k} : dims{key.n, 1};
-  dnnl::memory::desc weights =
-      Operand(key, key.batch.w_stride, key.k, key.n, dtypes.w, weight_strides);
+  entry.weights = Operand(key, key.batch.w_stride, key.k, key.n, dtypes.w, weight_strides);
   const int64_t b1 = key.batch.count[1];
-  dnnl::memory::desc dst =
-      IsBatched(key) ? dnnl::memory::desc({key.batch.count[0], b1, key.m, key.n}, dtypes.y,
-                                          dims{b1 * key.m * key.n, key.m * key.n, key.n, 1})
-                     : dnnl::memory::desc({key.m, key.n}, dtypes.y, dims{key.n, 1});
-  // Step 2. Fuse the epilogue (floating point only; see the file comment for integers).
-  const bool fuse = !dtypes.integer;
-  dnnl::memory::desc bias;
-  if (fuse && key.bias)
-    bias = IsBatched(key)
-               ? dnnl::memory::desc({1, 1, 1, key.n}, dtypes.y, dims{key.n, key.n, key.n, 1})
-               : dnnl::memory::desc({1, key.n}, dtypes.y, dims{key.n, 1});
-  dnnl::primitive_attr attr;
-  if (fuse && key.relu) {
-    dnnl::post_ops ops;
-    ops.append_eltwise(dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
-    attr.set_post_ops(ops);
+  entry.dst = IsBatched(key) ? dnnl::memory::desc({key.batch.count[0], b1, key.m, key.n},
+                                                  dtypes.y,
+                                                  dims{b1 * key.m * key.n, key.m * key.n, key.n, 1})
+                             : dnnl::memory::desc({key.m, key.n}, dtypes.y, dims{key.n, 1});
+  // Step 2. The fused epilogue: the bias argument, then the post-ops.
+  entry.fusion = key.fusion;
+  if (key.fusion.bias) entry.bias = Row(key, dtypes.y);
+  for (int i = 0; i < key.fusion.count; ++i) {
+    const PostOp::Operand operand = key.fusion.post[i].operand;
+    if (operand != PostOp::kEltwise)
+      entry.operand[i] = operand == PostOp::kRow ? Row(key, dtypes.y) : entry.dst;
   }
-  dnnl::matmul::primitive_desc desc(Engine(), src, weights, bias, dst, attr);
-  return std::make_shared<const Entry>(Entry{dnnl::matmul(desc), src, weights, bias, dst,
-                                               desc.impl_info_str(), next_entry_id++});
+  // Step 3. The primitive; post-ops oneDNN does not implement for this shape, or implements
+  // only in its reference kernels (slow, and not the kernels measured in the table above
+  // Plan), are dropped from the end until it does.  The caller runs what was dropped in C.
+  for (;; --entry.fusion.count) {
+    dnnl::post_ops ops;
+    for (int i = 0; i < entry.fusion.count; ++i) {
+      const PostOp &post = entry.fusion.post[i];
+      if (post.operand == PostOp::kEltwise)
+        ops.append_eltwise(post.algorithm, post.alpha, post.beta);
+      else
+        ops.append_binary(post.algorithm, entry.operand[i]);
+    }
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(ops);
+    try {
+      dnnl::matmul::primitive_desc desc(Engine(), entry.src, entry.weights, entry.bias,
+                                        entry.dst, attr);
+      entry.implementation = desc.impl_info_str();
+      if (entry.fusion.count > 0 && entry.implementation.rfind("ref", 0) == 0) continue;
+      entry.primitive = dnnl::matmul(desc);
+      entry.id = next_entry_id++;
+      return std::make_shared<const Entry>(std::move(entry));
+    } catch (const dnnl::error &) {
+      if (entry.fusion.count == 0) throw;
+    }
+  }
 }
 
 /* A bounded LRU map Key -> Entry.  Entries are shared pointers, so an entry evicted while
@@ -262,7 +328,8 @@ PrimitiveCache &Cache() {
  * caller's buffers on each call, so a call allocates nothing. */
 struct BoundArgs {
   dnnl::memory src, weights, bias, dst;
-  dnnl_exec_arg_t args[4];
+  dnnl::memory operand[TIR_BYOC_MAX_OPS];  // of the binary post-ops
+  dnnl_exec_arg_t args[4 + TIR_BYOC_MAX_OPS];
   int count = 0;
 
   explicit BoundArgs(const Entry &entry) {
@@ -273,9 +340,14 @@ struct BoundArgs {
     args[count++] = {DNNL_ARG_SRC, src.get()};
     args[count++] = {DNNL_ARG_WEIGHTS, weights.get()};
     args[count++] = {DNNL_ARG_DST, dst.get()};
-    if (!entry.bias.is_zero()) {
+    if (entry.fusion.bias) {
       bias = dnnl::memory(entry.bias, engine, DNNL_MEMORY_NONE);
       args[count++] = {DNNL_ARG_BIAS, bias.get()};
+    }
+    for (int i = 0; i < entry.fusion.count; ++i) {
+      if (entry.fusion.post[i].operand == PostOp::kEltwise) continue;
+      operand[i] = dnnl::memory(entry.operand[i], engine, DNNL_MEMORY_NONE);
+      args[count++] = {DNNL_ARG_ATTR_MULTIPLE_POST_OP(i) | DNNL_ARG_SRC_1, operand[i].get()};
     }
   }
 };
@@ -291,8 +363,27 @@ BoundArgs &Bind(const Entry &entry, int64_t capacity) {
   return *inserted.first->second;
 }
 
-dnnl_status_t Point(const dnnl::memory &memory, const void *data) {
-  return dnnl_memory_set_data_handle(memory.get(), const_cast<void *>(data));
+bool Point(const dnnl::memory &memory, const void *data) {
+  return dnnl_memory_set_data_handle(memory.get(), const_cast<void *>(data)) == dnnl_success;
+}
+
+/* Run `entry` on the caller's buffers: `bias` for the bias argument, operands[i] for the second
+ * operand of post-op i (binary post-ops only; NULL when there are none). */
+int32_t Execute(const Entry &entry, const void *x, const void *w, const void *bias,
+                const void *const *operands, void *y) {
+  BoundArgs &bound = Bind(entry, Cache().Capacity());
+  bool pointed = Point(bound.src, x) && Point(bound.weights, w) && Point(bound.dst, y);
+  if (entry.fusion.bias) pointed = pointed && Point(bound.bias, bias);
+  for (int i = 0; i < entry.fusion.count; ++i)
+    if (entry.fusion.post[i].operand != PostOp::kEltwise)
+      pointed = pointed && Point(bound.operand[i], operands[i]);
+  if (!pointed) return TIR_BYOC_EBACKEND;
+  dnnl::stream &stream = Stream();
+  if (dnnl_primitive_execute(entry.primitive.get(), stream.get(), bound.count, bound.args) !=
+          dnnl_success ||
+      dnnl_stream_wait(stream.get()) != dnnl_success)
+    return TIR_BYOC_EBACKEND;
+  return TIR_BYOC_OK;
 }
 
 /* y = relu?(y + bias?) over an (m, n) row-major output; also the whole result when k == 0.
@@ -327,6 +418,17 @@ void ApplyEpilogue(const Dtypes &dtypes, void *y, const void *bias, int64_t m, i
 
 constexpr tir_byoc_batch kNoBatch = {{1, 1}, {0, 0}, {0, 0}};
 
+/* What the primitive of a family call fuses: floating point only (see the file comment for
+ * integers), and a relu only if it maps NaN to 0. */
+Fusion FamilyFusion(const Dtypes &dtypes, bool bias, bool relu, bool keep_nan) {
+  Fusion fusion;
+  if (dtypes.integer) return fusion;
+  fusion.bias = bias;
+  if (relu && !keep_nan)
+    fusion.post[fusion.count++] = {dnnl::algorithm::eltwise_relu, 0.0f, 0.0f, PostOp::kEltwise};
+  return fusion;
+}
+
 /* The whole family, batched or not (TIR_BYOC_DEFINE_BATCHED_FAMILY below); a NULL bias is a
  * pattern without one. */
 int32_t BatchedGemm(const void *x, const void *w, const void *bias, void *y, int64_t m,
@@ -356,29 +458,163 @@ int32_t BatchedGemm(const void *x, const void *w, const void *bias, void *y, int
   }
   try {
     // Step 2. The cached primitive, executed on the caller's buffers.
-    const bool fused_relu = relu && !dtypes.integer && !keep_nan;
     // A batch of one is a 2-D product, whatever its strides: one cache entry for both.
     const tir_byoc_batch &key_batch = count == 1 ? kNoBatch : *batch;
-    std::shared_ptr<const Entry> entry =
-        Cache().Get(Key{m, n, k, signature, layout, has_bias, fused_relu, key_batch}, dtypes);
-    BoundArgs &bound = Bind(*entry, Cache().Capacity());
-    dnnl_status_t status_x = Point(bound.src, x), status_w = Point(bound.weights, w);
-    dnnl_status_t status_y = Point(bound.dst, y);
-    dnnl_status_t status_b = bound.count == 4 ? Point(bound.bias, bias) : dnnl_success;
-    if (status_x != dnnl_success || status_w != dnnl_success || status_y != dnnl_success ||
-        status_b != dnnl_success)
-      return TIR_BYOC_EBACKEND;
-    dnnl::stream &stream = Stream();
-    if (dnnl_primitive_execute(entry->primitive.get(), stream.get(), bound.count, bound.args) !=
-            dnnl_success ||
-        dnnl_stream_wait(stream.get()) != dnnl_success)
-      return TIR_BYOC_EBACKEND;
-    // Step 3. The exact int32 epilogue of the integer patterns; a relu that keeps NaN.
+    const Key key{m, n, k, signature, layout, key_batch,
+                  FamilyFusion(dtypes, has_bias, relu, keep_nan)};
+    std::shared_ptr<const Entry> entry = Cache().Get(key, dtypes);
+    if ((status = Execute(*entry, x, w, bias, nullptr, y)) != TIR_BYOC_OK) return status;
+    // Step 3. The exact int32 epilogue of the integer patterns; a relu not fused.
     if (dtypes.integer && (has_bias || relu)) {
       ApplyEpilogue(dtypes, y, bias, rows, n, relu, keep_nan, false);
-    } else if (relu && !fused_relu) {
+    } else if (relu && entry->fusion.count == 0) {
       ApplyEpilogue(dtypes, y, nullptr, rows, n, true, keep_nan, false);
     }
+  } catch (...) {
+    return TIR_BYOC_EBACKEND;
+  }
+  return TIR_BYOC_OK;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The gemm entry point: an epilogue op is fused only where oneDNN computes it as
+ * tir_byoc_epilogue.h does, NaN and infinities included.  Measured with oneDNN 3.2.0 (kernel
+ * gemm:jit:f32, AVX2, AMD EPYC): each op alone as the post-op of a matmul whose product is the
+ * value z exactly (k = 1, 8, 96; n = 1 ... 3072; 2-D and 4-D with a broadcast weight), against
+ * tir_byoc_op_row, for z in {NaN, +-inf, +-3e38, +-1e30, +-100, +-89, +-88, +-20, +-10, ...,
+ * +-1e-30, +-0} and 801 points of [-10, 10].  "Agrees": NaN where C has NaN, the same infinity,
+ * otherwise within 1e-5 relative (+ 1e-6); a zero's sign is not compared.
+ *
+ *   op             oneDNN post-op               NaN    +inf   -inf   +1e30  -1e30  -100   fused
+ *   scale c        eltwise_linear(c, 0)         NaN    +-inf  -+inf  c*z    c*z    c*z    c finite
+ *   div c          eltwise_linear(1/c, 0)       NaN    +-inf  -+inf  z/c    z/c    z/c    1/c exact
+ *   bias           the bias argument (op 0),    NaN    inf    -inf   z+b    z+b    z+b    yes
+ *                  else binary_add of a row
+ *   relu           eltwise_relu(0)              0      inf    0      1e30   0      0      yes
+ *   relu_keep_nan  eltwise_relu(0)              0 (C: NaN)                                no
+ *   gelu           eltwise_gelu_erf             NaN    inf    NaN    1e30   0      0      yes
+ *   gelu_tanh      eltwise_gelu_tanh            NaN    inf    NaN    1e30   -0     -0     yes
+ *   silu           eltwise_swish(1)             NaN    inf    NaN    1e30   -0     -0     yes
+ *   sigmoid        eltwise_logistic             NaN    1      0      1      0      0      yes
+ *   tanh           eltwise_tanh                 NaN    1      -1     1      -1     -1     yes
+ *   clip lo hi c2  eltwise_clip_v2(lo, hi)      lo (C: c2)   hi     lo     hi     lo     c2 == lo
+ *   leaky_relu a   eltwise_relu(a)              NaN    inf    -inf   1e30   a*z    a*z    a > 0
+ *     a = 0                                     0 (C: NaN); -inf: 0 (C: 0 * -inf = NaN)   no
+ *   add, mul       binary_add / binary_mul of   IEEE fp32 + and *, as C                   yes
+ *                  a tensor of y's shape
+ *
+ * The gelus are fused only with the constants oneDNN builds in (sqrt(1/2); sqrt(2/pi) and
+ * 0.044715), clip only with lo <= hi.  A div by a c whose reciprocal is inexact is not the
+ * same op (z * (1/3) is 1 ulp off z / 3 for a third of all z), so it runs in C.  The ops agree
+ * on every kernel measured; a kernel oneDNN implements only by reference code is never given
+ * post-ops (Create).
+ */
+
+/* True if z * (1 / c) == z / c for every float z: c is a power of two whose reciprocal is a
+ * normal float. */
+bool ExactReciprocal(float c) {
+  int exponent;
+  return std::isnormal(c) && std::fabs(std::frexp(c, &exponent)) == 0.5f &&
+         std::isnormal(1.0f / c);
+}
+
+/* The post-op computing `op` (not a leading bias) as tir_byoc_op_row does, or false; the
+ * conditions are those of the table above. */
+bool PostOpOf(const tir_byoc_op &op, PostOp *post) {
+  using alg = dnnl::algorithm;
+  // The constants as tir_byoc_op_row takes them.
+  const float c0 = static_cast<float>(op.c[0]), c1 = static_cast<float>(op.c[1]);
+  const float c2 = static_cast<float>(op.c[2]);
+  const float sqrt_half = static_cast<float>(0.70710678118654752440);
+  const float sqrt_2_over_pi = static_cast<float>(0.79788456080286535588);
+  auto eltwise = [post](alg algorithm, float alpha, float beta) {
+    *post = {algorithm, alpha, beta, PostOp::kEltwise};
+    return true;
+  };
+  auto binary = [post](alg algorithm, PostOp::Operand operand) {
+    *post = {algorithm, 0.0f, 0.0f, operand};
+    return true;
+  };
+  switch (op.code) {
+    case TIR_BYOC_OP_SCALE:
+      return std::isfinite(c0) && eltwise(alg::eltwise_linear, c0, 0.0f);
+    case TIR_BYOC_OP_DIV:
+      return ExactReciprocal(c0) && eltwise(alg::eltwise_linear, 1.0f / c0, 0.0f);
+    case TIR_BYOC_OP_BIAS:
+      return binary(alg::binary_add, PostOp::kRow);
+    case TIR_BYOC_OP_RELU:
+      return eltwise(alg::eltwise_relu, 0.0f, 0.0f);
+    case TIR_BYOC_OP_GELU:
+      return c0 == sqrt_half && eltwise(alg::eltwise_gelu_erf, 0.0f, 0.0f);
+    case TIR_BYOC_OP_GELU_TANH:
+      return c0 == sqrt_2_over_pi && c1 == 0.044715f &&
+             eltwise(alg::eltwise_gelu_tanh, 0.0f, 0.0f);
+    case TIR_BYOC_OP_SILU:
+      return eltwise(alg::eltwise_swish, 1.0f, 0.0f);
+    case TIR_BYOC_OP_SIGMOID:
+      return eltwise(alg::eltwise_logistic, 0.0f, 0.0f);
+    case TIR_BYOC_OP_TANH:
+      return eltwise(alg::eltwise_tanh, 0.0f, 0.0f);
+    case TIR_BYOC_OP_CLIP:  // a NaN bound fails both comparisons
+      return c0 <= c1 && c2 == c0 && eltwise(alg::eltwise_clip_v2, c0, c1);
+    case TIR_BYOC_OP_LEAKY_RELU:
+      return c0 > 0.0f && std::isfinite(c0) && eltwise(alg::eltwise_relu, c0, 0.0f);
+    case TIR_BYOC_OP_ADD:
+      return binary(alg::binary_add, PostOp::kFull);
+    case TIR_BYOC_OP_MUL:
+      return binary(alg::binary_mul, PostOp::kFull);
+    default:  // TIR_BYOC_OP_RELU_KEEP_NAN
+      return false;
+  }
+}
+
+/* The longest prefix of `epilogue` that oneDNN computes exactly: a leading bias as the bias
+ * argument (oneDNN adds it before every post-op), then one post-op per op. */
+Fusion Plan(const tir_byoc_epilogue &epilogue) {
+  Fusion fusion;
+  PostOp post;
+  for (int i = 0; i < epilogue.count; ++i) {
+    if (i == 0 && epilogue.op[0].code == TIR_BYOC_OP_BIAS)
+      fusion.bias = true;
+    else if (PostOpOf(epilogue.op[i], &post))
+      fusion.post[fusion.count++] = post;
+    else
+      break;
+  }
+  return fusion;
+}
+
+/* A whole gemm call (TIR_BYOC_DEFINE_GEMM below has checked the layout, shape, batch, pointers
+ * and epilogue): one primitive for the product and the fused prefix, then the rest in C. */
+int32_t Call(const tir_byoc_call *call) {
+  // Step 1. fp32 only; no flag (no packed weights) is implemented.
+  if (call->dtypes != TIR_BYOC_SIG_F32) return TIR_BYOC_EDTYPE;
+  Dtypes dtypes;
+  if (!Decode(TIR_BYOC_SIG_F32, &dtypes)) return TIR_BYOC_EDTYPE;
+  const tir_byoc_epilogue &epilogue = call->epilogue;
+  const int64_t m = call->m, n = call->n, k = call->k;
+  const int64_t count = call->batch.count[0] * call->batch.count[1];
+  if (m == 0 || n == 0 || count == 0) return TIR_BYOC_OK;
+  float *y = static_cast<float *>(call->y);
+  const int64_t rows = count * m;  // Y is compact: every batch's output at once
+  if (k == 0) {  // an empty sum: the epilogue of 0 (oneDNN rejects zero-sized K)
+    std::fill(y, y + rows * n, 0.0f);
+    tir_byoc_run_epilogue(&epilogue, 0, y, rows, n);
+    return TIR_BYOC_OK;
+  }
+  try {
+    // Step 2. The product and the fused prefix of the epilogue, in one primitive.
+    const tir_byoc_batch &key_batch = count == 1 ? kNoBatch : call->batch;
+    const Key key{m, n, k, TIR_BYOC_SIG_F32, call->layout, key_batch, Plan(epilogue)};
+    std::shared_ptr<const Entry> entry = Cache().Get(key, dtypes);
+    const Fusion &fused = entry->fusion;
+    const void *operands[TIR_BYOC_MAX_OPS];
+    for (int i = 0; i < fused.count; ++i) operands[i] = epilogue.op[fused.bias + i].tensor;
+    const void *bias = fused.bias ? epilogue.op[0].tensor : nullptr;
+    int32_t status = Execute(*entry, call->x, call->w, bias, operands, y);
+    if (status != TIR_BYOC_OK) return status;
+    // Step 3. The ops after the fused prefix, in C.
+    tir_byoc_run_epilogue(&epilogue, fused.ops(), y, rows, n);
   } catch (...) {
     return TIR_BYOC_EBACKEND;
   }
@@ -394,6 +630,7 @@ int32_t Gemm(const void *x, const void *w, const void *bias, void *y, int64_t m,
 }  // namespace
 
 TIR_BYOC_DEFINE_BATCHED_FAMILY(onednn, Gemm, BatchedGemm);
+TIR_BYOC_DEFINE_GEMM(onednn, Call);
 
 /* Cache introspection for tests and benchmarks: out[0..3] = size, capacity, hits, misses. */
 extern "C" TIR_BYOC_EXPORT void tir_byoc_onednn_cache_info(int64_t *out) { Cache().Info(out); }
@@ -417,8 +654,9 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_implementation(int64_t m, int
   if (m <= 0 || n <= 0 || k <= 0 || out == nullptr || size <= 0) return TIR_BYOC_ESHAPE;
   try {
     tir_byoc_layout layout = dense ? TIR_BYOC_LAYOUT_NK : TIR_BYOC_LAYOUT_KN;
-    std::shared_ptr<const Entry> entry =
-        Cache().Get(Key{m, n, k, dtypes, layout, bias != 0, relu != 0, kNoBatch}, decoded);
+    const Key key{m, n, k, dtypes, layout, kNoBatch,
+                  FamilyFusion(decoded, bias != 0, relu != 0, false)};
+    std::shared_ptr<const Entry> entry = Cache().Get(key, decoded);
     std::strncpy(out, entry->implementation.c_str(), static_cast<size_t>(size - 1));
     out[size - 1] = '\0';
   } catch (...) {
