@@ -66,3 +66,27 @@ __all__ = [
     "reasons",
     "run",
 ]
+
+
+def numpy_pattern(name, x, w, *tensors):
+    """What pattern ``name`` computes in NumPy, its epilogue's constants those of ``describe``.
+
+    ``tensors`` are the epilogue's bias, residual and gate arrays, in op order.
+    """
+    from tir_byoc.epilogues import OPS, reference
+    from tir_byoc.patterns import PATTERNS
+
+    member = PATTERNS[name]
+    y = x @ (np.swapaxes(w, -1, -2) if member.layout == "dense" else w)
+    given = iter(tensors)
+    for op in member.ops:
+        tensor = next(given) if OPS[op].tensor else None
+        y = reference(op, y, OPS[op].example, tensor)
+    return y
+
+
+def called_intrinsic(name, backend="ref") -> str:
+    """The intrinsic of ``backend`` that serves pattern ``name``."""
+    from tir_byoc.patterns import PATTERNS
+
+    return f"{backend}.{PATTERNS[name].call_pattern}"

@@ -7,11 +7,21 @@ negative cases check that nothing is offloaded, why, and that the function is un
 import numpy as np
 import pytest
 import tvm
-from byoc_testing import assert_equivalent, only_match, random_arguments, reasons, run
+from byoc_testing import (
+    assert_equivalent,
+    called_intrinsic,
+    numpy_pattern,
+    only_match,
+    random_arguments,
+    reasons,
+    run,
+)
 from tvm.script import tirx as T
 
 import tir_byoc
-from tir_byoc.patterns import PATTERNS, describe
+from tir_byoc.patterns import FIXED_EPILOGUES, PATTERNS, describe, representatives
+
+FIXED_NAMES = [n for n, p in PATTERNS.items() if p.ops in FIXED_EPILOGUES]
 
 pytestmark = pytest.mark.usefixtures("reference_backend")
 
@@ -59,31 +69,33 @@ def test_relax_style_chain_is_one_match():
 
 def test_every_pattern_matches_its_own_description():
     for name in PATTERNS:
-        for dtypes in [{}, {"x_dtype": "float16", "out_dtype": "float32"}]:
-            match = only_match(describe(name, **dtypes))
-            assert match.pattern == name
-            assert match.shape == ("M", "N", "K")
+        match = only_match(describe(name))
+        assert match.pattern == name
+        assert match.shape == ("M", "N", "K")
+    for name in representatives():
+        match = only_match(describe(name, x_dtype="float16", out_dtype="float32"))
+        assert match.pattern == name
 
 
-def numpy_pattern(name, x, w, b=None):
-    """What pattern ``name`` computes, in NumPy."""
-    pattern = PATTERNS[name]
-    y = x @ (np.swapaxes(w, -1, -2) if pattern.layout == "dense" else w)
-    if pattern.has_bias:
-        y = y + b
-    return np.maximum(y, 0) if pattern.has_relu else y
+#: Every fixed member, each op alone in turning forms, and long chains.
+AGREE = [n for n in representatives() if len(PATTERNS[n].ops) <= 1 or n in FIXED_NAMES] + [
+    "batch_dense_scale_bias_gelu_add",
+    "bmm_matmul_div_bias_gelu_tanh_mul",
+    "matmul_bias_silu_mul",
+    "dense_scale_bias_clip_add",
+]
 
 
 def test_pattern_descriptions_agree_with_the_reference_intrinsics_and_numpy():
     sizes = {"M": 3, "N": 7, "K": 5, "B": 2}
-    for name in PATTERNS:
+    for name in AGREE:
         func = describe(name, index_dtype="int32")
         # A leading-batch member is served by its 2-D member's intrinsic, with B x M rows.
-        called = f"ref.{PATTERNS[name].call_pattern}"
-        offloaded = assert_equivalent(func, sizes=sizes, expect_calls={called: 1})
+        offloaded = assert_equivalent(func, sizes=sizes, expect_calls={called_intrinsic(name): 1})
         arrays = random_arguments(func, sizes)
         *inputs, result = run(offloaded, arrays)
-        np.testing.assert_allclose(result, numpy_pattern(name, *inputs[:3]), rtol=1e-5, atol=1e-5)
+        expected = numpy_pattern(name, *inputs)
+        np.testing.assert_allclose(result, expected, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
 # --------------------------------------------------------------------------------------
@@ -455,13 +467,10 @@ def bias_subtracted(
     "func, reason",
     [
         (bias_by_row, "indexed by the row"),
-        (bias_full_matrix, "full (M, N) shape"),
-        (relu_threshold, "relu threshold is 0.5, not 0"),
-        (leaky_relu, "leaky relu"),
-        (clipped_relu, "clipped relu"),
+        (relu_threshold, "max() against 0.5 alone: a relu needs 0, a clip needs both bounds"),
         (bias_subtracted, "combines with -"),
     ],
-    ids=["bias-row", "bias-full", "threshold", "leaky", "clipped", "subtract"],
+    ids=["bias-row", "threshold", "subtract"],
 )
 def test_epilogue_refusals_end_the_chain_before_the_epilogue(func, reason):
     match = only_match(func)
@@ -469,6 +478,24 @@ def test_epilogue_refusals_end_the_chain_before_the_epilogue(func, reason):
     (rejection,) = tir_byoc.explain(func)
     assert rejection.blocks != ("dense",) and reason in rejection.reason
     assert_equivalent(func, expect_calls={"ref.dense": 1})
+
+
+@pytest.mark.parametrize(
+    "func, pattern, constants",
+    [
+        (bias_full_matrix, "dense_add", ()),
+        (leaky_relu, "dense_leaky_relu", (np.float32(0.1),)),
+        (clipped_relu, "dense_clip", (0.0, 6.0, 0.0)),
+    ],
+    ids=["residual-add", "leaky", "clipped"],
+)
+def test_what_the_2d_family_refused_is_now_an_epilogue(func, pattern, constants):
+    """A full (M, N) addend is a residual add; max(z, 0.1 z) a leaky relu; min(max(z, 0), 6)
+    a clip whose NaN (max(NaN, 0) = 0, then min(0, 6)) becomes 0."""
+    match = only_match(func)
+    assert match.pattern == pattern
+    assert match.epilogue[-1].constants == pytest.approx(constants)
+    assert_equivalent(func, expect_calls={"ref.gemm": 1})
 
 
 @T.prim_func(s_tir=True)
@@ -531,10 +558,10 @@ def test_an_epilogue_that_overwrites_a_chain_input_is_not_fused():
 def test_an_epilogue_refusal_names_the_pattern_it_would_have_made():
     nearest = {
         "bias-row": tir_byoc.explain(bias_by_row)[0].nearest,
-        "leaky": tir_byoc.explain(leaky_relu)[0].nearest,
+        "threshold": tir_byoc.explain(relu_threshold)[0].nearest,
         "subtract": tir_byoc.explain(bias_subtracted)[0].nearest,
     }
-    assert nearest == {"bias-row": "dense_bias", "leaky": "dense_relu", "subtract": "dense"}
+    assert nearest == {"bias-row": "dense_bias", "threshold": "dense_relu", "subtract": "dense"}
 
 
 # --------------------------------------------------------------------------------------

@@ -7,14 +7,17 @@ A pattern is three choices:
 * a **batch form**: ``none`` (2-D X and Y), ``leading`` (leading batch dims on X and Y, a 2-D
   weight shared by every batch row) or ``batched`` (X, W and Y all carry a batch dim, as a
   batched matmul; a batch dim of 1 broadcasts);
-* an **epilogue**: an ordered tuple of operations with parameters, today ``bias``
-  (``Z[..., i, j] = Y[..., i, j] + b[j]``) and ``relu`` (``max(Z, 0)``), in that order.
+* an **epilogue**: an ordered tuple of operations with parameters, at most one per slot of
+  :data:`tir_byoc.epilogues.SLOTS` (scale, bias, activation, residual add or gating mul); the
+  operations are data (:data:`tir_byoc.epilogues.OPS`).
 
 Names say all three: ``dense``, ``matmul_bias_relu``, ``batch_dense_bias`` (leading batch
 dims), ``bmm_matmul`` (batched).  The matcher recognises every member (:data:`PATTERNS`).  A
 ``leading`` member is called through its 2-D member's entry point, its batch dims folded into
 M (:attr:`Pattern.call_pattern`); the ``none`` and ``batched`` members have entry points of
-their own (:data:`CALL_PATTERNS`, the calling conventions of ``intrinsics/include/tir_byoc.h``).
+their own (:data:`CALL_PATTERNS`, the calling conventions of ``intrinsics/include/tir_byoc.h``);
+a member whose epilogue is more than a bias and a relu is called through the one entry point
+that takes the epilogue as data (:data:`GEMM_ENTRY`).
 :func:`pattern` reads any member's name; :func:`describe` builds
 any member's TIR description (an S-TIR PrimFunc with symbolic extents, built with TE the way
 TVM lowers the operators), which the tests scan to check that the matcher recognises every
@@ -28,25 +31,33 @@ from dataclasses import dataclass
 
 from tvm import te, tirx
 
+from .epilogues import OPS, compose, epilogues, slot_order_error
+
 #: Weight layouts: the name of the pattern family and the weight's index order.
 WEIGHT_LAYOUTS = {"dense": "nk", "matmul": "kn"}
 
 #: Batch forms, with the prefix they give a pattern's name.
 BATCH_FORMS = {"none": "", "leading": "batch_", "batched": "bmm_"}
 
-#: Epilogue operations, in the only order the family allows.
-EPILOGUE_OPS = ("bias", "relu")
+#: Epilogue operations (:data:`tir_byoc.epilogues.OPS`), in slot order.
+EPILOGUE_OPS = tuple(OPS)
+
+#: The epilogues with entry points of their own (``tir_byoc_<backend>_dense_bias_relu``, ...).
+FIXED_EPILOGUES = ((), ("bias",), ("relu",), ("bias", "relu"))
+
+#: The entry point that takes the weight layout, the batch and the epilogue as arguments.
+GEMM_ENTRY = "gemm"
 
 
 @dataclass(frozen=True)
 class EpilogueOp:
-    """One operation of an epilogue: its name and its parameters (none for bias and relu)."""
+    """One operation of an epilogue: its name and its parameters (constants), if any."""
 
     name: str
     params: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self):
-        if self.name not in EPILOGUE_OPS:
+        if self.name not in OPS:
             raise ValueError(f"epilogue op: expected one of {EPILOGUE_OPS}, got {self.name!r}")
 
 
@@ -78,12 +89,9 @@ class Pattern:
                 f"pattern: expected batch form in {sorted(BATCH_FORMS)}, got {self.batch!r}"
             )
         ops = tuple(op if isinstance(op, EpilogueOp) else EpilogueOp(op) for op in self.epilogue)
-        names = tuple(op.name for op in ops)
-        if tuple(op for op in EPILOGUE_OPS if op in names) != names:
-            raise ValueError(
-                f"pattern: expected an epilogue ordered as {EPILOGUE_OPS}, each at most once, "
-                f"got {names!r}"
-            )
+        error = slot_order_error(tuple(op.name for op in ops))
+        if error:
+            raise ValueError(f"pattern: expected an epilogue in slot order, but {error}")
         object.__setattr__(self, "epilogue", ops)
 
     @property
@@ -92,8 +100,11 @@ class Pattern:
 
     @property
     def call_pattern(self) -> str:
-        """The member whose entry point serves this one: the 2-D member for a ``leading`` one
-        (its compact leading dims fold into M, which is exact), else the member itself."""
+        """The entry point that serves this member: :data:`GEMM_ENTRY` for an epilogue beyond
+        bias and relu; else the 2-D member for a ``leading`` one (its compact leading dims fold
+        into M, which is exact), else the member itself."""
+        if self.ops not in FIXED_EPILOGUES:
+            return GEMM_ENTRY
         if self.batch == "leading":
             return Pattern(self.layout, self.epilogue).name
         return self.name
@@ -116,7 +127,7 @@ def _members() -> dict[str, Pattern]:
     members = {}
     for batch in BATCH_FORMS:
         for layout in WEIGHT_LAYOUTS:
-            for epilogue in ((), ("bias",), ("relu",), ("bias", "relu")):
+            for epilogue in epilogues():
                 member = Pattern(layout, epilogue, batch)
                 members[member.name] = member
     return members
@@ -129,8 +140,24 @@ FAMILY: dict[str, Pattern] = _members()
 PATTERNS: dict[str, Pattern] = FAMILY
 
 #: The members with an entry point of their own, which an intrinsic may implement: the 2-D
-#: and the batched ones (a ``leading`` member is served by its 2-D member's intrinsic).
+#: and the batched ones with a fixed epilogue (a ``leading`` member is served by its 2-D
+#: member's intrinsic; every other one by :data:`GEMM_ENTRY`).
 CALL_PATTERNS: dict[str, Pattern] = {n: p for n, p in FAMILY.items() if p.call_pattern == n}
+
+def representatives() -> list[str]:
+    """A small set of members that covers the family, for tests that build each member.
+
+    Every member with a fixed epilogue (:data:`FIXED_EPILOGUES`), then every other epilogue
+    once, its weight layout and batch form turning with each.
+    """
+    forms = [(layout, batch) for batch in BATCH_FORMS for layout in WEIGHT_LAYOUTS]
+    chosen = [n for n, p in FAMILY.items() if p.ops in FIXED_EPILOGUES]
+    others = [e for e in epilogues() if e not in FIXED_EPILOGUES]
+    for turn, epilogue in enumerate(others):
+        layout, batch = forms[turn % len(forms)]
+        chosen.append(Pattern(layout, epilogue, batch).name)
+    return chosen
+
 
 _BY_FORM = {(p.layout, p.ops, p.batch): p for p in PATTERNS.values()}
 
@@ -201,16 +228,14 @@ def describe(
     )
     args = [x, w]
 
-    # Step 2. The epilogue, one block per operation as Relax's FuseTIR emits it.
-    if member.has_bias:
-        b = te.placeholder((n,), out_dtype, name="b")
-        args.append(b)
-        y = _elementwise(y, lambda value, j: value + b[j], "T_add")
-    if member.has_relu:
-        zero = tirx.const(0, out_dtype)
-        y = _elementwise(y, lambda value, j: te.max(value, zero), "compute")
+    # Step 2. The epilogue, spelled as Relax's LegalizeOps spells each operation.
+    for op in member.ops:
+        tensor = None
+        if OPS[op].tensor == "vector":
+            tensor = te.placeholder((n,), out_dtype, name="b")
+        elif OPS[op].tensor == "full":
+            tensor = te.placeholder(y.shape, out_dtype, name="R" if op == "add" else "G")
+        if tensor is not None:
+            args.append(tensor)
+        y = compose(op, y, tensor)
     return te.create_prim_func([*args, y])
-
-
-def _elementwise(producer: te.Tensor, fn, name: str) -> te.Tensor:
-    return te.compute(producer.shape, lambda *index: fn(producer[index], index[-1]), name=name)

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .match import RELU_KEEPS_NAN, RELU_NAN_TO_ZERO, Match
-from .patterns import CALL_PATTERNS, PATTERNS
+from .epilogues import OPS
+from .patterns import CALL_PATTERNS, GEMM_ENTRY, PATTERNS
 from .signature import DtypeSignature
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -87,8 +88,10 @@ class Intrinsic:
         ``<backend>.<variant>``, e.g. ``ref.dense_bias_relu``.
     pattern : str
         The pattern it implements, a key of :data:`tir_byoc.patterns.CALL_PATTERNS` (a 2-D or
-        a ``bmm_`` member).  An intrinsic of a 2-D member also serves the member's
-        ``batch_`` form, whose leading dims the call folds into M.
+        a ``bmm_`` member), or ``"gemm"`` (:data:`~tir_byoc.patterns.GEMM_ENTRY`), the entry
+        point that takes the layout, the batch and the epilogue as arguments.  An intrinsic
+        of a 2-D member also serves the member's ``batch_`` form, whose leading dims the call
+        folds into M; a ``gemm`` one serves every member whose epilogue ops it declares.
     extern_symbol : str
         The C symbol, called as described in ``intrinsics/include/tir_byoc.h``.
     dtypes : tuple of DtypeSignature
@@ -106,7 +109,12 @@ class Intrinsic:
         the default) and/or ``"keep"`` (``v < 0 ? 0 : v``, TVM's ``max(0, z)``).  An intrinsic
         declaring both is told which one a call needs by ``TIR_BYOC_RELU_KEEPS_NAN`` in its
         ``dtypes`` argument (see ``tir_byoc.h``); a relu spelled the other way is never
-        handed to an intrinsic that did not declare it.
+        handed to an intrinsic that did not declare it.  A ``gemm`` intrinsic is told by the
+        relu's op code and takes both.
+    ops : tuple of str
+        A ``gemm`` intrinsic: the epilogue ops of :data:`tir_byoc.epilogues.OPS` it
+        implements.  A member with another op is served by it only up to that op, the rest
+        staying TVM code.
     """
 
     name: str
@@ -117,6 +125,7 @@ class Intrinsic:
     priority: int = 0
     check: Callable[[Match], str | None] | None = field(default=None, compare=False)
     relu_nan: tuple[str, ...] = (RELU_NAN_TO_ZERO,)
+    ops: tuple[str, ...] = ()
 
     def __post_init__(self):
         parts = self.name.split(".") if isinstance(self.name, str) else []
@@ -132,9 +141,18 @@ class Intrinsic:
                 f"entry point of {served_by!r} (its leading dims fold into M); register "
                 f"{served_by!r} instead"
             )
-        if self.pattern not in CALL_PATTERNS:
+        ops = (self.ops,) if isinstance(self.ops, str) else tuple(self.ops)
+        unknown = [op for op in ops if op not in OPS]
+        if unknown or (ops and self.pattern != GEMM_ENTRY):
             raise ValueError(
-                f"intrinsic {self.name!r}: expected a pattern in {sorted(CALL_PATTERNS)}, "
+                f"intrinsic {self.name!r}: expected ops from {list(OPS)} for a {GEMM_ENTRY!r} "
+                f"intrinsic (none for a fixed pattern), got {self.ops!r}"
+            )
+        object.__setattr__(self, "ops", ops)
+        if self.pattern != GEMM_ENTRY and self.pattern not in CALL_PATTERNS:
+            raise ValueError(
+                f"intrinsic {self.name!r}: expected {GEMM_ENTRY!r} or a pattern in "
+                f"{sorted(CALL_PATTERNS)}, "
                 f"got {self.pattern!r}"
             )
         if not isinstance(self.extern_symbol, str) or not _IDENTIFIER.match(self.extern_symbol):
@@ -171,18 +189,30 @@ class Intrinsic:
             raise ValueError(
                 f"intrinsic {self.name!r}: expected relu_nan made of {known}, got {self.relu_nan!r}"
             )
+        if self.pattern == GEMM_ENTRY:
+            relu_nan = RELU_NAN_BOTH  # told by the op code
         object.__setattr__(self, "relu_nan", relu_nan)
 
     @property
     def backend(self) -> str:
         return self.name.split(".")[0]
 
+    @property
+    def takes_epilogue(self) -> bool:
+        """True for a ``gemm`` intrinsic, called with the epilogue as data."""
+        return self.pattern == GEMM_ENTRY
+
     def serves(self, pattern: str) -> bool:
-        """True if this intrinsic's entry point is the one ``pattern``'s calls use."""
+        """True if this intrinsic can be called for ``pattern``'s matches."""
+        if self.takes_epilogue:
+            return set(PATTERNS[pattern].ops) <= set(self.ops)
         return PATTERNS[pattern].call_pattern == self.pattern
 
     def unsupported(self, match: Match) -> str | None:
         """Why this intrinsic cannot serve ``match`` (ignoring availability), or None."""
+        if self.takes_epilogue and not self.serves(match.pattern):
+            missing = [op for op in PATTERNS[match.pattern].ops if op not in self.ops]
+            return f"does not implement the epilogue op {', '.join(missing)}"
         if not self.serves(match.pattern):
             return f"implements {self.pattern}, not {match.pattern}"
         if match.dtype not in self.dtypes:
@@ -213,12 +243,16 @@ class Choice:
     intrinsic : str or None
         The registered intrinsic that serves it, or None.
     reason : str or None
-        Why no intrinsic serves it, when ``intrinsic`` is None.
+        Why no intrinsic serves it, when ``intrinsic`` is None; for a chain cut short, why
+        none serves the whole chain.
+    cut_from : Match or None
+        For a chain cut short: the whole chain, whose blocks after ``match``'s stay TVM code.
     """
 
     match: Match
     intrinsic: str | None = None
     reason: str | None = None
+    cut_from: Match | None = None
 
     def __getattr__(self, name):
         # Only called for names a Choice does not have: the match's fields.
@@ -270,27 +304,34 @@ class Registry:
         priority: int,
         check: Callable[[Match], str | None] | None = None,
         relu_nan: Sequence[str] = (RELU_NAN_TO_ZERO,),
+        gemm_dtypes: Sequence[str] = ("float32",),
+        gemm_ops: Sequence[str] = tuple(OPS),
     ) -> list[Intrinsic]:
         """Register ``backend`` and one intrinsic per entry point of the family, from one source.
 
         The names follow the bundled convention: intrinsic ``<backend>.<pattern>``, C symbol
-        ``tir_byoc_<backend>_<pattern>``.  ``relu_nan`` as for :class:`Intrinsic`.
+        ``tir_byoc_<backend>_<pattern>``, for each of :data:`CALL_PATTERNS` and for ``gemm``
+        (which implements ``gemm_ops`` in ``gemm_dtypes``).  ``relu_nan`` as for
+        :class:`Intrinsic`.
         """
         self.register_backend(backend)
+        entries = [(p, tuple(dtypes), tuple(relu_nan), ()) for p in CALL_PATTERNS]
+        entries.append((GEMM_ENTRY, tuple(gemm_dtypes), RELU_NAN_BOTH, tuple(gemm_ops)))
         return [
             self.register(
                 Intrinsic(
                     name=f"{backend.name}.{pattern}",
                     pattern=pattern,
                     extern_symbol=f"tir_byoc_{backend.name}_{pattern}",
-                    dtypes=tuple(dtypes),
+                    dtypes=entry_dtypes,
                     source=Path(source),
                     priority=priority,
                     check=check,
-                    relu_nan=tuple(relu_nan),
+                    relu_nan=entry_relu_nan,
+                    ops=ops,
                 )
             )
-            for pattern in CALL_PATTERNS
+            for pattern, entry_dtypes, entry_relu_nan, ops in entries
         ]
 
     def unregister(self, name: str) -> None:
@@ -343,6 +384,7 @@ def register_intrinsic(
     registry: Registry | None = None,
     override: bool = False,
     relu_nan: Sequence[str] | str = (RELU_NAN_TO_ZERO,),
+    ops: Sequence[str] = (),
 ) -> Intrinsic:
     """Register an extern C function as the implementation of a pattern.
 
@@ -356,7 +398,7 @@ def register_intrinsic(
         )
     """
     intrinsic = Intrinsic(
-        name, pattern, extern_symbol, dtypes, Path(source), priority, check, relu_nan
+        name, pattern, extern_symbol, dtypes, Path(source), priority, check, relu_nan, ops
     )
     return (registry or REGISTRY).register(intrinsic, override=override)
 
@@ -399,7 +441,28 @@ def choose(
     unavailable: Callable[[str], str | None],
     order: tuple[str, ...] | None = None,
 ) -> Choice:
-    """The best intrinsic for ``match``, or the reason none can serve it.
+    """The best intrinsic for ``match`` or, failing that, for its longest prefix that has one.
+
+    A chain cut short keeps the reason the whole chain could not be offloaded
+    (:attr:`Choice.reason`); the blocks after the cut stay TVM code.
+    """
+    whole = choose_one(match, registry, unavailable, order)
+    if whole.intrinsic is not None:
+        return whole
+    for prefix in match.shorter:
+        choice = choose_one(prefix, registry, unavailable, order)
+        if choice.intrinsic is not None:
+            return Choice(prefix, choice.intrinsic, whole.reason, cut_from=match)
+    return whole
+
+
+def choose_one(
+    match: Match,
+    registry: Registry,
+    unavailable: Callable[[str], str | None],
+    order: tuple[str, ...] | None = None,
+) -> Choice:
+    """The best intrinsic for ``match`` itself, or the reason none can serve it.
 
     Parameters
     ----------
@@ -408,13 +471,15 @@ def choose(
     order : tuple of str, optional
         Allowed backends, most preferred first; None means all, by intrinsic priority.
     """
-    candidates = [i for i in registry if i.serves(match.pattern)]
+    candidates = [
+        i for i in registry if i.serves(match.pattern) or (i.takes_epilogue and match.shorter)
+    ]
     if order is not None:
         rank = {b: r for r, b in enumerate(order)}
         candidates = [i for i in candidates if i.backend in rank]
-        candidates.sort(key=lambda i: (rank[i.backend], -i.priority, i.name))
+        candidates.sort(key=lambda i: (rank[i.backend], -i.priority, i.takes_epilogue, i.name))
     else:
-        candidates.sort(key=lambda i: (-i.priority, i.name))
+        candidates.sort(key=lambda i: (-i.priority, i.takes_epilogue, i.name))
     if not candidates:
         allowed = f" among backends {list(order)}" if order is not None else ""
         return Choice(match, None, f"no intrinsic registered for {match.pattern}{allowed}")

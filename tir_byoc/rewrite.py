@@ -24,6 +24,7 @@ import tvm_ffi
 from tvm import ir, s_tir, tirx
 from tvm.tirx import _ffi_api as _tirx_ffi
 
+from .epilogues import MAX_CONSTANTS, MAX_OPS, MAX_TENSORS
 from .match import RELU_KEEPS_NAN, Match
 from .registry import Intrinsic
 from .signature import RELU_KEEPS_NAN_FLAG
@@ -97,8 +98,8 @@ def batch_arguments(match: Match) -> list:
     return counts + x_strides + w_strides
 
 
-def call_block(match: Match, intrinsic: Intrinsic, name: str) -> s_tir.SBlockRealize:
-    """The opaque block that calls ``intrinsic`` for ``match``."""
+def fixed_arguments(match: Match) -> list:
+    """The arguments of a fixed entry point (``dense_bias_relu``, ``bmm_matmul``, ...)."""
     operands = [match.x, match.w] + ([match.bias] if match.bias is not None else [])
     args = [_pointer(b) for b in [*operands, match.out]]
     args += [_as_int64(e) for e in (match.rows, match.n, match.k)]
@@ -106,6 +107,50 @@ def call_block(match: Match, intrinsic: Intrinsic, name: str) -> s_tir.SBlockRea
     args.append(tirx.IntImm("int32", match.dtype.code | flags))
     if match.batch is not None and match.batch.form == "batched":
         args += batch_arguments(match)
+    return args
+
+
+def _null():
+    return tirx.reinterpret("handle", tirx.IntImm("uint64", 0))
+
+
+def _float64(value):
+    if isinstance(value, (int, float)):
+        return tirx.FloatImm("float64", float(value))
+    return tirx.Cast("float64", value)
+
+
+def gemm_arguments(match: Match) -> list:
+    """The arguments of the ``gemm`` entry point: the epilogue as data (see ``tir_byoc.h``)."""
+    args = [_pointer(b) for b in (match.x, match.w, match.out)]
+    args += [_as_int64(e) for e in (match.rows, match.n, match.k)]
+    args.append(tirx.IntImm("int32", match.dtype.code))
+    args.append(tirx.IntImm("int32", 0 if match.layout == "dense" else 1))
+    if match.batch is not None and match.batch.form == "batched":
+        args += batch_arguments(match)
+    else:
+        one, zero = tirx.IntImm("int64", 1), tirx.IntImm("int64", 0)
+        args += [one, one, zero, zero, zero, zero]
+    codes = 0
+    constants, tensors = [], []
+    for position, step in enumerate(match.epilogue):
+        codes |= step.code << (8 * position)
+        constants += step.constants
+        if step.tensor is not None:
+            tensors.append(step.tensor)
+    if len(match.epilogue) > MAX_OPS or len(constants) > MAX_CONSTANTS or len(tensors) > MAX_TENSORS:
+        raise RewriteError(f"{match.func}: the epilogue of {match.pattern} does not fit one call")
+    args.append(tirx.IntImm("int64", codes))
+    args += [_float64(c) for c in constants] + [_float64(0.0)] * (MAX_CONSTANTS - len(constants))
+    args += [_pointer(t) for t in tensors] + [_null()] * (MAX_TENSORS - len(tensors))
+    return args
+
+
+def call_block(match: Match, intrinsic: Intrinsic, name: str) -> s_tir.SBlockRealize:
+    """The opaque block that calls ``intrinsic`` for ``match``."""
+    scalars = [c.source for s in match.epilogue for c in s.constants if isinstance(c, ir.TensorLoad)]
+    operands = [match.x, match.w, *match.tensors, *scalars]
+    args = gemm_arguments(match) if intrinsic.takes_epilogue else fixed_arguments(match)
     call = tirx.call_extern("int32", intrinsic.extern_symbol, *args)
     status = tirx.Var("status", "int32")
     message = (

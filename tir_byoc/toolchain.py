@@ -180,9 +180,9 @@ def link_flags(spec: LinkSpec) -> list[str]:
     flags = []
     for directory in spec.library_dirs:
         flags += [f"-L{directory}", f"-Wl,-rpath,{directory}"]
-    if spec.libraries:
-        libraries = [f"-l{lib}" for lib in spec.libraries]
-        flags += ["-Wl,--push-state,--no-as-needed", *libraries, "-Wl,--pop-state"]
+    # libm: the portable epilogue (tir_byoc_epilogue.h) calls erff, tanhf and expf.
+    libraries = [f"-l{lib}" for lib in (*spec.libraries, "m")]
+    flags += ["-Wl,--push-state,--no-as-needed", *libraries, "-Wl,--pop-state"]
     return [*flags, *spec.link_flags]
 
 

@@ -38,6 +38,42 @@
  * TIR_BYOC_DEFINE_FAMILY (at the end of this file) define its sixteen entry points; the
  * batched ones loop over the batch.  A backend with a batched kernel of its own uses
  * TIR_BYOC_DEFINE_BATCHED_FAMILY instead.
+ *
+ * Epilogues as data.  Every other member (an epilogue with scale, gelu, silu, clip, a residual
+ * add, a gating mul, ...; tir_byoc/epilogues.py lists them) is called through one entry point
+ * per backend that takes the weight layout, the batch and the epilogue as arguments:
+ *
+ *     int32_t tir_byoc_<backend>_gemm(const void *x, const void *w, void *y,
+ *                                     int64_t m, int64_t n, int64_t k, int32_t dtypes,
+ *                                     int32_t layout,
+ *                                     int64_t batch0, int64_t batch1,
+ *                                     int64_t x_stride0, int64_t x_stride1,
+ *                                     int64_t w_stride0, int64_t w_stride1,
+ *                                     int64_t ops,
+ *                                     double c0, double c1, double c2, double c3,
+ *                                     double c4, double c5,
+ *                                     const void *t0, const void *t1, const void *t2,
+ *                                     const void *t3);
+ *
+ * layout is a tir_byoc_layout; the batch is as for the bmm_ entry points (a 2-D or a
+ * leading-batch call passes batch0 = batch1 = 1 and strides 0, m counting every row).  The
+ * epilogue runs on the fp32 result z of the product, one op after the other, in the order
+ * the TIR computes them:
+ *
+ *   - `ops` holds the op codes (TIR_BYOC_OP_* below), 8 bits each, the first op in the
+ *     lowest byte, ended by the first 0 byte (so at most TIR_BYOC_MAX_OPS ops);
+ *   - c0..c5 are the ops' constants, taken in op order, as many per op as its code says (a
+ *     scale by a scalar parameter passes the parameter's value here); unused ones are 0;
+ *   - t0..t3 are the ops' tensors, taken in op order: the (n,) bias vector, or a residual or
+ *     gate tensor with y's shape, compact (for a batched call, y's compact batch layout);
+ *     unused ones are NULL.
+ *
+ * The entry point returns TIR_BYOC_EEPILOGUE for an op code it does not implement (a
+ * backend declares its ops when it registers; tir_byoc never sends others).  `dtypes` may
+ * carry TIR_BYOC_PACKED_WEIGHT: then w is not the weight but the block that the backend's
+ * pack function made of it (see below).  The macros TIR_BYOC_DEFINE_GEMM (a backend's own
+ * implementation of a whole call) and TIR_BYOC_DEFINE_GEMM_FROM_FAMILY (a 2-D product per
+ * batch index, then the portable epilogue of tir_byoc_epilogue.h) define this entry point.
  */
 #ifndef TIR_BYOC_H_
 #define TIR_BYOC_H_
@@ -51,6 +87,7 @@
 #define TIR_BYOC_ESHAPE 2   /* negative extent, or one the library cannot index */
 #define TIR_BYOC_ENULL 3    /* a required pointer is NULL */
 #define TIR_BYOC_EBACKEND 4 /* the library itself reported a failure */
+#define TIR_BYOC_EEPILOGUE 5 /* an epilogue op code this entry point does not implement */
 
 /* Element type codes; keep in sync with tir_byoc/registry.py (DTYPE_CODES). */
 #define TIR_BYOC_FLOAT32 1
@@ -70,6 +107,10 @@
  * Relax's relu) and select(z > 0, z, 0).  The flag is only passed to intrinsics registered
  * with relu_nan=("zero", "keep"); the others are never given a relu that keeps NaN. */
 #define TIR_BYOC_RELU_KEEPS_NAN (1 << 24)
+/* TIR_BYOC_PACKED_WEIGHT (the gemm entry point only): w points to the weight as the
+ * backend's pack function laid it out at build time, for this call's n, k, layout and dtypes.
+ * A backend that does not pack never receives it and returns TIR_BYOC_EDTYPE if it does. */
+#define TIR_BYOC_PACKED_WEIGHT (1 << 25)
 #define TIR_BYOC_FLAGS_MASK ((int32_t)0x7F000000)
 #define TIR_BYOC_SIGNATURE_OF(dtypes) ((int32_t)((dtypes) & 0x00FFFFFF))
 #define TIR_BYOC_FLAGS_OF(dtypes) ((int32_t)((dtypes) & TIR_BYOC_FLAGS_MASK))
@@ -302,5 +343,159 @@ static inline int32_t tir_byoc_each_batch(tir_byoc_gemm_fn impl, const void *x, 
     if (bias == NULL && n > 0) return TIR_BYOC_ENULL;                                          \
     return batched(x, w, bias, y, m, n, k, dtypes, layout, relu, &batch);                      \
   }
+
+/* ------------------------------------------------------------------------------------------
+ * Epilogues as data (the gemm entry point described at the top of this file).
+ *
+ * Op codes; keep in sync with tir_byoc/epilogues.py (EpilogueOp.code).  z is the value so
+ * far, c the op's constants, t its tensor; every formula is the one TVM's lowering of the
+ * recognised TIR computes, so a NaN or an infinity gives what the TIR gives.
+ */
+#define TIR_BYOC_OP_END 0
+#define TIR_BYOC_OP_SCALE 1          /* z * c0 */
+#define TIR_BYOC_OP_DIV 2            /* z / c0 */
+#define TIR_BYOC_OP_BIAS 3           /* z + t[j], t an (n,) vector */
+#define TIR_BYOC_OP_RELU 4           /* z > 0 ? z : 0 (a NaN becomes 0) */
+#define TIR_BYOC_OP_RELU_KEEP_NAN 5  /* z < 0 ? 0 : z (a NaN stays) */
+#define TIR_BYOC_OP_GELU 6           /* z * (0.5 + erf(z * c0) * 0.5), c0 = sqrt(1/2) */
+#define TIR_BYOC_OP_GELU_TANH 7      /* 0.5 * z * (1 + tanh(c0 * (z + c1 * z^3))) */
+#define TIR_BYOC_OP_SILU 8           /* z * (1 / (1 + exp(-z))) */
+#define TIR_BYOC_OP_SIGMOID 9        /* 1 / (1 + exp(-z)) */
+#define TIR_BYOC_OP_TANH 10          /* tanh(z) */
+#define TIR_BYOC_OP_CLIP 11          /* NaN ? c2 : min(max(z, c0), c1) (c2: lo, hi or NaN) */
+#define TIR_BYOC_OP_LEAKY_RELU 12    /* z > 0 ? z : c0 * z, 0 <= c0 <= 1 */
+#define TIR_BYOC_OP_ADD 13           /* z + t[i, j], t with y's shape */
+#define TIR_BYOC_OP_MUL 14           /* z * t[i, j], t with y's shape */
+#define TIR_BYOC_OP_COUNT 15
+#define TIR_BYOC_MAX_OPS 8
+#define TIR_BYOC_MAX_CONSTANTS 6
+#define TIR_BYOC_MAX_TENSORS 4
+
+/* How many constants an op takes, and whether it takes a tensor (-1: unknown code). */
+static inline int tir_byoc_op_constants(int32_t code) {
+  switch (code) {
+    case TIR_BYOC_OP_SCALE:
+    case TIR_BYOC_OP_DIV:
+    case TIR_BYOC_OP_GELU:
+    case TIR_BYOC_OP_LEAKY_RELU:
+      return 1;
+    case TIR_BYOC_OP_GELU_TANH:
+      return 2;
+    case TIR_BYOC_OP_CLIP:
+      return 3;
+    case TIR_BYOC_OP_BIAS:
+    case TIR_BYOC_OP_RELU:
+    case TIR_BYOC_OP_RELU_KEEP_NAN:
+    case TIR_BYOC_OP_SILU:
+    case TIR_BYOC_OP_SIGMOID:
+    case TIR_BYOC_OP_TANH:
+    case TIR_BYOC_OP_ADD:
+    case TIR_BYOC_OP_MUL:
+      return 0;
+    default:
+      return -1;
+  }
+}
+
+static inline int tir_byoc_op_has_tensor(int32_t code) {
+  return code == TIR_BYOC_OP_BIAS || code == TIR_BYOC_OP_ADD || code == TIR_BYOC_OP_MUL;
+}
+
+/* One op of an epilogue, with its constants and tensor. */
+typedef struct {
+  int32_t code;
+  double c[3];
+  const void *tensor;
+} tir_byoc_op;
+
+typedef struct {
+  int32_t count;
+  tir_byoc_op op[TIR_BYOC_MAX_OPS];
+} tir_byoc_epilogue;
+
+/* A whole call of the gemm entry point, decoded and checked (tir_byoc_decode_call). */
+typedef struct {
+  const void *x, *w;
+  void *y;
+  int64_t m, n, k;
+  int32_t dtypes; /* signature and flags, as passed */
+  tir_byoc_layout layout;
+  tir_byoc_batch batch;
+  tir_byoc_epilogue epilogue;
+} tir_byoc_call;
+
+/* Fill call->epilogue from the packed arguments; TIR_BYOC_EEPILOGUE for an unknown code, too
+ * many constants or tensors, or a byte after the end marker; TIR_BYOC_ENULL for a missing
+ * tensor when y is not empty. */
+static inline int32_t tir_byoc_decode_epilogue(tir_byoc_call *call, int64_t ops,
+                                               const double *constants,
+                                               const void *const *tensors) {
+  int used_c = 0, used_t = 0;
+  uint64_t codes = (uint64_t)ops;
+  call->epilogue.count = 0;
+  for (int i = 0; i < 8; ++i, codes >>= 8) {
+    const int32_t code = (int32_t)(codes & 0xFF);
+    if (code == TIR_BYOC_OP_END) return codes == 0 ? TIR_BYOC_OK : TIR_BYOC_EEPILOGUE;
+    const int arity = tir_byoc_op_constants(code);
+    if (arity < 0 || used_c + arity > TIR_BYOC_MAX_CONSTANTS) return TIR_BYOC_EEPILOGUE;
+    tir_byoc_op *op = &call->epilogue.op[call->epilogue.count++];
+    op->code = code;
+    op->c[0] = op->c[1] = op->c[2] = 0.0;
+    for (int j = 0; j < arity; ++j) op->c[j] = constants[used_c++];
+    op->tensor = NULL;
+    if (tir_byoc_op_has_tensor(code)) {
+      if (used_t == TIR_BYOC_MAX_TENSORS) return TIR_BYOC_EEPILOGUE;
+      op->tensor = tensors[used_t++];
+      if (op->tensor == NULL && call->m > 0 && call->n > 0) return TIR_BYOC_ENULL;
+    }
+  }
+  return TIR_BYOC_OK;
+}
+
+/* A backend's implementation of a whole gemm call (see TIR_BYOC_DEFINE_GEMM). */
+typedef int32_t (*tir_byoc_call_fn)(const tir_byoc_call *call);
+
+#include "tir_byoc_epilogue.h"
+
+/* TIR_BYOC_DEFINE_GEMM(backend, impl) defines tir_byoc_<backend>_gemm, which decodes its
+ * arguments into a tir_byoc_call, checks the layout, shape, batch, pointers and epilogue, and
+ * returns impl(&call).  impl checks the dtypes and flags. */
+#define TIR_BYOC_DEFINE_GEMM(backend, impl)                                                    \
+  TIR_BYOC_EXTERN_C TIR_BYOC_EXPORT int32_t tir_byoc_##backend##_gemm(                         \
+      const void *x, const void *w, void *y, int64_t m, int64_t n, int64_t k, int32_t dtypes,  \
+      int32_t layout, TIR_BYOC_BATCH_PARAMS_, int64_t ops, double c0, double c1, double c2,    \
+      double c3, double c4, double c5, const void *t0, const void *t1, const void *t2,         \
+      const void *t3) {                                                                        \
+    const double constants[TIR_BYOC_MAX_CONSTANTS] = {c0, c1, c2, c3, c4, c5};                 \
+    const void *const tensors[TIR_BYOC_MAX_TENSORS] = {t0, t1, t2, t3};                        \
+    const tir_byoc_batch batch = TIR_BYOC_BATCH_OF_PARAMS_;                                    \
+    tir_byoc_call call;                                                                        \
+    int32_t status;                                                                            \
+    call.x = x, call.w = w, call.y = y, call.m = m, call.n = n, call.k = k;                    \
+    call.dtypes = dtypes, call.layout = (tir_byoc_layout)layout, call.batch = batch;           \
+    if (layout != TIR_BYOC_LAYOUT_NK && layout != TIR_BYOC_LAYOUT_KN) return TIR_BYOC_ESHAPE;  \
+    if ((status = tir_byoc_check_shape(m, n, k)) != TIR_BYOC_OK) return status;                \
+    if ((status = tir_byoc_check_batch(&call.batch, m, n, k)) != TIR_BYOC_OK) return status;   \
+    if ((status = tir_byoc_check_pointers(x, w, y, m, n, k)) != TIR_BYOC_OK) return status;    \
+    if ((status = tir_byoc_decode_epilogue(&call, ops, constants, tensors)) != TIR_BYOC_OK)    \
+      return status;                                                                           \
+    return impl(&call);                                                                        \
+  }
+
+/* TIR_BYOC_DEFINE_GEMM_FROM_FAMILY(backend, impl): the gemm entry point of a backend that
+ * has only a 2-D product (the `impl` of TIR_BYOC_DEFINE_FAMILY): the product per batch index,
+ * then tir_byoc_run_epilogue over the whole output.  fp32 only; no packed weights. */
+#define TIR_BYOC_DEFINE_GEMM_FROM_FAMILY(backend, impl)                                        \
+  static int32_t tir_byoc_##backend##_call_(const tir_byoc_call *call) {                       \
+    int32_t status;                                                                            \
+    if (call->dtypes != TIR_BYOC_SIG_F32) return TIR_BYOC_EDTYPE;                              \
+    status = tir_byoc_each_batch(impl, call->x, call->w, NULL, call->y, call->m, call->n,      \
+                                 call->k, call->dtypes, call->layout, 0, &call->batch);        \
+    if (status != TIR_BYOC_OK) return status;                                                  \
+    tir_byoc_run_epilogue(&call->epilogue, 0, (float *)call->y,                                \
+                          call->m * call->batch.count[0] * call->batch.count[1], call->n);     \
+    return TIR_BYOC_OK;                                                                        \
+  }                                                                                            \
+  TIR_BYOC_DEFINE_GEMM(backend, tir_byoc_##backend##_call_)
 
 #endif /* TIR_BYOC_H_ */

@@ -64,3 +64,4 @@ static int32_t openblas_gemm(const void *x_data, const void *w_data, const void 
 }
 
 TIR_BYOC_DEFINE_FAMILY(openblas, openblas_gemm);
+TIR_BYOC_DEFINE_GEMM_FROM_FAMILY(openblas, openblas_gemm);

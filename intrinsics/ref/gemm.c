@@ -36,3 +36,4 @@ static int32_t ref_gemm(const void *x_data, const void *w_data, const void *bias
 }
 
 TIR_BYOC_DEFINE_FAMILY(ref, ref_gemm);
+TIR_BYOC_DEFINE_GEMM_FROM_FAMILY(ref, ref_gemm);

@@ -1,20 +1,43 @@
-"""The chain builder: grow a chain from a reduction through the epilogues that follow it.
+"""The chain builder: grow a chain from a reduction through the epilogue blocks that follow it.
 
 Entry point: :func:`extend_chain`, which returns the :class:`~.records.Match` and the
-refusals of epilogue-like blocks that could not join.  It decides which block comes next
-(:func:`next_user`: past statements that leave the chain's buffers alone), whether it may
-join (a private intermediate, or an update in place), and asks :mod:`.epilogue` what it
-computes.  Called by :mod:`.scan`.
+refusals of epilogue-like blocks that could not join.  It takes the elementwise blocks after
+the reduction one at a time (:func:`next_user`: past statements that leave the chain's
+buffers alone) and composes each into one expression of the product ``Y[..., i, j]``, the
+reads of earlier blocks' buffers replaced by what those blocks computed: an op that Relax
+spells over several blocks (gelu: five, reading its input twice) is one expression, and
+:mod:`.epilogue` reads it.  Every block whose expression is a whole epilogue is a place the
+chain may end (a **cut**); the chain ends at the last cut whose other buffers nothing outside
+it reads, and the shorter cuts are kept for a backend that takes only a prefix.  Called by
+:mod:`.scan`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
+import tvm_ffi
+from tvm import ir, tirx
+
+from ..epilogues import OPS
 from ..patterns import pattern_for
-from .epilogue import analyze_epilogue
+from .epilogue import EpilogueParser, read_elementwise
 from .explain import STATEMENT_WORDS
-from .records import Match, Refused, Rejection
+from .records import RELU_KEEPS_NAN, RELU_NAN_TO_ZERO, Match, Refused, Rejection, Step
 from .reduction import Reduction
 from .stir import FunctionIndex, Nest, buffers_used, is_spatial
+
+#: The most elementwise blocks one chain composes (gelu_tanh alone is nine).
+MAX_EPILOGUE_BLOCKS = 24
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A place the chain may end: after ``count`` members, the output and the ops so far."""
+
+    count: int
+    out: ir.Var
+    steps: tuple[Step, ...]
 
 
 def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func_name):
@@ -24,41 +47,157 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
     positions of the nests it covers.
     """
     members = list(positions)
-    ops: tuple[str, ...] = ("bias",) if core.bias is not None else ()
-    bias, relu_nan = core.bias, None
-    current = core.out
-    intermediates = []
-    rejections = []
-    while True:
-        consumers = [owner for owner in index.owners.get(current, {}) if owner not in members]
-        if not consumers:
+    base = (Step("bias", OPS["bias"].code, (), core.bias),) if core.bias is not None else ()
+    cuts = [Cut(len(members), core.out, base)]
+    written = [core.out]  # the buffers the chain writes, in order
+    read = {core.x, core.w} | ({core.bias} if core.bias is not None else set())
+    values: dict = {}  # buffer -> its value, an expression of the product core.out[axes]
+    axes = None
+    parse_refusal = compose_refusal = None
+    # Step 1. Compose the elementwise blocks that follow, noting each cut.
+    while len(members) - len(positions) < MAX_EPILOGUE_BLOCKS:
+        live = set(written)
+        users = {o for b in live for o in index.owners.get(b, {}) if o not in members}
+        if not users:
             break
         try:
-            position, epilogue = next_epilogue(
-                consumers, members, current, core, ops, bias, intermediates, index, extents
-            )
+            position = next_user(index.nests[members[-1]], written[-1], users, live, read, index)
+            block = read_elementwise(index.nests[position], core, extents)
+            axes = axes or block.axes
+            value, loads = compose(block, axes, values, live)
+            if block.out in read or block.out in loads:
+                raise Refused(
+                    f"block {block.nest.name} writes {block.out.name}, which the chain also "
+                    "reads (aliasing)"
+                )
         except Refused as refused:
-            # The nearest pattern is the one the refused operation would have made, if any.
-            attempted = (
-                pattern_for(core.layout, (*ops, refused.op), core.form) if refused.op else None
-            )
-            nearest = (attempted or pattern_for(core.layout, ops, core.form)).name
-            for owner in consumers:
-                if owner >= 0 and is_spatial(index.nests[owner].block):
-                    target = index.nests[owner]
-                    reason = refused.reason
-                    rejections.append(Rejection(func_name, (target.name,), nearest, reason))
+            spatial = [u for u in users if u >= 0 and is_spatial(index.nests[u].block)]
+            compose_refusal = (refused, sorted(spatial))
             break
         members.append(position)
-        if not epilogue.out.same_as(current):
-            intermediates.append(current)
-        ops, current = ops + epilogue.ops, epilogue.out
-        bias = epilogue.bias if epilogue.bias is not None else bias
-        relu_nan = epilogue.relu_nan or relu_nan
-    nests = [index.nests[p] for p in members]
-    match = Match(
+        read |= loads
+        values[block.out] = value
+        if block.out not in written:
+            written.append(block.out)
+        try:
+            steps = base + EpilogueParser(core.out, axes, core, extents, index.params).parse(value)
+            ops = tuple(s.op for s in steps)
+            if pattern_for(core.layout, ops, core.form) is None:
+                raise Refused(
+                    f"{' then '.join(ops)} is not an epilogue of the family (at most one op per "
+                    "slot, in the order scale, bias, activation, residual add or gating mul)"
+                )
+        except Refused as refused:
+            parse_refusal = refused
+            continue
+        cuts.append(Cut(len(members), block.out, steps))
+    # Step 2. The cuts whose inner buffers nothing else reads, longest first.
+    valid, cut_refused = [], None
+    for cut in reversed(cuts):
+        reason = cut_refusal(cut, members, written, index)
+        if reason is None:
+            valid.append(cut)
+        elif not valid and cut_refused is None:
+            cut_refused = Refused(reason)
+    best = valid[0]
+    matches = [make_match(cut, members, written, core, index, func_name) for cut in valid]
+    match = replace(matches[0], shorter=tuple(matches[1:]))
+    # Step 3. Why the blocks after the chain stay TVM code: the blocks composed past its end
+    # (a longer cut could not end the chain, or what they compute is not an epilogue), or the
+    # next user, which could not be composed.
+    left_out = members[best.count :]
+    refused, blocks = None, ()
+    if left_out:
+        refused, blocks = cut_refused or parse_refusal, left_out
+    elif compose_refusal is not None:
+        refused, blocks = compose_refusal
+    rejections = []
+    names = tuple(index.nests[p].name for p in blocks)
+    if refused is not None and names:
+        ops = tuple(s.op for s in best.steps)
+        attempted = pattern_for(core.layout, (*ops, refused.op), core.form) if refused.op else None
+        nearest = (attempted or pattern_for(core.layout, ops, core.form)).name
+        rejections.append(Rejection(func_name, names, nearest, refused.reason))
+    return match, rejections, members[: best.count]
+
+
+def compose(block, axes, values, live):
+    """``block``'s value over ``axes``, reads of the chain's buffers replaced by their values.
+
+    Returns the expression and the buffers it reads that are not the chain's own.
+    """
+    rename = {var: axis for var, axis in zip(block.axes, axes)}
+    others = set()
+
+    def on_var(var, _mutator):
+        return rename.get(var, var)
+
+    def on_load(load, mutator):
+        load = mutator.default_mutate(load)
+        buffer = load.source
+        if buffer not in live:
+            others.add(buffer)
+            return load
+        if len(load.indices) != len(axes) or not all(
+            isinstance(i, tirx.Var) and i.same_as(a) for i, a in zip(load.indices, axes)
+        ):
+            raise Refused(
+                f"block {block.nest.name} reads {buffer.name} at other indices than its own "
+                "axes, so it is not elementwise over the chain"
+            )
+        if buffer in values:
+            return values[buffer]
+        return load
+
+    value = tvm_ffi.structural_mutate(
+        block.value, [(ir.TensorLoad, on_load), (tirx.Var, on_var)]
+    )
+    return value, others
+
+
+def cut_refusal(cut: Cut, members, written, index: FunctionIndex) -> str | None:
+    """Why the chain cannot end at ``cut`` (an inner buffer read elsewhere), or None."""
+    inside = members[: cut.count]
+    last = index.nests[inside[-1]]
+    for buffer in written:
+        if buffer.same_as(cut.out) or not _written_before(buffer, inside, index):
+            continue
+        if buffer in index.params or buffer not in index.local:
+            return (
+                f"{buffer.name} is a function parameter, so it stays materialized and the chain "
+                f"cannot end at block {last.name}"
+            )
+        users = index.other_users(buffer, *inside)
+        if users:
+            return (
+                f"{buffer.name} is also read by {', '.join(users)}, so it stays materialized "
+                f"and the chain cannot end at block {last.name}"
+            )
+    if cut.out in index.views or any(s.tensor in index.views for s in cut.steps):
+        return f"block {last.name} uses a buffer view that may alias another buffer"
+    return None
+
+
+def _written_before(buffer, inside, index: FunctionIndex) -> bool:
+    return any(index.nests[p].block.body.buffer.same_as(buffer) for p in inside)
+
+
+def make_match(cut: Cut, members, written, core: Reduction, index, func_name) -> Match:
+    inside = members[: cut.count]
+    nests = [index.nests[p] for p in inside]
+    intermediates = tuple(
+        b for b in written if not b.same_as(cut.out) and _written_before(b, inside, index)
+    )
+    relu = [s for s in cut.steps if s.op == "relu"]
+    relu_nan = None
+    if relu:
+        relu_nan = RELU_KEEPS_NAN if relu[0].code != OPS["relu"].code else RELU_NAN_TO_ZERO
+        if not core.dtype.out.startswith(("float", "bfloat")):
+            relu_nan = RELU_NAN_TO_ZERO  # integers have no NaN: every spelling agrees
+    bias = next((s.tensor for s in cut.steps if s.op == "bias"), None)
+    return Match(
         func=func_name,
-        pattern=pattern_for(core.layout, ops, core.form).name,
+        pattern=pattern_for(core.layout, tuple(s.op for s in cut.steps), core.form).name,
         blocks=tuple(n.name for n in nests),
         dtype=core.dtype,
         m=core.m,
@@ -67,60 +206,13 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
         x=core.x,
         w=core.w,
         bias=bias,
-        out=current,
-        intermediates=tuple(intermediates),
+        out=cut.out,
+        intermediates=intermediates,
         stmts=tuple(n.stmt for n in nests),
         relu_nan=relu_nan,
         batch=core.batch,
+        epilogue=cut.steps,
     )
-    return match, rejections, members
-
-
-def next_epilogue(consumers, members, current, core, ops, bias, intermediates, index, extents):
-    """(position, epilogue) that extends the chain through ``current``, or Refused why not.
-
-    The epilogue is the next statement after the chain that uses ``current``.  It either reads
-    it into a new buffer (then ``current`` must be a local buffer nobody else uses), or
-    updates it in place (``Y[i, j] = Y[i, j] + b[j]``; later readers see the final value
-    either way).
-    """
-    last = index.nests[members[-1]]
-    # Step 1. The next user, past statements that leave the chain's buffers alone: the call
-    # that replaces the chain runs at the place of its last block, after them.
-    written = {*intermediates, current}
-    read = {core.x, core.w, bias} - {None}
-    position = next_user(last, current, consumers, written, read, index)
-    target = index.nests[position]
-    in_place = target.block.body.buffer.same_as(current)
-    if not in_place and (len(consumers) != 1 or consumers[0] < 0):
-        users = index.other_users(current, *members)
-        raise Refused(
-            f"{current.name} is read by {len(users)} places ({', '.join(users)}), so it "
-            f"stays materialized and the chain ends at block {last.name}"
-        )
-    if not in_place and (current in index.params or current not in index.local):
-        raise Refused(
-            f"{current.name} is a function parameter, so it stays materialized and the chain "
-            f"ends at block {last.name}"
-        )
-    # Step 2. The consumer must be a family epilogue over ``current``.
-    epilogue = analyze_epilogue(target, core, current, extents, index)
-    new_ops = ops + epilogue.ops
-    if pattern_for(core.layout, new_ops, core.form) is None:
-        raise Refused(
-            f"{' then '.join(new_ops)} after {core.layout} is not a pattern of the family "
-            "(bias before relu, each at most once)"
-        )
-    # Step 3. Nothing the chain writes may be something it reads.
-    outputs = {*intermediates, current, epilogue.out}
-    inputs = {core.x, core.w, bias, epilogue.bias} - {None}
-    if (epilogue.out.same_as(current) and not in_place) or outputs & inputs:
-        raise Refused(
-            f"block {target.name} writes {epilogue.out.name}, which the chain also reads (aliasing)"
-        )
-    if epilogue.out in index.views or epilogue.bias in index.views:
-        raise Refused(f"block {target.name} uses a buffer view that may alias another buffer")
-    return position, epilogue
 
 
 def next_user(last: Nest, current, consumers, written, read, index: FunctionIndex) -> int:

@@ -1,21 +1,33 @@
-"""Epilogue recognition: which family operations an elementwise block applies.
+"""Epilogue recognition: which operations of :data:`tir_byoc.epilogues.OPS` an expression applies.
 
-Entry point: :func:`analyze_epilogue`, which reads ``out[i, j] = f(source[i, j])`` into an
-:class:`Epilogue` (its ops, bias, output, and what its relu makes of NaN) or raises
-:class:`~.records.Refused`.  Called by :mod:`.chain`; reads :mod:`.stir`, :mod:`.exprs` and
+Entry points: :func:`read_elementwise`, the checks an elementwise block must pass to join a
+chain, and :class:`EpilogueParser`, which reads one expression of the product ``Y[..., i, j]``
+(the chain's blocks composed into one by :mod:`.chain`, so an op spread over several blocks,
+such as gelu's five, is one expression) into a tuple of :class:`~.records.Step` or raises
+:class:`~.records.Refused` saying what differs.  Reads :mod:`.stir`, :mod:`.exprs` and
 :func:`.reduction.bias_vector`.
+
+The ops are recognised two ways.  The ones with fixed constants (gelu, gelu_tanh, silu,
+sigmoid, tanh) by :data:`SPELLINGS`: expression templates, matched up to the order of the
+operands of ``+`` and ``*``, whose constants are then compared with the op's; the others
+(scale, bias, relu, clip, leaky_relu, add, mul) by the rules of :data:`RULES`, since what
+they accept (a bound, a slope, a tensor) needs its own check.  Each result records the
+spelling's NaN behaviour where spellings differ (relu, clip), so the call computes it too.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import numpy as np
 import tvm
 import tvm_ffi
 from tvm import ir, tirx
 
-from .exprs import const_value, dtype_of, index_text, is_var, is_zero, operation_text
-from .records import RELU_KEEPS_NAN, RELU_NAN_TO_ZERO, Refused
+from ..epilogues import GELU_CONSTANTS, OPS, RELU_KEEP_NAN_CODE
+from .exprs import const_value, dtype_of, expr_text, index_text, is_var, is_zero, operation_text
+from .records import Refused, Step
 from .reduction import Reduction, bias_vector
 from .stir import (
     DATA_PAR,
@@ -30,16 +42,17 @@ from .stir import (
 
 
 @dataclass(frozen=True)
-class Epilogue:
+class Elementwise:
+    """A block ``out[axes] = value`` over the chain's output shape."""
+
     nest: Nest
-    ops: tuple[str, ...]
-    bias: ir.Var | None
     out: ir.Var
-    relu_nan: str | None  # what the relu's spelling makes of NaN (RELU_NAN_TO_ZERO, ...)
+    value: tirx.PrimExpr
+    axes: tuple[tirx.Var, ...]  # the block's iterators, in the order of out's dims
 
 
-def analyze_epilogue(nest: Nest, chain: Reduction, source, extents, index) -> Epilogue:
-    """Read ``nest`` as ``out[..., i, j] = f(source[..., i, j])``, f made of bias adds and relus."""
+def read_elementwise(nest: Nest, chain: Reduction, extents: Extents) -> Elementwise:
+    """Check that ``nest`` is elementwise over the chain's output shape; Refused if not."""
     block = nest.block
     if any(iv.iter_type != DATA_PAR for iv in block.iter_vars) or block.init is not None:
         raise Refused(f"block {block.name_hint} is a reduction, not an elementwise epilogue")
@@ -55,10 +68,7 @@ def analyze_epilogue(nest: Nest, chain: Reduction, source, extents, index) -> Ep
     indices = tuple(store.indices)
     if (
         len(indices) != len(shape)
-        or not all(
-            isinstance(e, tirx.Var) and any(iv.var.same_as(e) for iv in block.iter_vars)
-            for e in indices
-        )
+        or not all(any(iv.var.same_as(e) for iv in block.iter_vars) for e in indices)
         or len(set(indices)) != len(indices)
     ):
         raise Refused(f"output {out.name} is not indexed by the block's iterators, one per axis")
@@ -69,17 +79,118 @@ def analyze_epilogue(nest: Nest, chain: Reduction, source, extents, index) -> Ep
     reason = compact_global(out)
     if reason:
         raise Refused(reason)
-    parser = EpilogueParser(source, indices, chain, extents)
-    ops = parser.parse(store.value)
-    if not ops:
-        raise Refused(f"block {block.name_hint} only copies {source.name}")
-    relu_nan = parser.relu_nan
-    if relu_nan is not None and not chain.dtype.out.startswith(("float", "bfloat")):
-        relu_nan = RELU_NAN_TO_ZERO  # integers have no NaN: every spelling agrees
-    return Epilogue(nest, ops, parser.bias, out, relu_nan)
+    return Elementwise(nest, out, store.value, indices)
 
 
-IF_THEN_ELSE = "prim.if_then_else"
+# Step 1. Templates: the spellings of the ops with fixed constants.
+VALUE = "value"
+
+
+@dataclass(frozen=True)
+class Const:
+    """A constant of a spelling: ``name`` is the op's constant (checked) or a fixed value."""
+
+    name: str
+    value: float | None = None  # the value it must have, for a fixed one
+
+
+def _call(op, arg):
+    return ("call", op, arg)
+
+
+_HALF, _ONE = Const("0.5", 0.5), Const("1", 1.0)
+_C0, _C1 = Const("c0"), Const("c1")
+
+#: op -> its spellings: nested ("mul" | "add" | "pow", a, b), ("call", op, a), VALUE, Const.
+SPELLINGS = {
+    "gelu": (
+        # Relax's legalization: z * (0.5 + erf(z * sqrt(1/2)) * 0.5)
+        ("mul", VALUE, ("add", _HALF, ("mul", _call("tirx.erf", ("mul", VALUE, _C0)), _HALF))),
+        # (z * 0.5) * (1 + erf(z * sqrt(1/2)))
+        ("mul", ("mul", VALUE, _HALF), ("add", _ONE, _call("tirx.erf", ("mul", VALUE, _C0)))),
+    ),
+    "gelu_tanh": (
+        # Relax's legalization: (0.5 z) * (1 + tanh((c0 z) * (1 + (c1 z) z)))
+        (
+            "mul",
+            ("mul", _HALF, VALUE),
+            (
+                "add",
+                _ONE,
+                _call(
+                    "tirx.tanh",
+                    ("mul", ("mul", _C0, VALUE), ("add", _ONE, ("mul", ("mul", _C1, VALUE), VALUE))),
+                ),
+            ),
+        ),
+        # torch's tanh gelu as written in Python (GPT-2): (z 0.5)(tanh((z + z^3 c1) c0) + 1)
+        (
+            "mul",
+            ("mul", VALUE, _HALF),
+            (
+                "add",
+                _call(
+                    "tirx.tanh",
+                    ("mul", ("add", VALUE, ("mul", ("pow", VALUE, Const("3", 3.0)), _C1)), _C0),
+                ),
+                _ONE,
+            ),
+        ),
+    ),
+    "silu": (("mul", VALUE, _call("tirx.sigmoid", VALUE)),),
+    "sigmoid": (_call("tirx.sigmoid", VALUE),),
+    "tanh": (_call("tirx.tanh", VALUE),),
+}
+
+_BINARY = {"mul": tirx.Mul, "add": tirx.Add}
+
+
+def unify(template, expr, binding: dict) -> dict | None:
+    """``binding`` extended so that ``template`` spells ``expr``, or None if it does not."""
+    if template == VALUE:
+        if VALUE in binding:
+            return binding if tvm_ffi.structural_equal(binding[VALUE], expr) else None
+        return {**binding, VALUE: expr}
+    if isinstance(template, Const):
+        value = const_value(expr)
+        if value is None:
+            return None
+        seen = binding.get(template.name, ())  # each occurrence is checked
+        return {**binding, template.name: (*seen, (value, template.value))}
+    kind = template[0]
+    if kind in _BINARY:
+        if not isinstance(expr, _BINARY[kind]):
+            return None
+        for a, b in ((expr.a, expr.b), (expr.b, expr.a)):
+            found = unify(template[1], a, binding)
+            found = found and unify(template[2], b, found)
+            if found:
+                return found
+        return None
+    if not isinstance(expr, tvm.ir.Call):
+        return None
+    name = getattr(expr.op, "name", None)
+    if kind == "pow":
+        if name != "tirx.pow" or len(expr.args) != 2:
+            return None
+        found = unify(template[1], expr.args[0], binding)
+        return found and unify(template[2], expr.args[1], found)
+    if name != template[1] or len(expr.args) != 1:
+        return None
+    return unify(template[2], expr.args[0], binding)
+
+
+def _root(template):
+    if isinstance(template, tuple):
+        return _BINARY.get(template[0]) or template[1]
+    return None
+
+
+#: Root (node type or call name) -> the (op, spelling) pairs whose expression has that root.
+_SPELLINGS_BY_ROOT: dict = {}
+for _op, _spellings in SPELLINGS.items():
+    for _spelling in _spellings:
+        _SPELLINGS_BY_ROOT.setdefault(_root(_spelling), []).append((_op, _spelling))
 
 
 def root_operation(expr):
@@ -89,49 +200,59 @@ def root_operation(expr):
     return type(expr)
 
 
+def tir_max(a: float, b: float) -> float:
+    """TVM's ``max(a, b)`` on floats: ``a > b ? a : b`` (so a NaN in a gives b)."""
+    return a if a > b else b
+
+
+def tir_min(a: float, b: float) -> float:
+    """TVM's ``min(a, b)``: ``a < b ? a : b``."""
+    return a if a < b else b
+
+
 class EpilogueParser:
-    """Turns an elementwise expression of ``source[..., i, j]`` into a tuple of family ops.
+    """Turns an expression of ``source[axes]`` into the :class:`Step` tuple it computes.
 
-    Each operation is read by the rules :data:`RULES` lists for its root (a rule returns the
-    ops it read, None when it does not apply, or raises Refused saying what differs); a root
-    no rule reads is refused with the words of :data:`NOT_IN_FAMILY`.
-
-    It also records what the relu's spelling makes of NaN, which TVM's code keeps: ``max(a,
-    b)`` and ``select(c, a, b)`` are ``a > b ? a : b`` and ``c ? a : b``, so a NaN reaching
-    ``max(z, 0)`` or ``select(z > 0, z, 0)`` gives 0, and one reaching ``max(0, z)`` or
-    ``select(z < 0, 0, z)`` stays NaN.
+    :meth:`parse` peels the outermost op (a spelling of :data:`SPELLINGS`, else the rules of
+    :data:`RULES` for its root), then parses the value it was applied to, down to the plain
+    read of ``source``.  Every tensor an op reads is checked (a bias is an (n,) vector, a
+    residual has the output's shape, a scale is a constant or a scalar).
     """
 
-    def __init__(self, source, indices, chain: Reduction, extents: Extents):
-        self.source, self.indices = source, indices
-        self.vi, self.vj = indices[-2], indices[-1]
+    def __init__(self, source, axes, chain: Reduction, extents: Extents, params):
+        self.source, self.axes = source, axes
+        self.vi, self.vj = axes[-2], axes[-1]
         self.chain, self.extents = chain, extents
-        self.bias = None
-        self.relu_nan = None
+        self.params = params  # buffers a scalar scale may be read from
 
-    def parse(self, expr) -> tuple[str, ...]:
+    def parse(self, expr) -> tuple[Step, ...]:
         if isinstance(expr, ir.TensorLoad) and expr.source.same_as(self.source):
-            if len(expr.indices) == len(self.indices) and all(
-                is_var(e, v) for e, v in zip(expr.indices, self.indices)
+            if len(expr.indices) == len(self.axes) and all(
+                is_var(e, v) for e, v in zip(expr.indices, self.axes)
             ):
                 return ()
-            names = ", ".join(v.name for v in self.indices)
+            names = ", ".join(v.name for v in self.axes)
             raise Refused(
                 f"reads {self.source.name}{index_text(expr)}, not "
                 f"{self.source.name}[{names}] (indices are mixed up)"
             )
         root = root_operation(expr)
+        for op, spelling in _SPELLINGS_BY_ROOT.get(root, ()):
+            binding = unify(spelling, expr, {})
+            if binding is not None and self.contains_source(binding[VALUE]):
+                return (*self.parse(binding[VALUE]), self._fixed_constants(op, binding))
         for rule in RULES.get(root, ()):
-            ops = rule(self, expr)
-            if ops is not None:
-                return ops
+            found = rule(self, expr)
+            if found is not None:
+                inner, step = found
+                return (*self.parse(inner), step)
         refusal = NOT_IN_FAMILY.get(root)
         if refusal is not None:
             reason, op = refusal
             raise Refused(reason.format(dtype=dtype_of(expr)), op=op)
-        raise Refused(f"computes {operation_text(expr)}, which is not a bias add or a relu")
+        raise Refused(f"computes {operation_text(expr)}, which is not an epilogue op of the family")
 
-    def _contains_source(self, expr) -> bool:
+    def contains_source(self, expr) -> bool:
         found = []
 
         def on_load(load):
@@ -141,78 +262,215 @@ class EpilogueParser:
         tvm_ffi.structural_walk(expr, (ir.TensorLoad, on_load))
         return bool(found)
 
-    def _bias_add(self, expr) -> tuple[str, ...]:
-        inner, bias = (expr.a, expr.b) if self._contains_source(expr.a) else (expr.b, expr.a)
-        if self._contains_source(bias):
-            raise Refused(f"adds {self.source.name} to itself", op="bias")
-        ops = self.parse(inner)
-        if not isinstance(bias, ir.TensorLoad):
-            value = const_value(bias)
-            what = f"the constant {value}" if value is not None else str(bias)
-            raise Refused(f"adds {what}, not a bias vector b[j]", op="bias")
-        try:
-            self._check_bias(bias)
-        except Refused as refused:
-            raise Refused(refused.reason, op="bias") from None
-        return (*ops, "bias")
-
-    def _check_bias(self, load):
-        chain = self.chain
-        indices = list(load.indices)
-        if len(self.indices) > 2 and len(indices) == len(self.indices):
-            if all(is_var(e, v) for e, v in zip(indices, self.indices)):
-                raise Refused(
-                    f"adds {load.source.name}{index_text(load)}, a tensor of the output's "
-                    "shape (a residual add), not a bias vector b[j]"
-                )
-        buf = bias_vector(load, self.vi, self.vj, chain.n, chain.dtype.out, self.extents)
-        if self.bias is not None or chain.bias is not None:
-            raise Refused("adds a second bias")
-        self.bias = buf
-
-    def _relu_max(self, expr) -> tuple[str, ...]:
-        # max(a, b) is a > b ? a : b: NaN in a gives b, NaN in b stays.
-        for value, bound, nan in (
-            (expr.a, expr.b, RELU_NAN_TO_ZERO),
-            (expr.b, expr.a, RELU_KEEPS_NAN),
-        ):
-            if self._contains_source(value) and not self._contains_source(bound):
-                threshold = const_value(bound)
-                if threshold is None:
+    def _fixed_constants(self, op: str, binding) -> Step:
+        """The Step of a spelling of ``op``, if its constants are the op's; else Refused."""
+        expected = iter(GELU_CONSTANTS.get(op, ()))
+        values = []
+        for name in sorted(k for k in binding if k != VALUE):  # fixed values sort before c0
+            occurrences = binding[name]
+            fixed = occurrences[0][1]
+            want = fixed if fixed is not None else next(expected)
+            for found, _ in occurrences:
+                if np.float32(found) != np.float32(want):
                     raise Refused(
-                        f"max() against {bound}, not against 0 (a relu needs 0)", op="relu"
+                        f"{op}: a constant is {found} where {op} has {float(want):.9g}", op=op
                     )
-                if threshold != 0:
-                    raise Refused(f"relu threshold is {threshold}, not 0", op="relu")
-                return self._relu(value, nan)
-        raise Refused("max() of two computed values (a leaky relu is not in the family)", op="relu")
+            if fixed is None:
+                values.append(float(np.float32(want)))
+        return Step(op, OPS[op].code, tuple(values))
 
-    def _relu_select_node(self, expr) -> tuple[str, ...]:
-        return self._relu_select(expr.condition, expr.true_value, expr.false_value)
+    # Step 2. The rules of the ops with their own checks.
+    def _operand(self, expr) -> str:
+        """What a non-value operand is: "vector", "full", "scalar" or "other"."""
+        if const_value(expr) is not None:
+            return "scalar"
+        if isinstance(expr, ir.TensorLoad):
+            if all(const_value(i) is not None for i in expr.indices):
+                return "scalar"
+            if len(expr.indices) == len(self.axes) and all(
+                is_var(e, v) for e, v in zip(expr.indices, self.axes)
+            ):
+                return "full"
+            return "vector"
+        return "other"
 
-    def _relu_if_then_else(self, expr) -> tuple[str, ...]:
-        return self._relu_select(*expr.args, spelled="if_then_else()")
+    def _split(self, expr, what):
+        """(value, other) for a binary node with the value on one side only; else Refused."""
+        a_has, b_has = self.contains_source(expr.a), self.contains_source(expr.b)
+        if a_has and b_has:
+            raise Refused(f"{what} the value by a computed value of itself")
+        if not (a_has or b_has):
+            raise Refused(f"{what} values that do not depend on {self.source.name}")
+        return (expr.a, expr.b) if a_has else (expr.b, expr.a)
 
-    def _relu_select(self, cond, then, other, spelled="select()") -> tuple[str, ...]:
-        # Every comparison with NaN is false, so NaN takes the false branch.
-        branches = (
-            (then, other, "positive", RELU_NAN_TO_ZERO),
-            (other, then, "negative", RELU_KEEPS_NAN),
+    def _add(self, expr):
+        value, other = self._split(expr, "adds")
+        kind = self._operand(other)
+        if kind == "vector":
+            try:
+                bias = bias_vector(other, self.vi, self.vj, self.chain.n, self.chain.dtype.out,
+                                   self.extents)
+            except Refused as refused:
+                raise Refused(refused.reason, op="bias") from None
+            return value, Step("bias", OPS["bias"].code, (), bias)
+        if kind == "full":
+            return value, Step("add", OPS["add"].code, (), self._full(other, "adds"))
+        what = const_value(other)
+        what = f"the constant {what}" if what is not None else expr_text(other)
+        raise Refused(f"adds {what}, not a bias vector b[j] or a tensor of the output's shape",
+                      op="bias")
+
+    def _full(self, load, verb) -> ir.Var:
+        """The buffer of a residual or gate read ``R[axes]``, checked; else Refused."""
+        buf = load.source
+        shape = self.chain.out_shape
+        check_shape(buf, shape, dim_names(len(shape)), self.extents)
+        if dtype_of(buf) != self.chain.dtype.out:
+            raise Refused(f"{verb} {buf.name}, which is {dtype_of(buf)}, expected "
+                          f"{self.chain.dtype.out}")
+        reason = compact_global(buf)
+        if reason:
+            raise Refused(reason)
+        return buf
+
+    def _mul(self, expr):
+        value, other = self._split(expr, "multiplies")
+        kind = self._operand(other)
+        if kind == "full":
+            return value, Step("mul", OPS["mul"].code, (), self._full(other, "multiplies by"))
+        if kind == "scalar":
+            return value, Step("scale", OPS["scale"].code, (self._scalar(other),))
+        raise Refused(
+            f"multiplies by {expr_text(other)}: neither a constant, a scalar nor a tensor of the "
+            "output's shape", op="scale"
         )
-        for value, zero, keep_when, nan in branches:
-            if not is_zero(zero) or not self._contains_source(value):
-                continue
-            if is_relu_condition(cond, value, keep_when):
-                return self._relu(value, nan)
-            raise Refused(
-                f"{spelled} condition {cond} does not compare the value with 0", op="relu"
-            )
-        raise Refused(f"{spelled} does not choose between the value and 0", op="relu")
 
-    def _relu(self, value, nan) -> tuple[str, ...]:
-        ops = self.parse(value)
-        self.relu_nan = nan
-        return (*ops, "relu")
+    def _div(self, expr):
+        if self.contains_source(expr.b) or not self.contains_source(expr.a):
+            raise Refused("divides by the value, not the value by a constant", op="scale")
+        if self._operand(expr.b) != "scalar":
+            raise Refused(f"divides by {expr_text(expr.b)}, not by a constant or a scalar",
+                          op="scale")
+        return expr.a, Step("div", OPS["div"].code, (self._scalar(expr.b),))
+
+    def _scalar(self, expr):
+        value = const_value(expr)
+        if value is not None:
+            return float(value)
+        if dtype_of(expr) != self.chain.dtype.out:
+            raise Refused(f"scales by {expr_text(expr)}, which is {dtype_of(expr)}", op="scale")
+        if expr.source not in self.params:
+            raise Refused(f"scales by {expr.source.name}{index_text(expr)}, not a parameter",
+                          op="scale")
+        return expr
+
+    def _max(self, expr):
+        # max(a, b) is a > b ? a : b: a NaN in a gives b, a NaN in b stays.
+        for value, bound, value_first in ((expr.a, expr.b, True), (expr.b, expr.a, False)):
+            if not self.contains_source(value) or self.contains_source(bound):
+                continue
+            if isinstance(value, tirx.Min) and const_value(bound) is not None:
+                clip = self._clip(expr, value, bound, value_first)
+                if clip is not None:
+                    return clip
+            threshold = const_value(bound)
+            if threshold is None:
+                leaky = self._leaky_max(value, bound)
+                if leaky is not None:
+                    return leaky
+                raise Refused(f"max() against {expr_text(bound)}, not against a constant",
+                              op="relu")
+            if threshold != 0:
+                raise Refused(
+                    f"max() against {threshold} alone: a relu needs 0, a clip needs both bounds",
+                    op="relu",
+                )
+            nan = tir_max(math.nan, 0.0) if value_first else tir_max(0.0, math.nan)
+            return value, self._relu(nan)
+        if self.contains_source(expr.a) and self.contains_source(expr.b):
+            leaky = self._leaky_max(expr.a, expr.b) or self._leaky_max(expr.b, expr.a)
+            if leaky is not None:
+                return leaky
+        raise Refused("max() of two computed values that is not a leaky relu", op="relu")
+
+    def _min(self, expr):
+        for value, bound, value_first in ((expr.a, expr.b, True), (expr.b, expr.a, False)):
+            if (
+                isinstance(value, tirx.Max)
+                and self.contains_source(value)
+                and const_value(bound) is not None
+            ):
+                clip = self._clip(expr, value, bound, value_first)
+                if clip is not None:
+                    return clip
+        raise Refused("min() without a max() against a constant: a clip needs both bounds",
+                      op="clip")
+
+    def _clip(self, outer, inner, outer_bound, inner_first):
+        """``max(min(z, hi), lo)`` or ``min(max(z, lo), hi)`` in any operand order, or None."""
+        for value, bound, value_first in (
+            (inner.a, inner.b, True),
+            (inner.b, inner.a, False),
+        ):
+            if const_value(bound) is None or not self.contains_source(value):
+                continue
+            outer_fn, inner_fn = (tir_max, tir_min) if isinstance(outer, tirx.Max) else (
+                tir_min, tir_max)
+            outer_c, inner_c = float(const_value(outer_bound)), float(const_value(bound))
+            lo, hi = (outer_c, inner_c) if outer_fn is tir_max else (inner_c, outer_c)
+            if lo > hi:
+                raise Refused(f"clip bounds are swapped: lower {lo} > upper {hi}", op="clip")
+            # What a NaN becomes, computed the way this spelling computes it.
+            nan = inner_fn(math.nan, inner_c) if value_first else inner_fn(inner_c, math.nan)
+            nan = outer_fn(nan, outer_c) if inner_first else outer_fn(outer_c, nan)
+            return value, Step("clip", OPS["clip"].code, (lo, hi, nan))
+        return None
+
+    def _leaky_max(self, value, scaled):
+        """``max(z, a * z)`` with 0 <= a <= 1, or None."""
+        if not isinstance(scaled, tirx.Mul):
+            return None
+        for v, slope in ((scaled.a, scaled.b), (scaled.b, scaled.a)):
+            if tvm_ffi.structural_equal(v, value) and const_value(slope) is not None:
+                return value, self._leaky(const_value(slope), "max(z, a * z)")
+        return None
+
+    def _leaky(self, slope, spelled) -> Step:
+        if not 0 <= slope <= 1:
+            raise Refused(
+                f"leaky relu slope {slope} is outside [0, 1]: {spelled} is not a leaky relu then",
+                op="leaky_relu",
+            )
+        return Step("leaky_relu", OPS["leaky_relu"].code, (float(slope),))
+
+    def _relu(self, nan) -> Step:
+        keep = math.isnan(nan)
+        return Step("relu", RELU_KEEP_NAN_CODE if keep else OPS["relu"].code)
+
+    def _select_node(self, expr):
+        return self._select(expr.condition, expr.true_value, expr.false_value, "select()")
+
+    def _if_then_else(self, expr):
+        return self._select(*expr.args, spelled="if_then_else()")
+
+    def _select(self, cond, then, other, spelled):
+        # Every comparison with NaN is false, so a NaN takes the false branch.
+        for kept, low, keep_when in ((then, other, "positive"), (other, then, "negative")):
+            if not self.contains_source(kept):
+                continue
+            if not is_relu_condition(cond, kept, keep_when):
+                continue
+            if is_zero(low):
+                nan = math.nan if keep_when == "negative" else 0.0
+                return kept, self._relu(nan)
+            leaky = self._leaky_max(kept, low)
+            if leaky is not None:
+                return kept, self._leaky(leaky[1].constants[0], spelled)
+        raise Refused(
+            f"{spelled} does not choose between the value and 0 (a relu) or a * value "
+            "(a leaky relu) by the value's sign",
+            op="relu",
+        )
 
 
 def is_relu_condition(cond, value, keep_when) -> bool:
@@ -229,20 +487,23 @@ def is_relu_condition(cond, value, keep_when) -> bool:
     return False
 
 
-#: The epilogue rules, by root operation: each ``rule(parser, expr)`` returns the ops it read
-#: (recursing into the value it wraps), None when it does not apply, or raises Refused.  A new
-#: operation is one entry here (and one case in each backend's C).
+IF_THEN_ELSE = "prim.if_then_else"
+
+#: The rules, by root operation: ``rule(parser, expr)`` returns (the value the op applies to,
+#: its Step), None when it does not apply, or raises Refused saying what differs.
 RULES = {
-    tirx.Add: (EpilogueParser._bias_add,),
-    tirx.Max: (EpilogueParser._relu_max,),
-    tirx.Select: (EpilogueParser._relu_select_node,),
-    IF_THEN_ELSE: (EpilogueParser._relu_if_then_else,),
+    tirx.Add: (EpilogueParser._add,),
+    tirx.Mul: (EpilogueParser._mul,),
+    tirx.Div: (EpilogueParser._div,),
+    tirx.Max: (EpilogueParser._max,),
+    tirx.Min: (EpilogueParser._min,),
+    tirx.Select: (EpilogueParser._select_node,),
+    IF_THEN_ELSE: (EpilogueParser._if_then_else,),
 }
 
-#: Roots that are close to a family operation but are not one: (reason, the op it resembles).
+#: Roots that are close to an op but are not one: (reason, the op it resembles).
 NOT_IN_FAMILY = {
-    tirx.Min: ("applies min(): a clipped relu is not part of the family", "relu"),
     tirx.Cast: ("casts the result to {dtype}", None),
     tirx.Sub: ("combines with -, not a bias add (+)", None),
-    tirx.Mul: ("multiplies the result (a scale or leaky relu is not in the family)", None),
+    "tirx.erf": ("applies erf() alone, not as part of a gelu", "gelu"),
 }

@@ -24,6 +24,29 @@ RELU_KEEPS_NAN = "keep"
 
 
 @dataclass(frozen=True)
+class Step:
+    """One operation of a match's epilogue, as its call passes it.
+
+    Attributes
+    ----------
+    op : str
+        A key of :data:`tir_byoc.epilogues.OPS`.
+    code : int
+        Its ``TIR_BYOC_OP_*`` code (a relu that keeps NaN has its own).
+    constants : tuple of float or tvm.ir.PrimExpr
+        Its constants, in the order of :attr:`~tir_byoc.epilogues.OpSpec.constants`; a scale
+        by a scalar parameter holds the parameter's read.
+    tensor : tvm.ir.Var or None
+        The bias vector, residual or gate tensor it reads.
+    """
+
+    op: str
+    code: int
+    constants: tuple = ()
+    tensor: ir.Var | None = None
+
+
+@dataclass(frozen=True)
 class Batch:
     """The batch dims of a match, as its call passes them.
 
@@ -80,6 +103,14 @@ class Match:
     relu_nan : str or None
         For a pattern with relu: what its TIR spelling makes of a NaN,
         :data:`RELU_NAN_TO_ZERO` (``max(z, 0)``) or :data:`RELU_KEEPS_NAN` (``max(0, z)``).
+    batch : Batch or None
+        The batch dims, for the ``batch_`` and ``bmm_`` members.
+    epilogue : tuple of Step
+        The epilogue's operations with their constants and tensors, in order.
+    shorter : tuple of Match
+        The chain cut after an earlier block, longest first: each a prefix of the epilogue
+        that could be offloaded alone (the rest staying TVM code), for a backend that cannot
+        take the whole epilogue.
     """
 
     func: str
@@ -97,6 +128,20 @@ class Match:
     stmts: tuple[tirx.Stmt, ...] = field(default=(), repr=False, compare=False)
     relu_nan: str | None = None
     batch: Batch | None = None
+    epilogue: tuple[Step, ...] = ()
+    shorter: tuple[Match, ...] = field(default=(), repr=False, compare=False)
+
+    @property
+    def layout(self) -> str:
+        """The weight layout, ``dense`` or ``matmul``."""
+        from ..patterns import PATTERNS  # the patterns module reads no records
+
+        return PATTERNS[self.pattern].layout
+
+    @property
+    def tensors(self) -> tuple[ir.Var, ...]:
+        """The tensors the epilogue reads (bias, residual, gate), in op order."""
+        return tuple(s.tensor for s in self.epilogue if s.tensor is not None)
 
     @property
     def shape(self) -> tuple[str, str, str]:
@@ -165,4 +210,4 @@ class Refused(Exception):
         super().__init__(reason)
         self.reason = reason
         self.nearest = nearest
-        self.op = op  # the epilogue operation ("bias", "relu") being read when refused
+        self.op = op  # the epilogue operation ("bias", "gelu", ...) being read when refused
