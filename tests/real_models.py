@@ -38,7 +38,7 @@ import tvm
 import tvm_ffi
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
-from tvm import relax, tirx
+from tvm import relax, s_tir, tirx
 from tvm.relax.frontend.torch import from_exported_program
 
 import tir_byoc
@@ -308,10 +308,40 @@ def _extern_call(func: str, call: tvm.ir.Call, times: int) -> ExternCall:
         raise ValueError(f"{symbol}: expected m, n, k then an int32 dtypes argument, got {args}")
     m, n, k = (_static(a, name, symbol) for a, name in zip(args[dtypes - 3 : dtypes], "mnk"))
     batch = 1
-    if "_bmm_" in symbol:
-        batch0, batch1 = args[dtypes + 1], args[dtypes + 2]
+    # A bmm_ entry point has the batch after dtypes; the gemm one after dtypes and layout.
+    first = {"bmm": dtypes + 1, "gemm": dtypes + 2}.get(
+        "bmm" if "_bmm_" in symbol else "gemm" if symbol.endswith("_gemm") else None
+    )
+    if first is not None:
+        batch0, batch1 = args[first], args[first + 1]
         batch = _static(batch0, "batch0", symbol) * _static(batch1, "batch1", symbol)
     return ExternCall(func, symbol, m, n, k, batch, times)
+
+
+def epilogues_left_behind(mod: tvm.IRModule) -> list[str]:
+    """Blocks that read an offloaded call's output inside the call's own PrimFunc.
+
+    After the Relax fold of the Linear reshapes, an activation, gate or residual add of a GEMM
+    sits in the GEMM's PrimFunc; one that is still TVM code there reads the call's output.
+    """
+    left = []
+    for gvar, func in mod.functions_items():
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        blocks = []
+        tvm_ffi.structural_walk(func.body, (s_tir.SBlock, blocks.append))
+        calls = [b for b in blocks if b.annotations and "tir_byoc.intrinsic" in b.annotations]
+        outputs = {
+            w.source: str(c.annotations["tir_byoc.intrinsic"]) for c in calls for w in c.writes
+        }
+        for block in blocks:
+            for region in block.reads:
+                if region.source in outputs and block not in calls:
+                    left.append(
+                        f"{gvar.name_hint}: block {block.name_hint} reads {region.source.name}, "
+                        f"the output of {outputs[region.source]}"
+                    )
+    return left
 
 
 def extern_calls(name: str, func: tirx.PrimFunc) -> list[ExternCall]:

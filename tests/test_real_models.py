@@ -128,3 +128,9 @@ def test_every_gemm_flop_is_offloaded(compiled):
         f"{compiled.model.name}: {fraction:.1%} of the GEMM FLOPs offloaded "
         f"({offloaded} of {sum(total.values())}; torch counts {total}); refused:\n  {refused}"
     )
+
+
+def test_no_epilogue_stays_behind_an_offloaded_gemm(compiled):
+    """Issue 12's bar: every activation, gate and residual add that Relax fuses with a GEMM
+    runs in the library call, none as TVM code reading the call's output."""
+    assert real_models.epilogues_left_behind(compiled.offloaded) == []

@@ -79,8 +79,16 @@ class Plan:
 
     @property
     def rejections(self) -> list[Rejection | Refusal]:
-        """The matcher's refusals, then the copies the fold kept, each with its reason."""
+        """The matcher's refusals, the ends of chains no intrinsic takes whole, then the copies
+        the fold kept, each with its reason.
+
+        Only a function with a chain that could be cut (an epilogue beyond bias and relu)
+        asks for its choices, so explaining a module of 2-D chains resolves no backend.
+        """
         refused = [r for f in self.functions for r in f.scan.rejections]
+        for function in self.functions:
+            if any(m.shorter for m in function.scan.matches):
+                refused += [cut_rejection(c) for c in function.choices if c.cut_from is not None]
         return refused + list(self.folds.refusals)
 
     def offloaded(self, function: FunctionPlan) -> Iterator[tuple[Match, Intrinsic]]:
@@ -93,6 +101,17 @@ class Plan:
     def backends(self) -> set[str]:
         """The backends whose intrinsics the plan chose."""
         return {self.registry[c.intrinsic].backend for c in self.choices if c.intrinsic}
+
+
+def cut_rejection(choice: Choice) -> Rejection:
+    """The blocks of a chain that stay TVM code because no intrinsic takes the whole chain."""
+    whole, served = choice.cut_from, choice.match
+    left = tuple(b for b in whole.blocks if b not in served.blocks)
+    reason = (
+        f"no intrinsic takes {whole.pattern} whole ({choice.reason}), so {choice.intrinsic} "
+        f"serves its prefix {served.pattern} and these blocks stay TVM code"
+    )
+    return Rejection(whole.func, left, whole.pattern, reason)
 
 
 def as_module(mod_or_func) -> tuple[tvm.IRModule, bool]:
