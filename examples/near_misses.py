@@ -81,7 +81,8 @@ def leaky(
     for i, j in T.grid(64, 500):
         with T.sblock("leaky_relu"):
             vi, vj = T.axis.remap("SS", [i, j])
-            Y[vi, vj] = T.max(C[vi, vj], C[vi, vj] * T.float32(0.01))
+            # max(z, a z) is a leaky relu for 0 <= a <= 1; with a = 1.5 it is max(z, 1.5 z).
+            Y[vi, vj] = T.max(C[vi, vj], C[vi, vj] * T.float32(1.5))
 
 
 @T.prim_func(s_tir=True)

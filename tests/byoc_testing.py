@@ -90,3 +90,21 @@ def called_intrinsic(name, backend="ref") -> str:
     from tir_byoc.patterns import PATTERNS
 
     return f"{backend}.{PATTERNS[name].call_pattern}"
+
+
+def sample_patterns() -> list[str]:
+    """Members for tests that compile each one: the fixed ones, each op alone in turning
+    layouts and batch forms, and long chains."""
+    from tir_byoc.patterns import FIXED_EPILOGUES, PATTERNS, representatives
+
+    chosen = [
+        n
+        for n in representatives()
+        if len(PATTERNS[n].ops) <= 1 or PATTERNS[n].ops in FIXED_EPILOGUES
+    ]
+    return chosen + [
+        "batch_dense_scale_bias_gelu_add",
+        "bmm_matmul_div_bias_gelu_tanh_mul",
+        "matmul_bias_silu_mul",
+        "dense_scale_bias_clip_add",
+    ]

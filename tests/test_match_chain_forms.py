@@ -10,7 +10,14 @@ check the reason and that nothing changes.
 import numpy as np
 import pytest
 import tvm
-from byoc_testing import assert_equivalent, intrinsic_calls, only_match, reasons, run
+from byoc_testing import (
+    assert_equivalent,
+    intrinsic_calls,
+    only_match,
+    reasons,
+    run,
+    sample_patterns,
+)
 from tvm import s_tir, tirx
 from tvm.script import tirx as T
 
@@ -386,7 +393,7 @@ def _lowered(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return lowered
 
 
-@pytest.mark.parametrize("name", list(PATTERNS))
+@pytest.mark.parametrize("name", sample_patterns())
 def test_every_pattern_matches_after_tvm_lowers_it_to_plain_loops(name):
     func = _lowered(describe(name, index_dtype="int32"))
     assert only_match(func).pattern == name

@@ -144,7 +144,9 @@ def test_patterns_without_an_intrinsic_say_so():
     "changes, message",
     [
         ({"name": "toy"}, "expected '<backend>.<variant>'"),
-        ({"pattern": "conv2d"}, "expected a pattern in"),
+        ({"pattern": "conv2d"}, "expected 'gemm' or a pattern in"),
+        ({"ops": ("gelu",)}, "expected ops from"),
+        ({"pattern": "gemm", "ops": ("swish",)}, "expected ops from"),
         ({"extern_symbol": "not a symbol"}, "expected a C identifier as extern_symbol"),
         ({"dtypes": ("float99",)}, "expected x dtype in"),
         ({"dtypes": ("float32,float32",)}, "expected 'x_dtype,w_dtype->out_dtype'"),
@@ -185,7 +187,7 @@ def test_duplicate_names_and_symbols_are_value_errors(user_source):
 
 def test_the_bundled_reference_backend_covers_every_pattern():
     ref = tir_byoc.REGISTRY.of_backend("ref")
-    assert sorted(i.pattern for i in ref) == sorted(CALL_PATTERNS)
+    assert sorted(i.pattern for i in ref) == sorted([*CALL_PATTERNS, "gemm"])
     for name in tir_byoc.PATTERNS:
         assert any(i.serves(name) for i in ref), name
     assert all(i.extern_symbol == f"tir_byoc_ref_{i.pattern}" for i in ref)

@@ -25,6 +25,7 @@ from tvm import relax, tirx
 
 from . import toolchain
 from .match import FunctionScan, Match, Rejection, scan_function
+from .patterns import GEMM_ENTRY
 from .registry import REGISTRY, Choice, Intrinsic, Registry, backend_order, choose
 from .relax_fold import FoldReport, Refusal, fold_weight_copies
 
@@ -82,12 +83,13 @@ class Plan:
         """The matcher's refusals, the ends of chains no intrinsic takes whole, then the copies
         the fold kept, each with its reason.
 
-        Only a function with a chain that could be cut (an epilogue beyond bias and relu)
-        asks for its choices, so explaining a module of 2-D chains resolves no backend.
+        Only a function with an epilogue beyond bias and relu asks for its choices, so
+        explaining a module of bias and relu chains resolves no backend (a choice's
+        :attr:`~tir_byoc.registry.Choice.reason` says why one of those was cut).
         """
         refused = [r for f in self.functions for r in f.scan.rejections]
         for function in self.functions:
-            if any(m.shorter for m in function.scan.matches):
+            if any(m.shorter and m.pattern_entry == GEMM_ENTRY for m in function.scan.matches):
                 refused += [cut_rejection(c) for c in function.choices if c.cut_from is not None]
         return refused + list(self.folds.refusals)
 

@@ -474,6 +474,9 @@ def choose_one(
     candidates = [
         i for i in registry if i.serves(match.pattern) or (i.takes_epilogue and match.shorter)
     ]
+    # A backend's gemm entry point stands in for its fixed ones only where it has none.
+    fixed = {i.backend for i in candidates if not i.takes_epilogue}
+    candidates = [i for i in candidates if not (i.takes_epilogue and i.backend in fixed)]
     if order is not None:
         rank = {b: r for r, b in enumerate(order)}
         candidates = [i for i in candidates if i.backend in rank]

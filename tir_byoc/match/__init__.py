@@ -1,15 +1,15 @@
-"""The matcher: find dense / bias / relu chains in S-TIR PrimFuncs, by semantics.
+"""The matcher: find GEMM + epilogue chains in S-TIR PrimFuncs, by semantics.
 
 Entry point: :func:`scan_function`, which returns a :class:`FunctionScan` holding one
 :class:`Match` per chain found and one :class:`Rejection` per block that looked like part of
 a chain but was refused, with the reason.
 
-A chain is a reduction block computing ``Y[i, j] = sum_k X[i, k] * W[., .]`` followed by zero
-or more epilogue blocks (bias add, relu, or both folded into one), linked through
-intermediate buffers that nothing else touches.  Each block is reduced to what it computes
-(roles of its indices, operations, dtypes), never to how it is spelled, and that summary is
-compared with :data:`tir_byoc.patterns.PATTERNS`.  Anything that cannot be proven to compute a
-pattern exactly is refused: a wrong offload is worse than a missed one.
+A chain is a reduction block computing ``Y[..., i, j] = sum_k X[..., i, k] * W[..., ., .]``
+followed by zero or more elementwise blocks, linked through intermediate buffers that
+nothing else touches.  The elementwise blocks are composed into one expression of the
+product and read as an epilogue of :data:`tir_byoc.epilogues.OPS` (bias, gelu, a residual
+add, ...), never by how they are spelled or split into blocks.  Anything that cannot be
+proven to compute a pattern exactly is refused: a wrong offload is worse than a missed one.
 
 The matcher only reads IR; :mod:`tir_byoc.rewrite` builds the replacement from a Match.
 
@@ -18,7 +18,8 @@ One idea per module, each calling only those listed after it:
 - :mod:`.scan`: :func:`scan_function`, the entry point;
 - :mod:`.chain`: grows a chain from a reduction through its epilogues;
 - :mod:`.explain`: reasons for candidates the chain search never reaches;
-- :mod:`.epilogue`: the epilogue recognition, a table of rules keyed by the root operation;
+- :mod:`.epilogue`: the epilogue recognition: templates of the fixed-constant ops, and rules
+  keyed by the root operation;
 - :mod:`.reduction`: the GEMM analysis;
 - :mod:`.stir`: S-TIR facts (loop nests, buffer uses, extents, binding and compactness);
 - :mod:`.records`: Match, Rejection, FunctionScan;

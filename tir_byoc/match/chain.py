@@ -83,10 +83,7 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
             steps = base + EpilogueParser(core.out, axes, core, extents, index.params).parse(value)
             ops = tuple(s.op for s in steps)
             if pattern_for(core.layout, ops, core.form) is None:
-                raise Refused(
-                    f"{' then '.join(ops)} is not an epilogue of the family (at most one op per "
-                    "slot, in the order scale, bias, activation, residual add or gating mul)"
-                )
+                raise Refused(slot_refusal(ops))
         except Refused as refused:
             parse_refusal = refused
             continue
@@ -119,6 +116,17 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
         nearest = (attempted or pattern_for(core.layout, ops, core.form)).name
         rejections.append(Rejection(func_name, names, nearest, refused.reason))
     return match, rejections, members[: best.count]
+
+
+def slot_refusal(ops) -> str:
+    """Why ``ops`` is no epilogue of the family: a repeated op, or ops out of slot order."""
+    repeated = next((op for i, op in enumerate(ops) if op in ops[:i]), None)
+    if repeated:
+        return f"applies a second {repeated}; an epilogue has at most one op per slot"
+    return (
+        f"{' then '.join(ops)} is not an epilogue of the family (at most one op per slot, in "
+        "the order scale, bias, activation, residual add or gating mul)"
+    )
 
 
 def compose(block, axes, values, live):

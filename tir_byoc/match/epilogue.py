@@ -459,6 +459,11 @@ class EpilogueParser:
             if not self.contains_source(kept):
                 continue
             if not is_relu_condition(cond, kept, keep_when):
+                if is_zero(low) or self._leaky_max(kept, low) is not None:
+                    raise Refused(
+                        f"{spelled} condition {cond} does not compare the value with 0",
+                        op="relu",
+                    )
                 continue
             if is_zero(low):
                 nan = math.nan if keep_when == "negative" else 0.0

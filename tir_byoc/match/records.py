@@ -139,6 +139,13 @@ class Match:
         return PATTERNS[self.pattern].layout
 
     @property
+    def pattern_entry(self) -> str:
+        """The entry point its calls use (:attr:`tir_byoc.patterns.Pattern.call_pattern`)."""
+        from ..patterns import PATTERNS
+
+        return PATTERNS[self.pattern].call_pattern
+
+    @property
     def tensors(self) -> tuple[ir.Var, ...]:
         """The tensors the epilogue reads (bias, residual, gate), in op order."""
         return tuple(s.tensor for s in self.epilogue if s.tensor is not None)

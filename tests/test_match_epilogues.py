@@ -1,0 +1,199 @@
+"""Epilogues as data: each op as TVM lowers it, its numerics, and the near misses explain names.
+
+Every op of :data:`tir_byoc.epilogues.OPS` is lowered by Relax itself (``LegalizeOps``,
+``FuseOps``, ``FuseTIR``) after a Linear, offloaded with every available backend, and run
+against the same module built by TVM alone, on inputs whose products are ordinary, large
+(±1e4 and beyond) and special (NaN, ±inf, ±1e30, put in the bias so the value reaching the
+op is exactly that).
+"""
+
+import math
+
+import numpy as np
+import pytest
+from byoc_testing import only_match
+from tvm import relax, te, tirx
+from tvm.script import relax as R
+
+import tir_byoc
+from tir_byoc import toolchain
+from tir_byoc.epilogues import OPS
+from tir_byoc.rewrite import intrinsic_calls
+
+M, K, N = 8, 4, 6
+SPECIAL = np.array([np.nan, np.inf, -np.inf, 1e30, -1e30, 0.0], "float32")
+
+
+def _linear_then(op_name):
+    """A Relax module: the op after ``x @ w + b`` as a Relax operator (a scale before the +)."""
+    x = relax.Var("x", R.Tensor((M, K), "float32"))
+    w = relax.Var("w", R.Tensor((K, N), "float32"))
+    b = relax.Var("b", R.Tensor((N,), "float32"))
+    t = relax.Var("t", R.Tensor((M, N), "float32"))
+    builder = relax.BlockBuilder()
+    ops = {
+        "scale": lambda z: R.multiply(z, R.const(0.125, "float32")),
+        "div": lambda z: R.divide(z, R.const(8.0, "float32")),
+        "relu": R.nn.relu,
+        "gelu": R.nn.gelu,
+        "gelu_tanh": R.nn.gelu_tanh,
+        "silu": R.nn.silu,
+        "sigmoid": R.sigmoid,
+        "tanh": R.tanh,
+        "clip": lambda z: R.clip(z, 0.0, 6.0),
+        "leaky_relu": lambda z: R.nn.leakyrelu(z, 0.01),
+        "add": lambda z: R.add(z, t),
+        "mul": lambda z: R.multiply(z, t),
+    }
+    with builder.function("main", [x, w, b, t]):
+        with builder.dataflow():
+            if OPS[op_name].slot == "scale":  # the scale slot comes before the bias
+                out = builder.emit_output(R.add(ops[op_name](R.matmul(x, w)), b))
+            else:
+                out = builder.emit_output(ops[op_name](R.add(R.matmul(x, w), b)))
+        builder.emit_func_output(out)
+    return _fuse(builder.get())
+
+
+def _fuse(mod):
+    return relax.transform.FuseTIR()(
+        relax.transform.FuseOps()(
+            relax.transform.AnnotateTIROpPattern()(relax.transform.LegalizeOps()(mod))
+        )
+    )
+
+
+def _available_backends():
+    return [b for b in ("ref", "openblas", "onednn") if toolchain.unavailable(b) is None]
+
+
+def _inputs(seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((M, K)).astype("float32")
+    x[1] *= 1e4  # large magnitudes
+    x[2] *= 100
+    w = rng.standard_normal((K, N)).astype("float32")
+    b = rng.standard_normal(N).astype("float32")
+    t = rng.standard_normal((M, N)).astype("float32")
+    # Row 0 of the product is zeroed and the bias carries the special values.
+    x[0] = 0
+    b[: len(SPECIAL)] = SPECIAL
+    return x, w, b, t
+
+
+def _run(mod, arrays):
+    import tvm
+
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
+
+
+@pytest.mark.parametrize("op", [op for op in OPS if op != "bias"])
+def test_each_op_as_relax_lowers_it_is_offloaded_and_agrees_with_tvm(op):
+    lowered = _linear_then(op)
+    arrays = _inputs(seed=len(op))
+    expected = _run(lowered, arrays)
+    backends = _available_backends()
+    for backend in backends:
+        offloaded = tir_byoc.offload(lowered, backends=backend)
+        fired = {}
+        for _, func in offloaded.functions_items():
+            if isinstance(func, tirx.PrimFunc):
+                fired.update(intrinsic_calls(func))
+        assert fired == {f"{backend}.gemm": 1} or (
+            op == "relu" and fired == {f"{backend}.matmul_bias_relu": 1}
+        ), (backend, fired)
+        result = _run(offloaded, arrays)
+        # NaN and the infinities exactly where TVM's code puts them; the rest to fp32
+        # tolerance, relative for the large rows.
+        np.testing.assert_array_equal(np.isnan(result), np.isnan(expected), err_msg=backend)
+        finite = np.isfinite(expected)
+        np.testing.assert_array_equal(result[~finite], expected[~finite], err_msg=backend)
+        np.testing.assert_allclose(
+            result[finite], expected[finite], rtol=2e-5, atol=1e-4, err_msg=f"{op} {backend}"
+        )
+
+
+# -- erf and tanh gelu are never confused -----------------------------------------------
+
+
+def _dense_then(fn, *, extra=None):
+    x = te.placeholder((M, K), "float32", name="X")
+    w = te.placeholder((N, K), "float32", name="W")
+    r = te.reduce_axis((0, K), name="k")
+    y = te.compute((M, N), lambda i, j: te.sum(x[i, r] * w[j, r], axis=r), name="dense")
+    out = te.compute((M, N), lambda i, j: fn(y[i, j]), name="epilogue")
+    return te.create_prim_func([x, w, out])
+
+
+def f32(v):
+    return tirx.const(v, "float32")
+
+
+def gelu_erf(z, half=0.5, root=math.sqrt(0.5)):
+    return z * (f32(half) + te.erf(z * f32(root)) * f32(0.5))
+
+
+def gelu_tanh(z, c0=math.sqrt(2 / math.pi), c1=0.044715):
+    return f32(0.5) * z * (f32(1.0) + te.tanh(f32(c0) * z * (f32(1.0) + f32(c1) * z * z)))
+
+
+def test_erf_and_tanh_gelu_are_told_apart():
+    assert only_match(_dense_then(gelu_erf)).pattern == "dense_gelu"
+    assert only_match(_dense_then(gelu_tanh)).pattern == "dense_gelu_tanh"
+    # Each gelu's constant in the other's spelling is no gelu at all.
+    erf_with_tanh_constant = _dense_then(lambda z: gelu_erf(z, root=math.sqrt(2 / math.pi)))
+    tanh_with_erf_constant = _dense_then(lambda z: gelu_tanh(z, c0=math.sqrt(0.5)))
+    for func, op in ((erf_with_tanh_constant, "gelu"), (tanh_with_erf_constant, "gelu_tanh")):
+        assert only_match(func).pattern == "dense"
+        (rejection,) = tir_byoc.explain(func)
+        assert rejection.reason.startswith(f"{op}: a constant is ")
+        assert rejection.nearest == f"dense_{op}"
+
+
+# -- near misses name what differs --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fn, nearest, reason",
+    [
+        (lambda z: gelu_erf(z, half=0.6), "dense_gelu", "gelu: a constant is 0.6"),
+        (lambda z: gelu_tanh(z, c1=0.05), "dense_gelu_tanh", "gelu_tanh: a constant is 0.05"),
+        (
+            lambda z: te.max(te.min(z, f32(0.0)), f32(6.0)),
+            "dense_clip",
+            "clip bounds are swapped: lower 6.0 > upper 0.0",
+        ),
+        (
+            lambda z: te.max(z, z * f32(1.5)),
+            "dense_leaky_relu",
+            "leaky relu slope 1.5 is outside [0, 1]",
+        ),
+        (
+            lambda z: tirx.Select(z > f32(0.0), z, z * f32(-0.5)),
+            "dense_leaky_relu",
+            "leaky relu slope -0.5 is outside [0, 1]",
+        ),
+        (lambda z: te.erf(z), "dense_gelu", "applies erf() alone, not as part of a gelu"),
+        (lambda z: te.max(z, f32(1.0)), "dense_relu", "max() against 1.0 alone"),
+    ],
+    ids=["gelu-half", "gelu-tanh-cubic", "clip-swapped", "leaky-steep", "leaky-negative", "erf",
+         "max-1"],
+)
+def test_a_near_miss_names_the_op_and_what_differs(fn, nearest, reason):
+    func = _dense_then(fn)
+    match = only_match(func)
+    assert match.pattern == "dense" and match.blocks == ("dense",)
+    (rejection,) = tir_byoc.explain(func)
+    assert rejection.blocks == ("epilogue",)
+    assert rejection.nearest == nearest and reason in rejection.reason, rejection
+
+
+def test_clip_records_what_its_spelling_makes_of_nan():
+    # max(min(z, 6), 0): min(NaN, 6) is 6, max(6, 0) is 6; min(6, z) keeps NaN, max(NaN, 0) is 0.
+    first = only_match(_dense_then(lambda z: te.max(te.min(z, f32(6.0)), f32(0.0))))
+    second = only_match(_dense_then(lambda z: te.max(te.min(f32(6.0), z), f32(0.0))))
+    third = only_match(_dense_then(lambda z: te.max(f32(0.0), te.min(f32(6.0), z))))
+    assert first.epilogue[-1].constants == (0.0, 6.0, 6.0)
+    assert second.epilogue[-1].constants == (0.0, 6.0, 0.0)
+    assert math.isnan(third.epilogue[-1].constants[2])
