@@ -1,14 +1,17 @@
 """The libraries called directly from C, without TVM: the baseline of the "bridge overhead".
 
 Entry points: :func:`measure_direct` (layers through ``direct_onednn.cpp`` or
-``direct_openblas.c``, compiled here on first use) and :func:`measure_bridge` (``run.py
---bridge``: tir_byoc's oneDNN intrinsics against direct oneDNN calls, interleaved in one
-process).
+``direct_openblas.c``, compiled here on first use), :func:`compute_direct` (the oneDNN
+harness's outputs on given inputs, for the numerical check) and :func:`measure_bridge`
+(``run.py --bridge``: tir_byoc's oneDNN intrinsics against direct oneDNN calls, interleaved in
+one process).
 """
 
 from __future__ import annotations
 
 import subprocess
+import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from timing import plan
@@ -48,17 +51,48 @@ def _direct_binary(library: str) -> Path:
 
 
 def layer_spec(workload: Workload, dtype: str) -> str:
-    """The harnesses' LAYER argument for ``workload`` in ``dtype`` (a key of DTYPES).
+    """The harnesses' LAYER argument for ``workload``'s ``pattern`` call in ``dtype`` (a key of
+    DTYPES).
 
-    A batched matmul passes its batch count (``M:N:K:...:RELU:BATCH``); a leading batch over a
-    2-D weight is the 2-D product with the batch folded into M, as tir_byoc calls it.
+    A batched matmul passes its batch count (``M:N:K:...:EPILOGUE:BATCH``); a leading batch
+    over a 2-D weight is the 2-D product with the batch folded into M, as tir_byoc calls it.
+    The epilogue after the bias is 0 (none), 1 (relu) or the oneDNN harness's post-op names
+    (the epilogue ops' names) joined by ``+``.
     """
     short = {"fp32": "f32", "bf16": "bf16", "int8": "u8s8"}[dtype]
-    bias, relu = int(workload.has_bias), int(workload.has_relu)
     layout = "dense" if workload.dense else "matmul"
     m = workload.m if workload.batched else workload.rows
     batch = f":{workload.batch}" if workload.batched else ""
-    return f"{m}:{workload.n}:{workload.k}:{short}:{layout}:{bias}:{relu}{batch}"
+    if workload.group == "epilogue":
+        post_ops = "+".join(op for op in workload.ops if op != "bias") or "0"
+    else:
+        post_ops = str(int(workload.has_relu))
+    bias = int(workload.has_bias)
+    return f"{m}:{workload.n}:{workload.k}:{short}:{layout}:{bias}:{post_ops}{batch}"
+
+
+def layer_specs(workload: Workload, dtype: str) -> list[str]:
+    """The LAYER arguments of every call of ``workload``, in order: the harness chains them
+    (the gated MLP's up projection, then the gate GEMM that multiplies by its output)."""
+    calls = [replace(workload, pattern=p, tail_from=None) for p in workload.calls]
+    return [layer_spec(call, dtype) for call in calls]
+
+
+def compute_direct(layers, operands: list[list], prepacked: bool = False) -> list:
+    """The oneDNN harness's outputs (one float32 array per layer) with ``operands[i]`` as the
+    operands layer i owns, in the order x, w, b, t, None for one it does not have or reads from
+    the previous layer (see ``direct_onednn.cpp``)."""
+    import numpy as np
+
+    with tempfile.TemporaryDirectory() as data:
+        for i, owned in enumerate(operands):
+            for name, array in zip("xwbt", owned):
+                if array is not None:
+                    np.ascontiguousarray(array, dtype=np.float32).tofile(f"{data}/{i}.{name}")
+        options = f"{'prepacked' if prepacked else 'plain'},check:{data}"
+        command = [str(_direct_binary("onednn")), "0", "1", options, *layers]
+        subprocess.run(command, capture_output=True, text=True, check=True)
+        return [np.fromfile(f"{data}/{i}.y", dtype=np.float32) for i in range(len(layers))]
 
 
 def _run_direct(library: str, layers, budget: float, mode: str | None = None) -> list[str]:
@@ -91,8 +125,8 @@ def _refusal(workload: Workload, dtype: str) -> str | None:
     intrinsic returns TIR_BYOC_EDTYPE."""
     import tir_byoc
 
-    (match,) = tir_byoc.scan(ir_module(workload, DTYPES[dtype]), backends=["onednn"])
-    return None if match.intrinsic is not None else match.reason
+    matches = tir_byoc.scan(ir_module(workload, DTYPES[dtype]), backends=["onednn"])
+    return next((m.reason for m in matches if m.intrinsic is None), None)
 
 
 def measure_bridge(budget: float, workloads=WORKLOADS, mlp: bool = True) -> int:
@@ -105,7 +139,7 @@ def measure_bridge(budget: float, workloads=WORKLOADS, mlp: bool = True) -> int:
     import tir_byoc
 
     mode = f"interleaved:{tir_byoc.toolchain.shared_library('onednn')}"
-    cases = [(w.name, dtype, [layer_spec(w, dtype)], w) for w in workloads for dtype in DTYPES]
+    cases = [(w.name, dtype, layer_specs(w, dtype), w) for w in workloads for dtype in w.dtypes]
     if mlp:
         cases.append(("seed MLP, both layers", "fp32", MLP_LAYERS, None))
     print("| workload | dtype | oneDNN direct ms | tir_byoc intrinsic ms | intrinsic / direct |")

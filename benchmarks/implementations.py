@@ -4,22 +4,26 @@ Entry point: :data:`IMPLEMENTATIONS`, name -> :class:`Implementation`: how to ti
 layer workload and on the seed MLP (either may be absent), which dtypes it runs, what it is
 compared with.  ``run.py`` checks ``--only`` against it, runs from it and reports from it.
 Each measure function returns ``(milliseconds or None, note)`` and runs in a child process of
-its own (see ``run.py``).
+its own (see ``run.py``).  On an epilogue workload each first computes the workload once on
+the inputs of :func:`workloads.arrays` and checks the result against
+:func:`workloads.expected` (:func:`check`); a wrong result is reported, not timed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
-from direct import MLP_LAYERS, RESULTS, layer_spec, measure_direct
+from direct import MLP_LAYERS, RESULTS, compute_direct, layer_specs, measure_direct
 from timing import slow_note, time_python, time_tvm
-from workloads import DTYPES, Workload, arrays, ir_module, target
+from workloads import DTYPES, Workload, arrays, expected, ir_module, target
 
 
 @dataclass(frozen=True)
@@ -92,14 +96,74 @@ class Implementation:
 # --------------------------------------------------------------------------------------
 
 
-def _time_compiled(mod, workload: Workload, signature: str, budget: float) -> float:
-    """Compile ``mod`` (``main`` computes ``workload``) and time it on random arrays."""
+#: The largest error an fp32 result may have, relative to the result's largest magnitude.
+TOLERANCE = 1e-5
+
+
+def check(workload: Workload, operands, result) -> tuple[bool, str]:
+    """(agrees, what the check found) for ``result``, the workload's output on ``operands``.
+
+    It is compared with :func:`workloads.expected` (float64): the largest error relative to
+    the largest magnitude of the result (an fp32 GEMM's rounding grows with its sums, not with
+    each element) must be at most :data:`TOLERANCE`.
+    """
+    import numpy as np
+
+    reference = expected(workload, operands)
+    got = np.asarray(result, dtype=np.float64).reshape(reference.shape)
+    error = float(np.max(np.abs(got - reference)) / np.max(np.abs(reference)))
+    if not error <= TOLERANCE:  # NaN too
+        return False, f"WRONG RESULT: error {error:.1e} of max |result|, above {TOLERANCE:g}"
+    return True, f"error {error:.1e} of max |result|"
+
+
+def _verified(workload: Workload, operands, compute) -> tuple[bool, str]:
+    """:func:`check` of ``compute()`` (run once, untimed) on an epilogue workload; other
+    workloads are not checked here: (True, "")."""
+    if workload.group != "epilogue":
+        return True, ""
+    return check(workload, operands, compute())
+
+
+class Compiled(NamedTuple):
+    """A built module on random arrays: ``module["main"](*args)`` runs it (TVM's evaluator
+    times that), ``compute()`` runs it and returns its output, ``operands`` are its inputs."""
+
+    module: object
+    args: list
+    compute: Callable
+    operands: list
+
+
+def _compile(mod, workload: Workload, signature: str) -> Compiled:
+    """Build ``mod`` (:func:`workloads.ir_module` of ``workload``, maybe rewritten): a PrimFunc
+    ``main`` as a module, a Relax ``main`` on the Relax VM."""
     import tvm
+    from tvm import relax
 
     built = tvm.compile(mod, target=target())
     operands, out = arrays(workload, signature)
-    args = [tvm.runtime.tensor(a) for a in (*operands, out)]
-    return time_tvm(built.mod if hasattr(built, "mod") else built, "main", args, budget)
+    inputs = [tvm.runtime.tensor(a) for a in operands]
+    if isinstance(mod["main"], relax.Function):
+        vm = relax.VirtualMachine(built, tvm.cpu())
+        return Compiled(vm, inputs, lambda: vm["main"](*inputs).numpy(), operands)
+    module = built.mod if hasattr(built, "mod") else built
+    args = [*inputs, tvm.runtime.tensor(out)]
+
+    def compute():
+        module["main"](*args)
+        return args[-1].numpy()
+
+    return Compiled(module, args, compute, operands)
+
+
+def _time_compiled(compiled: Compiled, workload: Workload, budget: float) -> Measured:
+    """Check the result once (epilogue workloads), then time ``main``; a wrong result is not
+    timed."""
+    agrees, checked = _verified(workload, compiled.operands, compiled.compute)
+    if not agrees:
+        return None, checked
+    return time_tvm(compiled.module, "main", compiled.args, budget), checked
 
 
 def layer_tir_byoc(backend: str, workload, dtype, settings) -> Measured:
@@ -108,12 +172,59 @@ def layer_tir_byoc(backend: str, workload, dtype, settings) -> Measured:
 
     signature = DTYPES[dtype]
     planned = tir_byoc.plan(ir_module(workload, signature), backends=[backend])
-    (choice,) = planned.choices
-    if choice.intrinsic is None:
-        return None, choice.reason
-    ms = _time_compiled(apply(planned), workload, signature, settings.budget)
-    note = choice.intrinsic if backend != "openblas" else f"{choice.intrinsic}; {_blas_note()}"
-    return ms, note
+    refused = [c.reason for c in planned.choices if c.intrinsic is None]
+    if refused:
+        return None, refused[0]
+    compiled = _compile(apply(planned), workload, signature)
+    ms, checked = _time_compiled(compiled, workload, settings.budget)
+    served = [
+        c.intrinsic if c.cut_from is None else f"{c.intrinsic} (cut: {c.reason})"
+        for c in planned.choices
+    ]
+    notes = [", ".join(served), checked]
+    if backend == "openblas":
+        notes.append(_blas_note())
+    if backend == "onednn" and workload.group == "epilogue" and ms is not None:
+        notes.append(_onednn_kernels(compiled.compute))
+    return ms, "; ".join(n for n in notes if n)
+
+
+def _onednn_kernels(run: Callable) -> str:
+    """The oneDNN kernels one ``run()`` executed (after the primitives exist), with their fused
+    post-ops, from oneDNN's verbose log switched on for that run: "gemm:jit:f32 +bias
+    +eltwise_gelu_erf"."""
+    import ctypes
+    import sys
+    import tempfile
+
+    maps = Path("/proc/self/maps").read_text()
+    found = re.search(r"(/\S*libdnnl\.so[.\d]*)", maps)
+    if not found:
+        return "oneDNN not loaded"
+    dnnl, libc = ctypes.CDLL(found.group(1)), ctypes.CDLL(None)
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 1)
+        try:
+            dnnl.dnnl_set_verbose(1)
+            run()
+            dnnl.dnnl_set_verbose(0)
+        finally:
+            libc.fflush(None)
+            os.dup2(saved, 1)
+            os.close(saved)
+        log.seek(0)
+        lines = log.read().decode().splitlines()
+    kernels = []
+    for line in lines:
+        fields = line.split(",")
+        if len(fields) > 7 and fields[1] == "exec":
+            fused = ["+bias"] if " bia_" in f" {fields[6]}" else []
+            post_ops = fields[7].partition("attr-post-ops:")[2].strip()
+            fused += [f"+{op.split(':')[0]}" for op in post_ops.split("+") if op]
+            kernels.append(" ".join([fields[4], *fused]))
+    return "oneDNN ran " + ", ".join(kernels)
 
 
 def layer_tvm(schedule: str | None, workload, dtype, settings) -> Measured:
@@ -125,8 +236,9 @@ def layer_tvm(schedule: str | None, workload, dtype, settings) -> Measured:
     if schedule == "dlight":
         with target():
             mod = dlight.ApplyDefaultSchedule(dlight.cpu.GEMV(), dlight.cpu.Reduction())(mod)
-    ms = _time_compiled(mod, workload, signature, min(settings.budget, 3.0))
-    return ms, slow_note(ms)
+    compiled = _compile(mod, workload, signature)
+    ms, checked = _time_compiled(compiled, workload, min(settings.budget, 3.0))
+    return ms, "; ".join(n for n in (checked, slow_note(ms)) if n)
 
 
 def layer_metaschedule(workload, dtype, settings) -> Measured:
@@ -169,7 +281,8 @@ def layer_metaschedule(workload, dtype, settings) -> Measured:
     schedule = ms.tir_integration.compile_tir(database, mod, target())
     if schedule is None:
         return None, f"{note}; no tuned schedule found"
-    return _time_compiled(schedule.mod, workload, signature, settings.budget), note
+    compiled = _compile(schedule.mod, workload, signature)
+    return _time_compiled(compiled, workload, settings.budget)[0], note
 
 
 def _tuning_too_long(workload: Workload, settings: Settings) -> str | None:
@@ -179,6 +292,8 @@ def _tuning_too_long(workload: Workload, settings: Settings) -> str | None:
         return f"skipped: above --ms-max-gflop {settings.ms_max_gflop} (tuning takes too long)"
     if workload.batch is not None and not settings.ms_batch:
         return "skipped: a batch form takes too long to tune (36 min for Q.K^T here); --ms-batch"
+    if workload.group == "epilogue":
+        return "skipped: not tuned on the epilogue workloads (the gated MLP is two PrimFuncs)"
     return None
 
 
@@ -194,54 +309,193 @@ def _nothing_to_prepack(workload: Workload, settings: Settings) -> str | None:
     return None
 
 
+def _no_epilogue_ops(workload: Workload, settings: Settings) -> str | None:
+    if workload.group == "epilogue":
+        return "skipped: the OpenBLAS harness has no epilogue ops beyond bias and relu"
+    return None
+
+
 def layer_direct(library: str, workload, dtype, settings, prepacked=False) -> Measured:
-    return measure_direct(library, [layer_spec(workload, dtype)], settings.budget, prepacked)
+    specs = layer_specs(workload, dtype)
+    if library == "onednn":  # the OpenBLAS harness runs no epilogue workload
+        operands, _ = arrays(workload, DTYPES[dtype])
+        owned = _owned(workload, operands)
+        outputs = partial(compute_direct, specs, owned, prepacked)
+        agrees, checked = _verified(workload, operands, lambda: outputs()[-1])
+        if not agrees:
+            return None, checked
+        ms, kernels = measure_direct(library, specs, settings.budget, prepacked)
+        return ms, "; ".join(n for n in (kernels, checked) if n)
+    return measure_direct(library, specs, settings.budget, prepacked)
+
+
+def _owned(workload: Workload, operands) -> list[list]:
+    """The operands each call of the direct harness owns (x, w, b, t; None where it has none
+    or reads the previous call's): the tail call takes X and its weight, the main call its
+    weight, bias and (without a tail call) its tensor."""
+    x, w_tail, w, tensors = _split(workload, operands)
+    bias = tensors.pop(0) if workload.has_bias else None
+    tensor = tensors[0] if tensors else None
+    if w_tail is None:
+        return [[x, w, bias, tensor]]
+    return [[x, w_tail, None, None], [None, w, bias, None]]
+
+
+def _split(workload: Workload, operands):
+    """(x, w_tail, w, tensors): the input, the tail call's weight (None without one), the main
+    call's weight and the tensors its epilogue ops read in order, None standing for the tail
+    call's output (the tensor of the last slot)."""
+    x, w, *tensors = operands
+    w_tail = tensors.pop() if workload.tail_from else None
+    if w_tail is not None:
+        tensors.append(None)
+    return x, w_tail, w, tensors
+
+
+def _numpy_gelu(y, _, scratch):
+    """y * (0.5 + 0.5 erf(y / sqrt 2)) in place, in fp32.  NumPy has no erf: Abramowitz and
+    Stegun 7.1.26 (error below 1.5e-7), 1 - t (a1 + t (a2 + ...)) exp(-u^2), t = 1 / (1 + p|u|)."""
+    import numpy as np
+
+    u, t, poly = scratch
+    np.multiply(y, np.float32(0.5**0.5), out=u)
+    np.abs(u, out=t)
+    t *= np.float32(0.3275911)
+    t += 1
+    np.reciprocal(t, out=t)
+    np.multiply(t, np.float32(1.061405429), out=poly)
+    for a in (-1.453152027, 1.421413741, -0.284496736, 0.254829592):
+        poly += np.float32(a)
+        poly *= t
+    np.square(u, out=u)
+    np.negative(u, out=u)
+    np.exp(u, out=u)
+    poly *= u
+    np.subtract(1, poly, out=poly)  # erf(|u|)
+    np.copysign(poly, y, out=poly)
+    poly *= np.float32(0.5)
+    poly += np.float32(0.5)
+    y *= poly
+
+
+def _numpy_silu(y, _, scratch):
+    """y / (1 + exp(-y)) in place, in fp32."""
+    import numpy as np
+
+    e = scratch[0]
+    np.negative(y, out=e)
+    with np.errstate(over="ignore"):  # exp(-y) = inf for y < -88: y / inf = -0, as TIR gives
+        np.exp(e, out=e)
+    e += 1
+    np.divide(y, e, out=y)
+
+
+def _numpy_ops():
+    """Each epilogue op in NumPy, in place on the output: ``op(y, tensor, scratch)``."""
+    import numpy as np
+
+    return {
+        "bias": lambda y, t, _: np.add(y, t, out=y),
+        "relu": lambda y, t, _: np.maximum(y, 0, out=y),
+        "gelu": _numpy_gelu,
+        "silu": _numpy_silu,
+        "add": lambda y, t, _: np.add(y, t, out=y),
+        "mul": lambda y, t, _: np.multiply(y, t, out=y),
+    }
 
 
 def layer_numpy(workload, dtype, settings) -> Measured:
-    """``np.matmul`` into a preallocated output (batched: one product per batch index)."""
+    """``np.matmul`` into a preallocated output (batched: one product per batch index), then
+    each epilogue op in place (:func:`_numpy_ops`)."""
     import numpy as np
 
-    (x, w, *bias), out = arrays(workload, DTYPES[dtype])
-    wt = np.swapaxes(w, -1, -2) if workload.dense else w
+    from tir_byoc.epilogues import OPS
+
+    operands, out = arrays(workload, DTYPES[dtype])
+    x, w_tail, w, tensors = _split(workload, operands)
+    tail = None if w_tail is None else np.empty_like(out)
+    tensors = iter(tail if t is None else t for t in tensors)
+    table = _numpy_ops()
+    ops = [(table[op], next(tensors) if OPS[op].tensor else None) for op in workload.ops]
+    scratch = [np.empty_like(out) for _ in range(3)] if workload.group == "epilogue" else []
+
+    def transposed(weight):
+        return weight if weight is None or not workload.dense else np.swapaxes(weight, -1, -2)
+
+    wt, wt_tail = transposed(w), transposed(w_tail)
 
     def run():
+        if tail is not None:
+            np.matmul(x, wt_tail, out=tail)
         np.matmul(x, wt, out=out)
-        if bias:
-            np.add(out, bias[0], out=out)
-        if workload.has_relu:
-            np.maximum(out, 0, out=out)
+        for op, tensor in ops:
+            op(out, tensor, scratch)
+        return out
 
-    return time_python(run, settings.budget), _blas_note()
+    agrees, checked = _verified(workload, operands, lambda: run().copy())
+    if not agrees:
+        return None, checked
+    return time_python(run, settings.budget), "; ".join(n for n in (_blas_note(), checked) if n)
+
+
+def _torch_ops(torch):
+    """Each epilogue op in PyTorch eager: ``op(y, tensor) -> y`` (in place where torch has it)."""
+    functional = torch.nn.functional
+    return {
+        "bias": lambda y, t: y.add_(t),
+        "relu": lambda y, t: y.relu_(),
+        "gelu": lambda y, t: functional.gelu(y),
+        "silu": lambda y, t: functional.silu(y, inplace=True),
+        "add": lambda y, t: y.add_(t),
+        "mul": lambda y, t: y.mul_(t),
+    }
 
 
 def layer_torch(workload, dtype, settings) -> Measured:
+    """``F.linear`` (with the bias) or ``torch.matmul`` (batched: one bmm), then each epilogue
+    op (:func:`_torch_ops`); a tail call is one more ``F.linear``."""
     torch = _torch()
     if torch is None:
         return None, "torch not installed (pip install torch==2.13.0)"
-    (x, w, *bias), _ = arrays(workload, DTYPES[dtype])
-    tx, tw = torch.from_numpy(x), torch.from_numpy(w)
-    tb = torch.from_numpy(bias[0]) if bias else None
+    from tir_byoc.epilogues import OPS
+
+    operands, _ = arrays(workload, DTYPES[dtype])
+    x, w_tail, w, tensors = _split(workload, operands)
+    x, w = torch.from_numpy(x), torch.from_numpy(w)
+    w_tail = None if w_tail is None else torch.from_numpy(w_tail)
+    tensors = [None if t is None else torch.from_numpy(t) for t in tensors]
+    ops = list(workload.ops)
+    fused_bias = None
     if workload.batched:  # (B, M, K) x (B, K, N): torch.matmul, one bmm
-        tw_kn = tw.transpose(-1, -2) if workload.dense else tw
+        w_kn = w.transpose(-1, -2) if workload.dense else w
 
         def product():
-            y = torch.matmul(tx, tw_kn)
-            return y if tb is None else y.add_(tb)
-    else:  # F.linear takes the (N, K) weight and a 2-D or (B, M, K) input
-        tw_nk = tw if workload.dense else tw.t()
+            return torch.matmul(x, w_kn)
+    else:  # F.linear takes the (N, K) weight and a 2-D or (B, M, K) input, and the bias
+        if ops[:1] == ["bias"]:
+            ops, fused_bias = ops[1:], tensors.pop(0)
+        w_nk = w if workload.dense else w.t()
 
         def product():
-            return torch.nn.functional.linear(tx, tw_nk, tb)
+            return torch.nn.functional.linear(x, w_nk, fused_bias)
+
+    table, tensors = _torch_ops(torch), iter(tensors)
+    epilogue = [(table[op], next(tensors) if OPS[op].tensor else None) for op in ops]
+    w_tail_nk = None if w_tail is None else w_tail if workload.dense else w_tail.t()
 
     def run():
         with torch.no_grad():
+            tail = None if w_tail_nk is None else torch.nn.functional.linear(x, w_tail_nk)
             y = product()
-            if workload.has_relu:
-                y.relu_()
+            for op, tensor in epilogue:
+                y = op(y, tail if tensor is None else tensor)
+            return y
 
+    agrees, checked = _verified(workload, operands, lambda: run().numpy())
+    if not agrees:
+        return None, checked
     note = f"torch {torch.__version__}, {torch.get_num_threads()} threads"
-    return time_python(run, settings.budget), note
+    return time_python(run, settings.budget), "; ".join(n for n in (note, checked) if n)
 
 
 def _torch():
@@ -395,6 +649,7 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
             "OpenBLAS direct (C)",
             layer=partial(layer_direct, "openblas"),
             mlp=partial(mlp_direct, "openblas"),
+            skip=_no_epilogue_ops,
         ),
         Implementation("NumPy", layer=layer_numpy, mlp=mlp_numpy),
         Implementation("PyTorch eager", layer=layer_torch, mlp=mlp_torch),

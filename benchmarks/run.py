@@ -7,11 +7,13 @@ Workloads: the seed MLP layers 64x800->500 (+bias+relu) and 64x500->10 (+bias), 
 512x4096->4096 and the GEMV-like 1x4096->4096 (``MxK->N``, dense weight N x K); the batch forms
 (group ``batch``): attention's Q.K^T and P.V as batched matmuls over 8 x 12 heads and a Linear
 on an (8, 128, 768) activation; in fp32, plus bf16 and int8 (u8 x s8 -> s32) where oneDNN runs
-them on this CPU; and the whole seed MLP on the Relax VM.  Implementations: tir_byoc with each
-backend; the same libraries called directly from C (no TVM; ``direct_onednn.cpp``,
-``direct_openblas.c``, compiled here) to measure the bridge; NumPy; PyTorch eager (if
-installed); TVM unscheduled, with its default (dlight) schedule, and tuned by MetaSchedule
-(``--trials``, tuning cached under ``results/metaschedule``).
+them on this CPU; the epilogue workloads (group ``epilogue``, fp32): a Linear + GELU, LLaMA's
+gated MLP (two GEMMs, SiLU and the gate multiply) and a Linear + residual add, each checked
+once against a float64 result before it is timed; and the whole seed MLP on the Relax VM.
+Implementations: tir_byoc with each backend; the same libraries called directly from C (no TVM;
+``direct_onednn.cpp``, ``direct_openblas.c``, compiled here) to measure the bridge; NumPy;
+PyTorch eager (if installed); TVM unscheduled, with its default (dlight) schedule, and tuned by
+MetaSchedule (``--trials``, tuning cached under ``results/metaschedule``).
 
 Every implementation runs in its own process (the libraries' thread pools would otherwise
 disturb each other's numbers; see ``benchmarks/threads.py``), with ``TVM_NUM_THREADS`` set to
@@ -53,7 +55,7 @@ def child(args) -> list[dict]:
         return [asdict(Row(MLP.name, "fp32", implementation.name, ms, note=note))]
     rows = []
     for workload in select(args.workloads):
-        for dtype in implementation.dtypes:
+        for dtype in (d for d in implementation.dtypes if d in workload.dtypes):
             try:
                 ms, note = implementation.measure_layer(workload, dtype, settings)
             except Exception as err:  # report and go on: one failure must not hide the rest
@@ -232,14 +234,19 @@ def main(argv=None) -> int:
         from matcher_speed import main as matcher_main
 
         return matcher_main()
-    # Step 1. One environment for every child: TVM uses all cores, as the libraries do;
-    # the machine's OpenBLAS core-type override is dropped for this command only.
+    # Step 1. One environment for every child: TVM uses all cores unless told otherwise, and
+    # every library's pool (OpenMP: oneDNN; OpenBLAS, NumPy's too) as many threads as TVM
+    # (PyTorch follows TVM_NUM_THREADS itself); the machine's OpenBLAS core-type override is
+    # dropped for this command only.
     env = dict(os.environ)
-    env.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+    threads = env.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env.setdefault(name, threads)
     for name in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
         env.pop(name, None)
     print(
-        f"machine: {machine()}; TVM_NUM_THREADS={env['TVM_NUM_THREADS']}; "
+        f"machine: {machine()}; TVM_NUM_THREADS={threads}, OMP_NUM_THREADS="
+        f"{env['OMP_NUM_THREADS']}, OPENBLAS_NUM_THREADS={env['OPENBLAS_NUM_THREADS']}; "
         f"load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )

@@ -2,18 +2,23 @@
 
 The workloads are tir_byoc's own pattern descriptions with static shapes, so the matcher must
 recognise each one as its pattern; the batch forms are the shapes issue 11 names, each served
-by the intrinsic it names; the table is what ``run.py`` checks ``--only`` against and runs
-from, in the order the layer and MLP runs always had.  Nothing here is timed.
+by the intrinsic it names, and the epilogue workloads those of issue 12; the table is what
+``run.py`` checks ``--only`` against and runs from, in the order the layer and MLP runs always
+had.  Every implementation checks its result on an epilogue workload against the float64
+oracle before timing it; here on small shapes, where the timing is a few calls.
 """
 
+import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import tvm
 import tvm_ffi
-from tvm import ir, tirx
+from tvm import ir, relax, tirx
 
 import tir_byoc
 from tir_byoc.offload import apply
@@ -66,6 +71,31 @@ BATCH_WORKLOADS = {
 }
 
 
+#: The epilogue workloads as issue 12 states them: the parameter shapes of ``arrays`` (the gated
+#: MLP's: X, the gate weight, the up weight), FLOPs (both GEMMs of the gated MLP), the
+#: reference backend's intrinsic for each PrimFunc, and the direct harness's LAYER arguments.
+EPILOGUE_WORKLOADS = {
+    "Linear+GELU 256x768->3072": (
+        [(256, 768), (3072, 768), (3072,)],
+        2 * 256 * 768 * 3072,
+        [("main", "dense_bias_gelu", "ref.gemm")],
+        ["256:3072:768:f32:dense:1:gelu"],
+    ),
+    "gated MLP 256x768->2x2048": (
+        [(256, 768), (2048, 768), (2048, 768)],
+        2 * 2 * 256 * 768 * 2048,
+        [("dense", "dense", "ref.dense"), ("dense_silu_mul", "dense_silu_mul", "ref.gemm")],
+        ["256:2048:768:f32:dense:0:0", "256:2048:768:f32:dense:0:silu+mul"],
+    ),
+    "Linear+residual 256x768->768": (
+        [(256, 768), (768, 768), (768,), (256, 768)],
+        2 * 256 * 768 * 768,
+        [("main", "dense_bias_add", "ref.gemm")],
+        ["256:768:768:f32:dense:1:add"],
+    ),
+}
+
+
 def _expected_shapes(workload):
     if workload.batch is not None:
         return BATCH_WORKLOADS[workload.name][0]
@@ -78,7 +108,7 @@ def _cases():
     try:
         import workloads
 
-        return [(w, d) for w in workloads.WORKLOADS for d in workloads.DTYPES]
+        return [(w, d) for w in workloads.WORKLOADS if w.group != "epilogue" for d in w.dtypes]
     finally:
         sys.path.remove(str(BENCHMARKS))
 
@@ -151,12 +181,15 @@ def test_a_workload_has_a_batch_exactly_when_its_pattern_has_a_batch_form(bench)
 def test_select_takes_workloads_and_groups_in_table_order(bench):
     select, names = bench.workloads.select, [w.name for w in bench.workloads.WORKLOADS]
     assert [w.name for w in select(None)] == names
-    assert [w.name for w in select(["batch", "1x4096->4096", "2d"])] == names
+    assert [w.name for w in select(["batch", "epilogue", "1x4096->4096", "2d"])] == names
+    assert not set(bench.workloads.GROUPS["2d"]) & set(EPILOGUE_WORKLOADS)
     assert [w.name for w in select(["Linear 8x128x768->3072", "128x1024->1024"])] == [
         "128x1024->1024",
         "Linear 8x128x768->3072",
     ]
-    with pytest.raises(ValueError, match=r"'3d' is not a workload; .* or a group: '2d', 'batch'"):
+    with pytest.raises(
+        ValueError, match=r"'3d' is not a workload; .* or a group: '2d', 'batch', 'epilogue'"
+    ):
         select(["3d"])
 
 
@@ -226,3 +259,90 @@ def test_skip_reasons_come_before_any_measuring(bench):
     ms, note = metaschedule.measure_layer(attention, "fp32", settings(1.0, 64, 5.0))
     assert ms is None and note.endswith("too long to tune (36 min for Q.K^T here); --ms-batch")
     assert metaschedule.skip(attention, settings(1.0, 64, 5.0, ms_batch=True)) is None
+
+
+def test_the_epilogue_workloads_are_the_issues_shapes_and_flops(bench):
+    workloads = bench.workloads.select(["epilogue"])
+    assert [w.name for w in workloads] == list(EPILOGUE_WORKLOADS)
+    for workload in workloads:
+        shapes, flops, _, specs = EPILOGUE_WORKLOADS[workload.name]
+        operands, out = bench.workloads.arrays(workload, "float32")
+        assert [a.shape for a in operands] == shapes and out.shape == (workload.m, workload.n)
+        assert all(a.dtype == np.float32 for a in (*operands, out))
+        assert workload.flops == bench.workloads.FLOPS[workload.name] == flops
+        assert bench.direct.layer_specs(workload, "fp32") == specs
+        assert workload.dtypes == ("fp32",)
+
+
+@pytest.mark.parametrize("name", list(EPILOGUE_WORKLOADS))
+def test_an_epilogue_workload_is_served_as_the_issue_says_and_builds(bench, name):
+    (workload,) = bench.workloads.select([name])
+    mod = bench.workloads.ir_module(workload, "float32")
+    planned = tir_byoc.plan(mod, backends=["ref"])
+    served = [(c.func, c.pattern, c.intrinsic) for c in planned.choices]
+    assert served == EPILOGUE_WORKLOADS[name][2]
+    assert all(c.cut_from is None for c in planned.choices)
+    offloaded = apply(planned)
+    if workload.tail_from:  # Relax's two PrimFuncs, the up projection first
+        assert isinstance(offloaded["main"], relax.Function)
+        calls = offloaded["main"].script().count("R.call_tir(")
+        assert calls == 2 and [f for f, _, _ in served] == ["dense", "dense_silu_mul"]
+    assert tvm.compile(offloaded, target="llvm") is not None
+
+
+def test_an_epilogue_workload_has_a_tail_call_only_before_an_add_or_mul(bench):
+    workload = bench.workloads.Workload
+    assert workload("g", 2, 3, 4, "dense_silu_mul", tail_from="dense").calls == (
+        "dense",
+        "dense_silu_mul",
+    )
+    for pattern, tail in [("dense_bias_gelu", "dense"), ("dense_mul", "dense_bias")]:
+        with pytest.raises(ValueError, match="tail_from expected a plain 2-D dense or matmul"):
+            workload("bad", 2, 3, 4, pattern, tail_from=tail)
+    assert workload("l", 2, 3, 4, "dense_bias_relu").group == "2d"
+    assert workload("g", 2, 3, 4, "matmul_gelu").group == "epilogue"
+
+
+def _small(bench, name):
+    """The epilogue workload ``name`` at M, N, K = 4, 6, 5: every implementation runs it in
+    milliseconds."""
+    (workload,) = bench.workloads.select([name])
+    return replace(workload, name=f"small {workload.pattern}", m=4, n=6, k=5)
+
+
+@pytest.mark.parametrize("name", list(EPILOGUE_WORKLOADS))
+@pytest.mark.parametrize(
+    "implementation",
+    ["tir_byoc+onednn", "tir_byoc+ref", "oneDNN direct (C)", "NumPy", "PyTorch eager"],
+)
+def test_every_implementation_checks_its_epilogue_result_before_timing_it(
+    bench, implementation, name
+):
+    measure = bench.implementations.IMPLEMENTATIONS[implementation].layer
+    settings = bench.implementations.Settings(0.001, 0, 0.0)
+    ms, note = measure(_small(bench, name), "fp32", settings)
+    if "torch not installed" in note:
+        pytest.skip(note)
+    assert ms is not None and ms > 0, note
+    assert "error " in note and "of max |result|" in note and "WRONG" not in note
+    if implementation == "tir_byoc+onednn":  # the whole epilogue fused, as the direct harness
+        fused = {  # the kernels oneDNN's verbose log names, with their post-ops
+            "Linear+GELU 256x768->3072": r"\S+ \+bias \+eltwise_gelu_erf",
+            "gated MLP 256x768->2x2048": r"\S+, \S+ \+eltwise_swish \+binary_mul",
+            "Linear+residual 256x768->768": r"\S+ \+bias \+binary_add",
+        }[name]
+        assert re.search(f"oneDNN ran {fused}(;|$)", note), note
+
+
+def test_a_wrong_result_is_reported_and_the_oracle_is_float64(bench):
+    workload = _small(bench, "gated MLP 256x768->2x2048")
+    operands, _ = bench.workloads.arrays(workload, "float32")
+    x, w_gate, w_up = (a.astype(np.float64) for a in operands)
+    gate, up = x @ w_gate.T, x @ w_up.T
+    oracle = bench.workloads.expected(workload, operands)
+    np.testing.assert_allclose(oracle, gate / (1 + np.exp(-gate)) * up, rtol=1e-12)
+    check = bench.implementations.check
+    assert check(workload, operands, oracle.astype(np.float32))[0]
+    for wrong in (oracle * (1 + 1e-3), np.where(oracle == oracle.max(), np.nan, oracle)):
+        agrees, note = check(workload, operands, wrong)
+        assert not agrees and note.startswith("WRONG RESULT: error")
