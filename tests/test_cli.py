@@ -507,3 +507,24 @@ def test_the_installed_command_and_python_dash_m(tmp_path):
     )
     assert module.returncode == 2 and module.stdout == ""
     assert module.stderr == f"tir-byoc: error: {tmp_path / 'absent.py'}: no such file\n"
+
+
+# --------------------------------------------------------------------------------------
+# profile
+# --------------------------------------------------------------------------------------
+
+
+def test_profile_times_each_primfunc_of_a_module(capsys):
+    status, out, _ = run(capsys, "profile", MLP, "--repeat", "2", "--backends", "ref")
+    assert status == 0
+    rows = {line.split()[0]: line for line in out.splitlines()[1:-1]}
+    assert set(rows) == {"fused_matmul_add_relu", "fused_matmul1_add1"}
+    assert "tir_byoc: ref.dense_bias_relu" in rows["fused_matmul_add_relu"]
+    assert "100.0% of it offloaded" in out.splitlines()[-1]
+    status, out, _ = run(capsys, "profile", MLP, "--repeat", "2", "--no-offload")
+    assert status == 0 and "0.0% of it offloaded" in out.splitlines()[-1]
+
+
+def test_profile_needs_one_module(capsys):
+    status, _, err = run(capsys, "profile", NEAR_MISSES)
+    assert status == 2 and "profile needs one module, the file defines bias_by_row" in err

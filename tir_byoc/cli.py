@@ -276,6 +276,41 @@ def cmd_demo(args, out: Output) -> int:
     return EXIT_OK
 
 
+def cmd_profile(args, out: Output) -> int:
+    """``profile``: build a Relax or TIR module, run it, time each PrimFunc it calls."""
+    import numpy as np
+
+    from .model import build_model  # builds with Relax; only this subcommand needs it
+
+    definitions = _definitions(args)
+    if len(definitions) != 1:
+        names = ", ".join(d.name for d in definitions)
+        raise UsageError(f"{args.file}: profile needs one module, the file defines {names}")
+    try:
+        model = build_model(
+            definitions[0].value, backends=args.backends, offload=not args.no_offload,
+            entry=args.func,
+        )
+    except ValueError as err:
+        raise UsageError(f"{args.file}: {err}") from None
+    rng = np.random.default_rng(args.seed)
+    inputs = []
+    for name, shape, dtype in model._expected_inputs(0):
+        if shape is None or any(d is None for d in shape):
+            raise UsageError(
+                f"{args.file}: input {name} has a symbolic shape; profile needs static shapes"
+            )
+        if np.dtype(dtype).kind == "f":
+            inputs.append(rng.standard_normal(shape).astype(dtype))
+        else:  # indices (token ids): 0 is in range of every lookup
+            inputs.append(np.zeros(shape, dtype))
+    result = model.profile(*inputs, repeat=args.repeat)
+    print(result.table(top=args.top))
+    if args.chart:
+        out.note(f"chart written to {result.chart(args.chart)}")
+    return EXIT_OK
+
+
 # --------------------------------------------------------------------------------------
 # Parser and main
 # --------------------------------------------------------------------------------------
@@ -338,6 +373,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     intrinsics_parser = command("intrinsics", cmd_intrinsics, "list the registered intrinsics")
     intrinsics_parser.add_argument("--json", action="store_true", help="JSON records")
+
+    profile_parser = command(
+        "profile", cmd_profile, "build a module, run it, and time each PrimFunc it calls"
+    )
+    _add_file(profile_parser)
+    profile_parser.add_argument(
+        "--func", metavar="NAME", help="the function to run (default: main, or the only one)"
+    )
+    profile_parser.add_argument("--repeat", type=int, default=20, help="runs to take medians of")
+    profile_parser.add_argument("--top", type=int, default=None, help="only the N slowest")
+    profile_parser.add_argument("--chart", metavar="OUT.png", help="also write a bar chart")
+    profile_parser.add_argument(
+        "--no-offload", action="store_true", help="build without tir_byoc, for comparing"
+    )
+    profile_parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    _add_backends(profile_parser)
 
     command("demo", cmd_demo, "run the forum MLP end to end (lower, offload, build, check)")
     return parser
