@@ -16,9 +16,11 @@ import logging
 from collections.abc import Iterable
 
 import tvm
+from tvm import relax
 
 from . import toolchain
 from .match import Rejection
+from .packing import pack_constant_weights
 from .planning import Choice, plan
 from .registry import REGISTRY, Registry
 from .relax_fold import Refusal
@@ -85,6 +87,7 @@ def offload(
     strict: bool = False,
     registry: Registry = REGISTRY,
     fold_transposes: bool = True,
+    pack_weights: bool = True,
 ):
     """Replace every matched chain by a call to its intrinsic.
 
@@ -106,6 +109,10 @@ def offload(
         Relax modules: serve a GEMM whose weight is a copy of another tensor (``transpose``,
         ``broadcast_to``) with an intrinsic on that tensor, and drop the copy when nothing
         else uses it (see :mod:`tir_byoc.relax_fold`).
+    pack_weights : bool
+        Relax modules: a GEMM whose weight is a constant of the model, served by a backend
+        that packs (oneDNN), gets the weight packed once, here, into the library's preferred
+        layout (see :mod:`tir_byoc.packing`).
 
     Returns
     -------
@@ -115,10 +122,10 @@ def offload(
     planned = plan(
         mod_or_func, backends=backends, registry=registry, fold_transposes=fold_transposes
     )
-    return apply(planned, strict=strict)
+    return apply(planned, strict=strict, pack_weights=pack_weights)
 
 
-def apply(planned, *, strict: bool = False):
+def apply(planned, *, strict: bool = False, pack_weights: bool = True):
     """Rewrite what ``planned`` (a :class:`~tir_byoc.planning.Plan`) chose; see :func:`offload`."""
     # Step 1. Every match gets an intrinsic, or (strict) nothing happens.
     missing = [c for c in planned.choices if c.intrinsic is None]
@@ -135,6 +142,7 @@ def apply(planned, *, strict: bool = False):
         toolchain.load_backend(backend, planned.registry)
     # Step 3. Rewrite.
     result = planned.module.clone() if not planned.wrapped else planned.module
+    rewritten = []
     for function in planned.functions:
         offloaded = list(planned.offloaded(function))
         if not offloaded:
@@ -142,8 +150,16 @@ def apply(planned, *, strict: bool = False):
         for m, intrinsic in offloaded:
             logger.info("%s: %s -> %s", m.func, ", ".join(m.blocks), intrinsic.name)
         result.update_func(function.gvar, rewrite_function(function.func, offloaded))
+        rewritten.append((function.gvar, function.func, offloaded))
     if planned.wrapped:
         return next(iter(result.functions.values()))
+    # Step 4. Relax modules: constant weights packed once, here, into the library's layout.
+    if pack_weights and any(isinstance(f, relax.Function) for f in result.functions.values()):
+        result, report = pack_constant_weights(
+            result, rewritten, rewrite_function, planned.registry
+        )
+        for line in report.kept:
+            logger.info("not packed: %s", line)
     return result
 
 

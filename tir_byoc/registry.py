@@ -63,11 +63,15 @@ class Backend:
         :class:`BackendUnavailable` saying what is missing.  Called once per process.
     description : str
         One line for listings.
+    packs : bool
+        Its library defines ``tir_byoc_<name>_pack`` and its gemm entry point takes a packed
+        weight (``TIR_BYOC_PACKED_WEIGHT`` in ``tir_byoc.h``; see :mod:`tir_byoc.packing`).
     """
 
     name: str
     locate: Callable[[], LinkSpec] = _no_library
     description: str = ""
+    packs: bool = False
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not _IDENTIFIER.match(self.name):

@@ -26,6 +26,7 @@ from tvm.tirx import _ffi_api as _tirx_ffi
 
 from .epilogues import MAX_CONSTANTS, MAX_OPS, MAX_TENSORS
 from .match import RELU_KEEPS_NAN, Match
+from .packing import PACKED_WEIGHT_FLAG
 from .registry import Intrinsic
 from .signature import RELU_KEEPS_NAN_FLAG
 
@@ -120,37 +121,56 @@ def _float64(value):
     return tirx.Cast("float64", value)
 
 
-def gemm_arguments(match: Match) -> list:
-    """The arguments of the ``gemm`` entry point: the epilogue as data (see ``tir_byoc.h``)."""
-    args = [_pointer(b) for b in (match.x, match.w, match.out)]
+def epilogue_arguments(match: Match) -> tuple[int, list]:
+    """The epilogue as the gemm entry point takes it: the op codes, and the constants (floats,
+    or the read of a scalar parameter) padded to :data:`MAX_CONSTANTS`."""
+    codes = 0
+    constants = []
+    for position, step in enumerate(match.epilogue):
+        codes |= step.code << (8 * position)
+        constants += step.constants
+    if len(match.epilogue) > MAX_OPS or len(constants) > MAX_CONSTANTS:
+        raise RewriteError(f"{match.func}: the epilogue of {match.pattern} does not fit one call")
+    return codes, constants + [0.0] * (MAX_CONSTANTS - len(constants))
+
+
+def gemm_arguments(match: Match, packing=None) -> list:
+    """The arguments of the ``gemm`` entry point: the epilogue as data (see ``tir_byoc.h``);
+    with a :class:`~tir_byoc.packing.Packing`, the packed weight's block instead of W."""
+    weight = match.w if packing is None else packing.param
+    args = [_pointer(b) for b in (match.x, weight, match.out)]
     args += [_as_int64(e) for e in (match.rows, match.n, match.k)]
-    args.append(tirx.IntImm("int32", match.dtype.code))
+    flags = 0 if packing is None else PACKED_WEIGHT_FLAG
+    args.append(tirx.IntImm("int32", match.dtype.code | flags))
     args.append(tirx.IntImm("int32", 0 if match.layout == "dense" else 1))
     if match.batch is not None and match.batch.form == "batched":
         args += batch_arguments(match)
     else:
         one, zero = tirx.IntImm("int64", 1), tirx.IntImm("int64", 0)
         args += [one, one, zero, zero, zero, zero]
-    codes = 0
-    constants, tensors = [], []
-    for position, step in enumerate(match.epilogue):
-        codes |= step.code << (8 * position)
-        constants += step.constants
-        if step.tensor is not None:
-            tensors.append(step.tensor)
-    if len(match.epilogue) > MAX_OPS or len(constants) > MAX_CONSTANTS or len(tensors) > MAX_TENSORS:
+    codes, constants = epilogue_arguments(match)
+    tensors = list(match.tensors)
+    if len(tensors) > MAX_TENSORS:
         raise RewriteError(f"{match.func}: the epilogue of {match.pattern} does not fit one call")
     args.append(tirx.IntImm("int64", codes))
-    args += [_float64(c) for c in constants] + [_float64(0.0)] * (MAX_CONSTANTS - len(constants))
+    args += [_float64(c) for c in constants]
     args += [_pointer(t) for t in tensors] + [_null()] * (MAX_TENSORS - len(tensors))
     return args
 
 
-def call_block(match: Match, intrinsic: Intrinsic, name: str) -> s_tir.SBlockRealize:
-    """The opaque block that calls ``intrinsic`` for ``match``."""
+def call_block(match: Match, intrinsic: Intrinsic, name: str, packing=None) -> s_tir.SBlockRealize:
+    """The opaque block that calls ``intrinsic`` for ``match`` (with a packed weight, the
+    packing's gemm intrinsic)."""
     scalars = [c.source for s in match.epilogue for c in s.constants if isinstance(c, ir.TensorLoad)]
-    operands = [match.x, match.w, *match.tensors, *scalars]
-    args = gemm_arguments(match) if intrinsic.takes_epilogue else fixed_arguments(match)
+    weight = match.w if packing is None else packing.param
+    operands = [match.x, weight, *match.tensors, *scalars]
+    if packing is not None:
+        intrinsic = packing.intrinsic
+        args = gemm_arguments(match, packing)
+    elif intrinsic.takes_epilogue:
+        args = gemm_arguments(match)
+    else:
+        args = fixed_arguments(match)
     call = tirx.call_extern("int32", intrinsic.extern_symbol, *args)
     status = tirx.Var("status", "int32")
     message = (
@@ -207,7 +227,7 @@ def _referenced(stmt, buffers) -> set:
 
 
 def rewrite_function(
-    func: tirx.PrimFunc, planned: Sequence[tuple[Match, Intrinsic]]
+    func: tirx.PrimFunc, planned: Sequence[tuple[Match, Intrinsic]], packings=None
 ) -> tirx.PrimFunc:
     """Replace each planned match in ``func`` by a call to its intrinsic.
 
@@ -217,6 +237,8 @@ def rewrite_function(
         The function the matches were found in.
     planned : sequence of (Match, Intrinsic)
         The matches to offload and the intrinsic serving each.
+    packings : dict of Match to tir_byoc.packing.Packing, optional
+        Matches whose weight parameter becomes the block of its packed weight.
 
     Returns
     -------
@@ -231,7 +253,8 @@ def rewrite_function(
     for match, intrinsic in planned:
         name = _unique(f"{match.pattern}_{intrinsic.backend}", taken)
         *earlier, last = match.stmts
-        replacement[last] = call_block(match, intrinsic, name)
+        packing = (packings or {}).get(match)
+        replacement[last] = call_block(match, intrinsic, name, packing)
         dropped.update(earlier)
     found = []
 
@@ -266,7 +289,11 @@ def rewrite_function(
     dead = intermediates - _referenced(body, intermediates)
     if dead:
         body = _drop_allocations(body, dead)
-    return func.with_body(body)
+    if not packings:
+        return func.with_body(body)
+    swap = {p.match.w: p.param for p in packings.values()}
+    params = [swap.get(p, p) for p in func.params]
+    return tirx.PrimFunc(params, body, func.ret_type, func.attrs, func.span)
 
 
 def _unique(name: str, taken: set[str]) -> str:

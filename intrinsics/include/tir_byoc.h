@@ -88,6 +88,7 @@
 #define TIR_BYOC_ENULL 3    /* a required pointer is NULL */
 #define TIR_BYOC_EBACKEND 4 /* the library itself reported a failure */
 #define TIR_BYOC_EEPILOGUE 5 /* an epilogue op code this entry point does not implement */
+#define TIR_BYOC_EPACKED 6   /* a packed weight made for another call (TIR_BYOC_PACKED_WEIGHT) */
 
 /* Element type codes; keep in sync with tir_byoc/registry.py (DTYPE_CODES). */
 #define TIR_BYOC_FLOAT32 1
@@ -107,9 +108,16 @@
  * Relax's relu) and select(z > 0, z, 0).  The flag is only passed to intrinsics registered
  * with relu_nan=("zero", "keep"); the others are never given a relu that keeps NaN. */
 #define TIR_BYOC_RELU_KEEPS_NAN (1 << 24)
-/* TIR_BYOC_PACKED_WEIGHT (the gemm entry point only): w points to the weight as the
- * backend's pack function laid it out at build time, for this call's n, k, layout and dtypes.
- * A backend that does not pack never receives it and returns TIR_BYOC_EDTYPE if it does. */
+/* TIR_BYOC_PACKED_WEIGHT (the gemm entry point only, without batch): w points to the weight
+ * as the backend's pack function laid it out at build time for this call,
+ *
+ *     int32_t tir_byoc_<backend>_pack(const void *w, int64_t m, int64_t n, int64_t k,
+ *                                     int32_t dtypes, int32_t layout, int64_t ops,
+ *                                     double c0, ..., double c5, void *out, int64_t *size);
+ *
+ * (the call's arguments without x, y and the tensors; out == NULL asks for the size).  The
+ * block names the layout it holds; a call it was not made for returns TIR_BYOC_EPACKED.  A
+ * backend that does not pack never receives the flag and returns TIR_BYOC_EDTYPE if it does. */
 #define TIR_BYOC_PACKED_WEIGHT (1 << 25)
 #define TIR_BYOC_FLAGS_MASK ((int32_t)0x7F000000)
 #define TIR_BYOC_SIGNATURE_OF(dtypes) ((int32_t)((dtypes) & 0x00FFFFFF))

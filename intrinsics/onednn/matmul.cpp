@@ -128,10 +128,12 @@ struct Key {
   tir_byoc_layout layout;
   tir_byoc_batch batch;
   Fusion fusion;
+  bool packed = false;  // the weight in the layout oneDNN prefers (format_tag::any), 2-D only
 
   bool operator==(const Key &o) const {
     return m == o.m && n == o.n && k == o.k && signature == o.signature && layout == o.layout &&
-           std::memcmp(&batch, &o.batch, sizeof batch) == 0 && fusion == o.fusion;
+           std::memcmp(&batch, &o.batch, sizeof batch) == 0 && fusion == o.fusion &&
+           packed == o.packed;
   }
 };
 
@@ -144,7 +146,7 @@ struct KeyHash {
                          key.batch.w_stride[1]})
       mix(static_cast<uint64_t>(part));
     mix(static_cast<uint64_t>(key.signature) << 8 | static_cast<uint64_t>(key.layout));
-    mix(static_cast<uint64_t>(key.fusion.count) << 1 | key.fusion.bias);
+    mix(static_cast<uint64_t>(key.fusion.count) << 2 | key.packed << 1 | key.fusion.bias);
     for (int i = 0; i < key.fusion.count; ++i) {
       const PostOp &post = key.fusion.post[i];
       mix(static_cast<uint64_t>(post.algorithm) << 2 | static_cast<uint64_t>(post.operand));
@@ -203,12 +205,19 @@ dnnl::memory::desc Row(const Key &key, dt type) {
                         : dnnl::memory::desc({1, key.n}, type, dims{key.n, 1});
 }
 
+/* The weight as the call passes it: (K, N) with the strides of its layout, never copied. */
+dnnl::memory::desc PlainWeights(const Key &key, dt type) {
+  dims weight_strides = key.layout == TIR_BYOC_LAYOUT_NK ? dims{1, key.k} : dims{key.n, 1};
+  return Operand(key, key.batch.w_stride, key.k, key.n, type, weight_strides);
+}
+
 std::shared_ptr<const Entry> Create(const Key &key, const Dtypes &dtypes) {
   // Step 1. Plain row-major descriptors; the weight's layout is carried by its strides.
   Entry entry;
   entry.src = Operand(key, key.batch.x_stride, key.m, key.k, dtypes.x, {key.k, 1});
-  dims weight_strides = key.layout == TIR_BYOC_LAYOUT_NK ? dims{1, key.k} : dims{key.n, 1};
-  entry.weights = Operand(key, key.batch.w_stride, key.k, key.n, dtypes.w, weight_strides);
+  entry.weights = key.packed ? dnnl::memory::desc({key.k, key.n}, dtypes.w,
+                                                  dnnl::memory::format_tag::any)
+                             : PlainWeights(key, dtypes.w);
   const int64_t b1 = key.batch.count[1];
   entry.dst = IsBatched(key) ? dnnl::memory::desc({key.batch.count[0], b1, key.m, key.n},
                                                   dtypes.y,
@@ -241,6 +250,7 @@ std::shared_ptr<const Entry> Create(const Key &key, const Dtypes &dtypes) {
                                         entry.dst, attr);
       entry.implementation = desc.impl_info_str();
       if (entry.fusion.count > 0 && entry.implementation.rfind("ref", 0) == 0) continue;
+      if (key.packed) entry.weights = desc.weights_desc();
       entry.primitive = dnnl::matmul(desc);
       entry.id = next_entry_id++;
       return std::make_shared<const Entry>(std::move(entry));
@@ -584,11 +594,58 @@ Fusion Plan(const tir_byoc_epilogue &epilogue) {
   return fusion;
 }
 
+/* ------------------------------------------------------------------------------------------
+ * Packed weights (TIR_BYOC_PACKED_WEIGHT).  tir_byoc_onednn_pack reorders a constant weight
+ * at build time into the layout oneDNN's matmul prefers for one call (its M, N, K, layout and
+ * fused epilogue: the primitive the call creates, with format_tag::any for the weight), after
+ * a 64-byte header naming that layout.  A call with the flag creates the same primitive and
+ * runs on the block only if the header names the layout that primitive wants: a block made
+ * for another shape, epilogue, CPU or oneDNN version gives TIR_BYOC_EPACKED, never a result.
+ */
+struct PackHeader {
+  char magic[8];
+  uint64_t layout;  // DescHash of the packed weight's memory descriptor
+  uint64_t bytes;   // its size
+  uint64_t reserved[5];
+};
+static_assert(sizeof(PackHeader) == 64, "the packed data starts 64-byte aligned");
+constexpr char kPackMagic[8] = {'t', 'i', 'r', 'b', 'y', 'o', 'c', 'P'};
+
+/* A hash of everything that places an element in a memory descriptor. */
+uint64_t DescHash(const dnnl::memory::desc &md) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](uint64_t part) { h = (h ^ part) * 1099511628211ull; };
+  auto mix_all = [&mix](const dims &values) {
+    mix(values.size());
+    for (int64_t v : values) mix(static_cast<uint64_t>(v));
+  };
+  mix(static_cast<uint64_t>(md.get_data_type()));
+  mix(static_cast<uint64_t>(md.get_format_kind()));
+  mix(md.get_size());
+  mix_all(md.get_dims());
+  mix_all(md.get_padded_dims());
+  mix_all(md.get_padded_offsets());
+  mix_all(md.get_strides());
+  mix_all(md.get_inner_blks());
+  mix_all(md.get_inner_idxs());
+  mix(static_cast<uint64_t>(md.get_submemory_offset()));
+  return h;
+}
+
+bool PackFits(const PackHeader *header, const dnnl::memory::desc &weights) {
+  return header != nullptr && std::memcmp(header->magic, kPackMagic, sizeof kPackMagic) == 0 &&
+         header->layout == DescHash(weights) && header->bytes == weights.get_size();
+}
+
 /* A whole gemm call (TIR_BYOC_DEFINE_GEMM below has checked the layout, shape, batch, pointers
  * and epilogue): one primitive for the product and the fused prefix, then the rest in C. */
 int32_t Call(const tir_byoc_call *call) {
-  // Step 1. fp32 only; no flag (no packed weights) is implemented.
-  if (call->dtypes != TIR_BYOC_SIG_F32) return TIR_BYOC_EDTYPE;
+  // Step 1. fp32 only; the one flag is a packed weight, for a call without batch.
+  const int32_t flags = TIR_BYOC_FLAGS_OF(call->dtypes);
+  const bool packed = flags == TIR_BYOC_PACKED_WEIGHT;
+  if (TIR_BYOC_SIGNATURE_OF(call->dtypes) != TIR_BYOC_SIG_F32 || (flags != 0 && !packed))
+    return TIR_BYOC_EDTYPE;
+  if (packed && call->batch.count[0] * call->batch.count[1] != 1) return TIR_BYOC_EDTYPE;
   Dtypes dtypes;
   if (!Decode(TIR_BYOC_SIG_F32, &dtypes)) return TIR_BYOC_EDTYPE;
   const tir_byoc_epilogue &epilogue = call->epilogue;
@@ -605,13 +662,18 @@ int32_t Call(const tir_byoc_call *call) {
   try {
     // Step 2. The product and the fused prefix of the epilogue, in one primitive.
     const tir_byoc_batch &key_batch = count == 1 ? kNoBatch : call->batch;
-    const Key key{m, n, k, TIR_BYOC_SIG_F32, call->layout, key_batch, Plan(epilogue)};
+    const Key key{m, n, k, TIR_BYOC_SIG_F32, call->layout, key_batch, Plan(epilogue), packed};
     std::shared_ptr<const Entry> entry = Cache().Get(key, dtypes);
+    const void *w = call->w;
+    if (packed) {  // the block must have been made for this primitive's weight layout
+      if (!PackFits(static_cast<const PackHeader *>(w), entry->weights)) return TIR_BYOC_EPACKED;
+      w = static_cast<const char *>(w) + sizeof(PackHeader);
+    }
     const Fusion &fused = entry->fusion;
     const void *operands[TIR_BYOC_MAX_OPS];
     for (int i = 0; i < fused.count; ++i) operands[i] = epilogue.op[fused.bias + i].tensor;
     const void *bias = fused.bias ? epilogue.op[0].tensor : nullptr;
-    int32_t status = Execute(*entry, call->x, call->w, bias, operands, y);
+    int32_t status = Execute(*entry, call->x, w, bias, operands, y);
     if (status != TIR_BYOC_OK) return status;
     // Step 3. The ops after the fused prefix, in C.
     tir_byoc_run_epilogue(&epilogue, fused.ops(), y, rows, n);
@@ -631,6 +693,55 @@ int32_t Gemm(const void *x, const void *w, const void *bias, void *y, int64_t m,
 
 TIR_BYOC_DEFINE_BATCHED_FAMILY(onednn, Gemm, BatchedGemm);
 TIR_BYOC_DEFINE_GEMM(onednn, Call);
+
+/* Pack the plain weight w of a gemm call (the arguments of tir_byoc_onednn_gemm without the
+ * operands x, y and the epilogue's tensors, which do not shape the primitive) into `out`:
+ * *size bytes, 64-byte aligned.  With out == NULL, only sets *size to the bytes needed. */
+extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_pack(const void *w, int64_t m, int64_t n,
+                                                       int64_t k, int32_t dtypes,
+                                                       int32_t layout, int64_t ops, double c0,
+                                                       double c1, double c2, double c3,
+                                                       double c4, double c5, void *out,
+                                                       int64_t *size) {
+  if (dtypes != TIR_BYOC_SIG_F32) return TIR_BYOC_EDTYPE;
+  if (layout != TIR_BYOC_LAYOUT_NK && layout != TIR_BYOC_LAYOUT_KN) return TIR_BYOC_ESHAPE;
+  if (tir_byoc_check_shape(m, n, k) != TIR_BYOC_OK || m == 0 || n == 0 || k == 0)
+    return TIR_BYOC_ESHAPE;
+  if (w == nullptr || size == nullptr) return TIR_BYOC_ENULL;
+  const double constants[TIR_BYOC_MAX_CONSTANTS] = {c0, c1, c2, c3, c4, c5};
+  const void *const tensors[TIR_BYOC_MAX_TENSORS] = {w, w, w, w};  // only their presence counts
+  tir_byoc_call call;
+  call.m = m, call.n = n;
+  int32_t status = tir_byoc_decode_epilogue(&call, ops, constants, tensors);
+  if (status != TIR_BYOC_OK) return status;
+  Dtypes decoded;
+  if (!Decode(TIR_BYOC_SIG_F32, &decoded)) return TIR_BYOC_EDTYPE;
+  try {
+    const tir_byoc_layout weight_layout = static_cast<tir_byoc_layout>(layout);
+    const Key key{m, n, k, TIR_BYOC_SIG_F32, weight_layout, kNoBatch, Plan(call.epilogue), true};
+    std::shared_ptr<const Entry> entry = Cache().Get(key, decoded);
+    const int64_t bytes = static_cast<int64_t>(sizeof(PackHeader) + entry->weights.get_size());
+    if (out == nullptr) {
+      *size = bytes;
+      return TIR_BYOC_OK;
+    }
+    if (*size < bytes) return TIR_BYOC_ESHAPE;
+    PackHeader *header = static_cast<PackHeader *>(out);
+    std::memset(header, 0, sizeof *header);
+    std::memcpy(header->magic, kPackMagic, sizeof kPackMagic);
+    header->layout = DescHash(entry->weights);
+    header->bytes = entry->weights.get_size();
+    Key plain = key;
+    plain.packed = false;
+    dnnl::memory source(PlainWeights(plain, decoded.w), Engine(), const_cast<void *>(w));
+    dnnl::memory target(entry->weights, Engine(), header + 1);
+    dnnl::reorder(source, target).execute(Stream(), source, target);
+    Stream().wait();
+  } catch (...) {
+    return TIR_BYOC_EBACKEND;
+  }
+  return TIR_BYOC_OK;
+}
 
 /* Cache introspection for tests and benchmarks: out[0..3] = size, capacity, hits, misses. */
 extern "C" TIR_BYOC_EXPORT void tir_byoc_onednn_cache_info(int64_t *out) { Cache().Info(out); }

@@ -76,7 +76,9 @@ def _check(match: Match) -> str | None:
 
 def _register() -> None:
     REGISTRY.register_family(
-        Backend("onednn", locate, "oneDNN 3.2 matmul primitives (fp32, bf16, fp16, int8)"),
+        Backend(
+            "onednn", locate, "oneDNN 3.2 matmul primitives (fp32, bf16, fp16, int8)", packs=True
+        ),
         intrinsics_dir() / "onednn" / "matmul.cpp",
         dtypes=tuple(DTYPE_CPU_FLAGS),
         priority=PRIORITY,

@@ -1,0 +1,279 @@
+"""Constant weights packed once, at build time, into the layout the library prefers.
+
+Entry point: :func:`pack_constant_weights`, called by :func:`tir_byoc.offload` on Relax
+modules after the PrimFuncs are rewritten.  A GEMM's weight is packed when
+
+- every ``R.call_tir`` of its PrimFunc that passes a Relax constant for it is packed (a call
+  passing anything else keeps the plain PrimFunc, so a weight that is not provably constant is
+  never packed, and nothing is cached by pointer at run time);
+- the backend serving it packs (:attr:`tir_byoc.registry.Backend.packs`: oneDNN; OpenBLAS and
+  the reference kernel keep the plain path) and its ``gemm`` entry point takes the epilogue;
+- the call is fp32, without batch (a ``batch_`` match folds its batch into M), with static
+  M, N and K: a pack is made for one M (a symbolic M takes the plain path);
+- nothing else in the PrimFunc reads the weight.
+
+The packed PrimFunc (``<name>_packed``) takes a uint8 block where the weight was and calls the
+backend's gemm entry point with ``TIR_BYOC_PACKED_WEIGHT``; each constant call site gets the
+block its weight packs to (``tir_byoc_<backend>_pack``), and the plain constant is left to
+dead-code elimination when nothing else uses it.  The block names the layout it holds, so a
+block met by a call it was not made for fails with ``TIR_BYOC_EPACKED`` rather than compute.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import ir, relax, s_tir, tirx
+from tvm.tirx import _ffi_api as _tirx_ffi
+
+from . import toolchain
+from .match import Match
+from .match.exprs import const_value
+from .patterns import GEMM_ENTRY
+from .registry import Intrinsic, Registry
+from .signature import DtypeSignature
+
+logger = logging.getLogger("tir_byoc")
+
+#: ``TIR_BYOC_PACKED_WEIGHT`` of ``tir_byoc.h``.
+PACKED_WEIGHT_FLAG = 1 << 25
+
+_CALL_TIR = ir.Op.get("relax.call_tir")
+_F32 = DtypeSignature.parse("float32")
+
+
+@dataclass(frozen=True)
+class Packing:
+    """One GEMM whose weight is packed: the gemm intrinsic called, and the block's parameter."""
+
+    match: Match
+    intrinsic: Intrinsic
+    param: ir.Var
+    size: int
+
+
+@dataclass
+class PackReport:
+    """What :func:`pack_constant_weights` did: packed call sites, and why others were not."""
+
+    packed: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+
+
+def unpackable(match: Match, intrinsic: Intrinsic, registry: Registry) -> str | None:
+    """Why ``match``'s weight cannot be packed for ``intrinsic``'s backend, or None."""
+    backend = registry.backend(intrinsic.backend)
+    if not backend.packs:
+        return f"backend {backend.name} does not pack weights"
+    gemm = f"{backend.name}.{GEMM_ENTRY}"
+    if gemm not in registry or not registry[gemm].serves(match.pattern):
+        return f"{gemm} is not registered for {match.pattern}"
+    if match.dtype != _F32:
+        return f"packing is for float32, the match is {match.dtype}"
+    if match.batch is not None and match.batch.form == "batched":
+        return "a batched weight is not packed"
+    if any(const_value(e) is None for e in (match.rows, match.n, match.k)):
+        return "M, N or K is symbolic: a pack is made for one shape"
+    if match.tensors and any(s.op == "scale" and not _static(s) for s in match.epilogue):
+        return "a scale by a parameter"
+    return None
+
+
+def _static(step) -> bool:
+    return all(isinstance(c, (int, float)) for c in step.constants)
+
+
+def _pack_call(lib, match: Match, weight: np.ndarray) -> np.ndarray:
+    """The block ``tir_byoc_<backend>_pack`` makes of ``weight`` for ``match``'s call."""
+    from .rewrite import epilogue_arguments  # the rewrite imports this module
+
+    codes, constants = epilogue_arguments(match)
+    args = [
+        ctypes.c_void_p(weight.ctypes.data),
+        *(ctypes.c_int64(int(const_value(e))) for e in (match.rows, match.n, match.k)),
+        ctypes.c_int32(match.dtype.code),
+        ctypes.c_int32(0 if match.layout == "dense" else 1),
+        ctypes.c_int64(codes),
+        *(ctypes.c_double(c) for c in constants),
+    ]
+    size = ctypes.c_int64(0)
+    status = lib(*args, None, ctypes.byref(size))
+    if status != 0:
+        raise RuntimeError(f"packing the weight of {match.pattern} failed with status {status}")
+    block = np.zeros(size.value + 64, np.uint8)
+    offset = (-block.ctypes.data) % 64
+    aligned = block[offset : offset + size.value]
+    status = lib(*args, ctypes.c_void_p(aligned.ctypes.data), ctypes.byref(size))
+    if status != 0:
+        raise RuntimeError(f"packing the weight of {match.pattern} failed with status {status}")
+    return aligned.copy()
+
+
+def _pack_function(backend: str, registry: Registry):
+    library = ctypes.CDLL(str(toolchain.load_backend(backend, registry)))
+    function = getattr(library, f"tir_byoc_{backend}_pack")
+    function.restype = ctypes.c_int32
+    return function
+
+
+def _block_param(old: ir.Var, size: int) -> ir.Var:
+    ty = old.ty
+    buffer_type = _tirx_ffi.BufferType(
+        ty.storage_scope, "uint8", [tirx.IntImm("int64", size)], [], ty.elem_offset,
+        64, ty.offset_factor, None, (), None,
+    )
+    return _tirx_ffi.BufferVar(f"{old.name}_packed", buffer_type, None)
+
+
+def _readers(func: tirx.PrimFunc, var: ir.Var) -> set[str]:
+    """Names of the blocks of ``func`` that read ``var``."""
+    names = set()
+
+    def on_block(block):
+        if any(r.source.same_as(var) for r in block.reads):
+            names.add(block.name_hint)
+
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, on_block))
+    return names
+
+
+def _call_sites(mod: tvm.IRModule, gvar: ir.GlobalVar):
+    """(relax function's gvar, binding) of each ``R.call_tir`` of ``gvar`` in ``mod``."""
+    sites = []
+    for fvar, func in mod.functions_items():
+        if not isinstance(func, relax.Function):
+            continue
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                value = binding.value
+                if (
+                    isinstance(value, relax.Call)
+                    and value.op.same_as(_CALL_TIR)
+                    and value.args[0].same_as(gvar)
+                ):
+                    sites.append((fvar, binding))
+    return sites
+
+
+def pack_constant_weights(mod, rewritten, rewrite, registry: Registry):
+    """Pack the constant weights of the offloaded PrimFuncs of a Relax module.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        The Relax module, its PrimFuncs already rewritten.
+    rewritten : list of (GlobalVar, PrimFunc, list of (Match, Intrinsic))
+        Each rewritten PrimFunc as it was before the rewrite, with what was offloaded in it.
+    rewrite : callable
+        ``rewrite(func, offloaded, packings)``: :func:`tir_byoc.rewrite.rewrite_function`.
+    registry : Registry
+
+    Returns
+    -------
+    (tvm.IRModule, PackReport)
+    """
+    report = PackReport()
+    variants = []  # (name, packed PrimFunc, its packings, the constant call sites, all sites)
+    for gvar, before, offloaded in rewritten:
+        after = mod[gvar]
+        sites = _call_sites(mod, gvar)
+        # Step 1. The GEMMs whose weight may be packed, and the weight's position.
+        chosen = []
+        for match, intrinsic in offloaded:
+            reason = unpackable(match, intrinsic, registry)
+            if reason is None:
+                others = _readers(after, match.w) - {_call_name(after, match)}
+                if others:
+                    reason = f"{match.w.name} is also read by {', '.join(sorted(others))}"
+            if reason is not None:
+                report.kept.append(f"{gvar.name_hint}: {', '.join(match.blocks)}: {reason}")
+                continue
+            chosen.append((match, intrinsic, list(before.params).index(match.w)))
+        if not chosen or not sites:
+            continue
+        constant = [
+            (fvar, binding)
+            for fvar, binding in sites
+            if all(isinstance(binding.value.args[1].fields[i], ir.Constant) for *_, i in chosen)
+        ]
+        if not constant:
+            report.kept.append(f"{gvar.name_hint}: the weights are not constants of the model")
+            continue
+        # Step 2. The packed variant of the PrimFunc, with a block parameter per weight.
+        packings = []
+        for match, intrinsic, index in chosen:
+            pack = _pack_function(registry.backend(intrinsic.backend).name, registry)
+            sample = constant[0][1].value.args[1].fields[index].value.numpy()
+            size = _pack_call(pack, match, np.ascontiguousarray(sample)).size
+            gemm = registry[f"{intrinsic.backend}.{GEMM_ENTRY}"]
+            packings.append((Packing(match, gemm, _block_param(match.w, size), size), index, pack))
+        variant = rewrite(before, offloaded, {p.match: p for p, _, _ in packings})
+        variants.append((gvar, variant, packings, constant, sites))
+    if not variants:
+        return mod, report
+    # Step 3. The variants join the module (typed global vars, from a block builder); each
+    # constant call site calls its variant with its weights packed.
+    builder = relax.BlockBuilder(mod)
+    added = [builder.add_func(v, f"{g.name_hint}_packed") for g, v, *_ in variants]
+    mod = builder.get()
+    replacements: dict[relax.Var, relax.Expr] = {}
+    for packed_gvar, (gvar, _, packings, constant, sites) in zip(added, variants):
+        for fvar, binding in constant:
+            fields = list(binding.value.args[1].fields)
+            for packing, index, pack in packings:
+                weight = np.ascontiguousarray(fields[index].value.numpy())
+                fields[index] = relax.const(_pack_call(pack, packing.match, weight), "uint8")
+            call = relax.op.call_tir(packed_gvar, relax.Tuple(fields), list(binding.value.ty_args))
+            replacements[binding.var] = relax.BlockBuilder().normalize(call)
+            report.packed.append(
+                f"{fvar.name_hint}: {binding.var.name} -> {packed_gvar.name_hint}"
+            )
+    mod = _replace_calls(mod, replacements)
+    for gvar, _, _, constant, sites in variants:
+        if len(constant) == len(sites):
+            del mod[gvar.name_hint]  # every call now takes the packed variant
+    for line in report.packed:
+        logger.info("packed: %s", line)
+    return mod, report
+
+
+def _call_name(func: tirx.PrimFunc, match: Match) -> str:
+    from .rewrite import INTRINSIC_ATTR
+
+    names = []
+
+    def on_block(block):
+        if block.annotations and INTRINSIC_ATTR in block.annotations:
+            if any(r.source.same_as(match.w) for r in block.reads):
+                names.append(block.name_hint)
+
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, on_block))
+    return names[0] if len(names) == 1 else ""
+
+
+def _replace_calls(mod: tvm.IRModule, replacements) -> tvm.IRModule:
+    for fvar, func in list(mod.functions_items()):
+        if not isinstance(func, relax.Function):
+            continue
+        blocks, changed = [], False
+        for block in func.body.blocks:
+            bindings = []
+            for binding in block.bindings:
+                if binding.var in replacements:
+                    binding = relax.VarBinding(binding.var, replacements[binding.var], binding.span)
+                    changed = True
+                bindings.append(binding)
+            blocks.append(type(block)(bindings, block.span))
+        if changed:
+            body = relax.SeqExpr(blocks, func.body.body, func.body.span)
+            new = relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
+            mod[fvar] = relax.BlockBuilder().normalize(new)
+    return mod
+
+
+__all__ = ["PACKED_WEIGHT_FLAG", "PackReport", "Packing", "pack_constant_weights", "unpackable"]
