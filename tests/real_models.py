@@ -1,7 +1,8 @@
 """Small real models through the whole flow, and how much of their GEMM work tir_byoc serves.
 
-Three models, built from configs with random weights (nothing is downloaded): a BERT-like
-encoder and a LLaMA-like decoder from transformers, and torch's ``nn.TransformerEncoderLayer``.
+Four models, built from configs with random weights (nothing is downloaded): a BERT-like
+encoder and LLaMA-like and GPT-2-like decoders from transformers, and torch's
+``nn.TransformerEncoderLayer``.
 Each goes the way a user's model goes: ``torch.export`` -> ``from_exported_program`` -> the
 standard Relax lowering -> :func:`tir_byoc.offload` -> ``tvm.compile`` for llvm -> the Relax VM.
 
@@ -45,7 +46,7 @@ import tir_byoc
 
 #: Batch and sequence length of every model's input.
 BATCH, SEQUENCE = 2, 16
-#: Hidden size, heads, feed-forward size and vocabulary shared by the three models.
+#: Hidden size, heads, feed-forward size and vocabulary shared by the models.
 HIDDEN, HEADS, INTERMEDIATE, VOCAB = 64, 4, 128, 100
 
 #: The aten operators ``FlopCounterMode`` counts that are GEMMs (or, for the attention
@@ -158,6 +159,27 @@ def llama() -> RealModel:
     return RealModel("llama", _CausalLogits(decoder, SEQUENCE).eval(), (_token_ids(2),))
 
 
+def gpt2() -> RealModel:
+    """A two-layer GPT-2 decoder: its MLP's tanh gelu is written in Python (``gelu_new``), so
+    torch.export keeps its pow, tanh and multiplies and the matcher reads that spelling."""
+    config = transformers.GPT2Config(
+        n_embd=HIDDEN,
+        n_layer=2,
+        n_head=HEADS,
+        n_inner=INTERMEDIATE,
+        vocab_size=VOCAB,
+        n_positions=32,
+        bos_token_id=0,
+        eos_token_id=0,
+        use_cache=False,
+        attn_implementation="eager",
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        decoder = transformers.GPT2LMHeadModel(config).eval()
+    return RealModel("gpt2", _CausalLogits(decoder, SEQUENCE).eval(), (_token_ids(4),))
+
+
 def encoder_layer() -> RealModel:
     """torch's own ``nn.TransformerEncoderLayer`` (``nn.MultiheadAttention`` inside)."""
     with torch.random.fork_rng():
@@ -173,6 +195,7 @@ def encoder_layer() -> RealModel:
 MODELS: dict[str, Callable[[], RealModel]] = {
     "bert": bert,
     "llama": llama,
+    "gpt2": gpt2,
     "encoder_layer": encoder_layer,
 }
 

@@ -1,6 +1,6 @@
 """Real models, end to end: results equal torch's, and every GEMM FLOP runs in a library.
 
-BERT, LLaMA and ``nn.TransformerEncoderLayer``, small and with random weights (see
+BERT, LLaMA, GPT-2 and ``nn.TransformerEncoderLayer``, small and with random weights (see
 :mod:`real_models`), are exported with torch, lowered with Relax, offloaded and run on the
 Relax VM.  The share of GEMM work offloaded is measured apart from the matcher: torch counts
 what the model computes, the extern calls of the offloaded module say what the libraries get.
