@@ -1,5 +1,10 @@
 """Constant weights packed once (issue 15): what is packed, what is not, and that a pack never
-changes a result or meets a call it was not made for."""
+changes a result or meets a call it was not made for.
+
+oneDNN packs a weight only where the layout it prefers is blocked (brgemm CPUs); on AVX2 it
+prefers a plain one and nothing would be packed, so the tests of the mechanism ask it to pack
+whatever it chooses (``TIR_BYOC_ONEDNN_PACK=always``), and one test checks the default.
+"""
 
 import ctypes
 import subprocess
@@ -23,6 +28,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 M, K, N = 64, 96, 80
+
+
+@pytest.fixture(autouse=True)
+def _pack_always(monkeypatch, request):
+    if "default_choice" not in request.node.name:
+        monkeypatch.setenv("TIR_BYOC_ONEDNN_PACK", "always")
 RNG = np.random.default_rng(0)
 WEIGHTS = [RNG.standard_normal((K, N)).astype("float32") for _ in range(2)]
 BIAS = RNG.standard_normal(N).astype("float32")
@@ -190,3 +201,25 @@ def test_an_exported_packed_library_gives_the_same_results_in_a_fresh_process(tm
     subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
     (expected,) = _run(lowered, X)
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_default_choice_a_weight_is_packed_where_onednn_prefers_a_blocked_layout():
+    lib = library("onednn")
+    pack = lib.tir_byoc_onednn_pack
+    pack.restype = ctypes.c_int32
+    weight = WEIGHTS[0]
+    args = [
+        ctypes.c_void_p(weight.ctypes.data), ctypes.c_int64(M), ctypes.c_int64(N),
+        ctypes.c_int64(K), ctypes.c_int32(0x010101), ctypes.c_int32(1),
+        ctypes.c_int64(tir_byoc.epilogues.OPS["gelu"].code), ctypes.c_double(np.sqrt(0.5)),
+        *(ctypes.c_double(0) for _ in range(5)),
+    ]
+    size = ctypes.c_int64(-1)
+    assert pack(*args, None, ctypes.byref(size)) == 0
+    lowered = _lowered(WEIGHTS[:1])
+    offloaded = tir_byoc.offload(lowered, backends="onednn")
+    expected_names = ["fused_matmul_add_gelu_packed" if size.value else "fused_matmul_add_gelu"]
+    assert _names(offloaded) == expected_names
+    (result,) = _run(offloaded, X)
+    (expected,) = _run(lowered, X)
+    np.testing.assert_allclose(result, expected, rtol=1e-5, atol=1e-4)

@@ -105,6 +105,8 @@ def _pack_call(lib, match: Match, weight: np.ndarray) -> np.ndarray:
     status = lib(*args, None, ctypes.byref(size))
     if status != 0:
         raise RuntimeError(f"packing the weight of {match.pattern} failed with status {status}")
+    if size.value == 0:
+        return None  # the library prefers the plain weight for this call
     block = np.zeros(size.value + 64, np.uint8)
     offset = (-block.ctypes.data) % 64
     aligned = block[offset : offset + size.value]
@@ -209,9 +211,19 @@ def pack_constant_weights(mod, rewritten, rewrite, registry: Registry):
         for match, intrinsic, index in chosen:
             pack = _pack_function(registry.backend(intrinsic.backend).name, registry)
             sample = constant[0][1].value.args[1].fields[index].value.numpy()
-            size = _pack_call(pack, match, np.ascontiguousarray(sample)).size
+            block = _pack_call(pack, match, np.ascontiguousarray(sample))
+            if block is None:
+                report.kept.append(
+                    f"{gvar.name_hint}: {', '.join(match.blocks)}: {intrinsic.backend} prefers "
+                    "the plain weight for this call (tir_byoc_onednn_pack_kernels says which "
+                    "kernels)"
+                )
+                continue
+            size = block.size
             gemm = registry[f"{intrinsic.backend}.{GEMM_ENTRY}"]
             packings.append((Packing(match, gemm, _block_param(match.w, size), size), index, pack))
+        if not packings:
+            continue
         variant = rewrite(before, offloaded, {p.match: p for p, _, _ in packings})
         variants.append((gvar, variant, packings, constant, sites))
     if not variants:

@@ -694,32 +694,55 @@ int32_t Gemm(const void *x, const void *w, const void *bias, void *y, int64_t m,
 TIR_BYOC_DEFINE_BATCHED_FAMILY(onednn, Gemm, BatchedGemm);
 TIR_BYOC_DEFINE_GEMM(onednn, Call);
 
+
+/* The Key of a gemm call without x, y and the epilogue's tensors (they do not shape the
+ * primitive), with or without a packed weight; false for arguments a call would refuse. */
+bool PackKey(int64_t m, int64_t n, int64_t k, int32_t dtypes, int32_t layout, int64_t ops,
+             const double *constants, const void *w, bool packed, Key *key) {
+  if (dtypes != TIR_BYOC_SIG_F32) return false;
+  if (layout != TIR_BYOC_LAYOUT_NK && layout != TIR_BYOC_LAYOUT_KN) return false;
+  if (tir_byoc_check_shape(m, n, k) != TIR_BYOC_OK || m == 0 || n == 0 || k == 0) return false;
+  const void *const tensors[TIR_BYOC_MAX_TENSORS] = {w, w, w, w};  // only their presence counts
+  tir_byoc_call call;
+  call.m = m, call.n = n;
+  if (tir_byoc_decode_epilogue(&call, ops, constants, tensors) != TIR_BYOC_OK) return false;
+  *key = Key{m, n, k, TIR_BYOC_SIG_F32, static_cast<tir_byoc_layout>(layout), kNoBatch,
+             Plan(call.epilogue), packed};
+  return true;
+}
+
 /* Pack the plain weight w of a gemm call (the arguments of tir_byoc_onednn_gemm without the
  * operands x, y and the epilogue's tensors, which do not shape the primitive) into `out`:
- * *size bytes, 64-byte aligned.  With out == NULL, only sets *size to the bytes needed. */
+ * *size bytes, 64-byte aligned.  With out == NULL, only sets *size to the bytes needed; a
+ * *size of 0 means the call is better off with the plain weight (see below). */
 extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_pack(const void *w, int64_t m, int64_t n,
                                                        int64_t k, int32_t dtypes,
                                                        int32_t layout, int64_t ops, double c0,
                                                        double c1, double c2, double c3,
                                                        double c4, double c5, void *out,
                                                        int64_t *size) {
-  if (dtypes != TIR_BYOC_SIG_F32) return TIR_BYOC_EDTYPE;
-  if (layout != TIR_BYOC_LAYOUT_NK && layout != TIR_BYOC_LAYOUT_KN) return TIR_BYOC_ESHAPE;
-  if (tir_byoc_check_shape(m, n, k) != TIR_BYOC_OK || m == 0 || n == 0 || k == 0)
-    return TIR_BYOC_ESHAPE;
   if (w == nullptr || size == nullptr) return TIR_BYOC_ENULL;
   const double constants[TIR_BYOC_MAX_CONSTANTS] = {c0, c1, c2, c3, c4, c5};
-  const void *const tensors[TIR_BYOC_MAX_TENSORS] = {w, w, w, w};  // only their presence counts
-  tir_byoc_call call;
-  call.m = m, call.n = n;
-  int32_t status = tir_byoc_decode_epilogue(&call, ops, constants, tensors);
-  if (status != TIR_BYOC_OK) return status;
+  Key key, plain;
+  if (!PackKey(m, n, k, dtypes, layout, ops, constants, w, true, &key)) return TIR_BYOC_EDTYPE;
+  PackKey(m, n, k, dtypes, layout, ops, constants, w, false, &plain);
   Dtypes decoded;
   if (!Decode(TIR_BYOC_SIG_F32, &decoded)) return TIR_BYOC_EDTYPE;
   try {
-    const tir_byoc_layout weight_layout = static_cast<tir_byoc_layout>(layout);
-    const Key key{m, n, k, TIR_BYOC_SIG_F32, weight_layout, kNoBatch, Plan(call.epilogue), true};
     std::shared_ptr<const Entry> entry = Cache().Get(key, decoded);
+    // A packed weight pays where oneDNN wants a blocked layout for the kernel it runs on the
+    // plain weight too (brgemm, on AVX-512 and AMX CPUs).  Where its layout of choice is a
+    // plain one, packing would only transpose the weight (on AVX2, jit gemm: measured 1.5x
+    // slower for 1x4096 -> 4096), and where the kernel would change, the change is not ours
+    // to make: the call keeps the plain weight, *size = 0.  TIR_BYOC_ONEDNN_PACK=always packs
+    // whatever oneDNN chooses (for tests and measurements).
+    const char *always = std::getenv("TIR_BYOC_ONEDNN_PACK");
+    const bool forced = always != nullptr && std::strcmp(always, "always") == 0;
+    if (!forced && (entry->weights.get_inner_nblks() == 0 ||
+                    entry->implementation != Cache().Get(plain, decoded)->implementation)) {
+      *size = 0;
+      return TIR_BYOC_OK;
+    }
     const int64_t bytes = static_cast<int64_t>(sizeof(PackHeader) + entry->weights.get_size());
     if (out == nullptr) {
       *size = bytes;
@@ -731,8 +754,6 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_pack(const void *w, int64_t m
     std::memcpy(header->magic, kPackMagic, sizeof kPackMagic);
     header->layout = DescHash(entry->weights);
     header->bytes = entry->weights.get_size();
-    Key plain = key;
-    plain.packed = false;
     dnnl::memory source(PlainWeights(plain, decoded.w), Engine(), const_cast<void *>(w));
     dnnl::memory target(entry->weights, Engine(), header + 1);
     dnnl::reorder(source, target).execute(Stream(), source, target);
@@ -770,6 +791,34 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_implementation(int64_t m, int
     std::shared_ptr<const Entry> entry = Cache().Get(key, decoded);
     std::strncpy(out, entry->implementation.c_str(), static_cast<size_t>(size - 1));
     out[size - 1] = '\0';
+  } catch (...) {
+    return TIR_BYOC_EBACKEND;
+  }
+  return TIR_BYOC_OK;
+}
+
+/* The oneDNN kernels a gemm call runs with the plain weight and with a packed one, written to
+ * `plain` and `packed` (NUL-terminated, at most `size` bytes each); for reports. */
+extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_pack_kernels(
+    int64_t m, int64_t n, int64_t k, int32_t dtypes, int32_t layout, int64_t ops, double c0,
+    double c1, double c2, double c3, double c4, double c5, char *plain, char *packed,
+    int64_t size) {
+  const double constants[TIR_BYOC_MAX_CONSTANTS] = {c0, c1, c2, c3, c4, c5};
+  Key keys[2];
+  const void *dummy = &keys;
+  if (plain == nullptr || packed == nullptr || size <= 0) return TIR_BYOC_ENULL;
+  if (!PackKey(m, n, k, dtypes, layout, ops, constants, dummy, false, &keys[0]) ||
+      !PackKey(m, n, k, dtypes, layout, ops, constants, dummy, true, &keys[1]))
+    return TIR_BYOC_EDTYPE;
+  Dtypes decoded;
+  if (!Decode(TIR_BYOC_SIG_F32, &decoded)) return TIR_BYOC_EDTYPE;
+  try {
+    char *out[2] = {plain, packed};
+    for (int i = 0; i < 2; ++i) {
+      std::strncpy(out[i], Cache().Get(keys[i], decoded)->implementation.c_str(),
+                   static_cast<size_t>(size - 1));
+      out[i][size - 1] = '\0';
+    }
   } catch (...) {
     return TIR_BYOC_EBACKEND;
   }
