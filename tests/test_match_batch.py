@@ -218,7 +218,7 @@ def test_a_2d_intrinsic_serves_the_leading_form_and_is_never_given_a_batched_cal
     assert match.reason == "no intrinsic registered for bmm_dense_bias_relu"
 
 
-def test_a_residual_add_after_an_nd_linear_ends_the_chain_with_its_own_reason():
+def test_a_residual_add_after_an_nd_linear_joins_the_chain():
     x = te.placeholder((2, 4, 5), "float32", name="X")
     w = te.placeholder((6, 5), "float32", name="W")
     residual = te.placeholder((2, 4, 6), "float32", name="R")
@@ -226,9 +226,8 @@ def test_a_residual_add_after_an_nd_linear_ends_the_chain_with_its_own_reason():
     y = te.compute((2, 4, 6), lambda b, i, j: te.sum(x[b, i, k] * w[j, k], axis=k), name="dense")
     z = te.compute(y.shape, lambda *i: y[i] + residual[i], name="T_add")
     func = te.create_prim_func([x, w, residual, z])
-    assert only_match(func).pattern == "batch_dense"
-    assert reasons(func) == [
-        "adds R[v_i0, v_i1, v_i2], a tensor of the output's shape (a residual add), not a bias "
-        "vector b[j]"
-    ]
+    match = only_match(func)
+    assert match.pattern == "batch_dense_add" and [t.name for t in match.tensors] == ["R"]
+    assert reasons(func) == []
+    assert_equivalent(func, expect_calls={"ref.gemm": 1})
     assert_equivalent(func, expect_calls={"onednn.dense": 1})
