@@ -102,7 +102,8 @@ def sample_patterns() -> list[str]:
         for n in representatives()
         if len(PATTERNS[n].ops) <= 1 or PATTERNS[n].ops in FIXED_EPILOGUES
     ]
-    return chosen + [
+    return [
+        *chosen,
         "batch_dense_scale_bias_gelu_add",
         "bmm_matmul_div_bias_gelu_tanh_mul",
         "matmul_bias_silu_mul",

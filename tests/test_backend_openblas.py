@@ -18,12 +18,12 @@ import tir_byoc
 from tir_byoc import toolchain
 from tir_byoc.backends import openblas
 from tir_byoc.patterns import FIXED_EPILOGUES, PATTERNS
+from tir_byoc.registry import BackendUnavailable
+from tir_byoc.signature import DtypeSignature
 
 #: The members with entry points of their own; the gemm entry point's epilogues are
 #: checked op by op in test_epilogue_c.py and through TVM in test_match_epilogues.py.
 FIXED = [n for n, p in PATTERNS.items() if p.ops in FIXED_EPILOGUES]
-from tir_byoc.registry import BackendUnavailable
-from tir_byoc.signature import DtypeSignature
 
 F32 = DtypeSignature.parse("float32").code
 

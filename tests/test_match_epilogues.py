@@ -177,8 +177,15 @@ def test_erf_and_tanh_gelu_are_told_apart():
         (lambda z: te.erf(z), "dense_gelu", "applies erf() alone, not as part of a gelu"),
         (lambda z: te.max(z, f32(1.0)), "dense_relu", "max() against 1.0 alone"),
     ],
-    ids=["gelu-half", "gelu-tanh-cubic", "clip-swapped", "leaky-steep", "leaky-negative", "erf",
-         "max-1"],
+    ids=[
+        "gelu-half",
+        "gelu-tanh-cubic",
+        "clip-swapped",
+        "leaky-steep",
+        "leaky-negative",
+        "erf",
+        "max-1",
+    ],
 )
 def test_a_near_miss_names_the_op_and_what_differs(fn, nearest, reason):
     func = _dense_then(fn)

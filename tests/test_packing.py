@@ -34,6 +34,8 @@ M, K, N = 64, 96, 80
 def _pack_always(monkeypatch, request):
     if "default_choice" not in request.node.name:
         monkeypatch.setenv("TIR_BYOC_ONEDNN_PACK", "always")
+
+
 RNG = np.random.default_rng(0)
 WEIGHTS = [RNG.standard_normal((K, N)).astype("float32") for _ in range(2)]
 BIAS = RNG.standard_normal(N).astype("float32")
@@ -137,11 +139,18 @@ def test_backends_that_do_not_pack_keep_the_plain_path():
 def _gemm_arguments(lib, w, y, x, m, flags):
     codes = tir_byoc.epilogues.OPS["gelu"].code
     return [
-        ctypes.c_void_p(x.ctypes.data), ctypes.c_void_p(w.ctypes.data),
-        ctypes.c_void_p(y.ctypes.data), ctypes.c_int64(m), ctypes.c_int64(N), ctypes.c_int64(K),
-        ctypes.c_int32(0x010101 | flags), ctypes.c_int32(1),
-        *(ctypes.c_int64(v) for v in (1, 1, 0, 0, 0, 0)), ctypes.c_int64(codes),
-        ctypes.c_double(np.sqrt(0.5)), *(ctypes.c_double(0) for _ in range(5)),
+        ctypes.c_void_p(x.ctypes.data),
+        ctypes.c_void_p(w.ctypes.data),
+        ctypes.c_void_p(y.ctypes.data),
+        ctypes.c_int64(m),
+        ctypes.c_int64(N),
+        ctypes.c_int64(K),
+        ctypes.c_int32(0x010101 | flags),
+        ctypes.c_int32(1),
+        *(ctypes.c_int64(v) for v in (1, 1, 0, 0, 0, 0)),
+        ctypes.c_int64(codes),
+        ctypes.c_double(np.sqrt(0.5)),
+        *(ctypes.c_double(0) for _ in range(5)),
         *(ctypes.c_void_p(None) for _ in range(4)),
     ]
 
@@ -150,9 +159,14 @@ def _pack(lib, weight, m):
     pack = lib.tir_byoc_onednn_pack
     pack.restype = ctypes.c_int32
     args = [
-        ctypes.c_void_p(weight.ctypes.data), ctypes.c_int64(m), ctypes.c_int64(N),
-        ctypes.c_int64(K), ctypes.c_int32(0x010101), ctypes.c_int32(1),
-        ctypes.c_int64(tir_byoc.epilogues.OPS["gelu"].code), ctypes.c_double(np.sqrt(0.5)),
+        ctypes.c_void_p(weight.ctypes.data),
+        ctypes.c_int64(m),
+        ctypes.c_int64(N),
+        ctypes.c_int64(K),
+        ctypes.c_int32(0x010101),
+        ctypes.c_int32(1),
+        ctypes.c_int64(tir_byoc.epilogues.OPS["gelu"].code),
+        ctypes.c_double(np.sqrt(0.5)),
         *(ctypes.c_double(0) for _ in range(5)),
     ]
     size = ctypes.c_int64(0)
@@ -209,9 +223,14 @@ def test_default_choice_a_weight_is_packed_where_onednn_prefers_a_blocked_layout
     pack.restype = ctypes.c_int32
     weight = WEIGHTS[0]
     args = [
-        ctypes.c_void_p(weight.ctypes.data), ctypes.c_int64(M), ctypes.c_int64(N),
-        ctypes.c_int64(K), ctypes.c_int32(0x010101), ctypes.c_int32(1),
-        ctypes.c_int64(tir_byoc.epilogues.OPS["gelu"].code), ctypes.c_double(np.sqrt(0.5)),
+        ctypes.c_void_p(weight.ctypes.data),
+        ctypes.c_int64(M),
+        ctypes.c_int64(N),
+        ctypes.c_int64(K),
+        ctypes.c_int32(0x010101),
+        ctypes.c_int32(1),
+        ctypes.c_int64(tir_byoc.epilogues.OPS["gelu"].code),
+        ctypes.c_double(np.sqrt(0.5)),
         *(ctypes.c_double(0) for _ in range(5)),
     ]
     size = ctypes.c_int64(-1)

@@ -288,7 +288,9 @@ def cmd_profile(args, out: Output) -> int:
         raise UsageError(f"{args.file}: profile needs one module, the file defines {names}")
     try:
         model = build_model(
-            definitions[0].value, backends=args.backends, offload=not args.no_offload,
+            definitions[0].value,
+            backends=args.backends,
+            offload=not args.no_offload,
             entry=args.func,
         )
     except ValueError as err:

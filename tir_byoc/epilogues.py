@@ -194,9 +194,7 @@ def compose(name: str, value: te.Tensor, tensor: te.Tensor | None = None, consta
         return each(lambda *i: te.max(te.min(value[i], c[1]), c[0]), "compute")
     if name == "leaky_relu":
         zero = tirx.const(0, dtype)
-        return each(
-            lambda *i: tirx.Select(zero < value[i], value[i], value[i] * c[0]), "compute"
-        )
+        return each(lambda *i: tirx.Select(zero < value[i], value[i], value[i] * c[0]), "compute")
     half, one = tirx.const(0.5, dtype), tirx.const(1.0, dtype)
     if name == "silu":
         sigmoid = each(lambda *i: te.sigmoid(value[i]), "compute")

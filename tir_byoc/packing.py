@@ -126,8 +126,16 @@ def _pack_function(backend: str, registry: Registry):
 def _block_param(old: ir.Var, size: int) -> ir.Var:
     ty = old.ty
     buffer_type = _tirx_ffi.BufferType(
-        ty.storage_scope, "uint8", [tirx.IntImm("int64", size)], [], ty.elem_offset,
-        64, ty.offset_factor, None, (), None,
+        ty.storage_scope,
+        "uint8",
+        [tirx.IntImm("int64", size)],
+        [],
+        ty.elem_offset,
+        64,
+        ty.offset_factor,
+        None,
+        (),
+        None,
     )
     return _tirx_ffi.BufferVar(f"{old.name}_packed", buffer_type, None)
 
@@ -242,9 +250,7 @@ def pack_constant_weights(mod, rewritten, rewrite, registry: Registry):
                 fields[index] = relax.const(_pack_call(pack, packing.match, weight), "uint8")
             call = relax.op.call_tir(packed_gvar, relax.Tuple(fields), list(binding.value.ty_args))
             replacements[binding.var] = relax.BlockBuilder().normalize(call)
-            report.packed.append(
-                f"{fvar.name_hint}: {binding.var.name} -> {packed_gvar.name_hint}"
-            )
+            report.packed.append(f"{fvar.name_hint}: {binding.var.name} -> {packed_gvar.name_hint}")
     mod = _replace_calls(mod, replacements)
     for gvar, _, _, constant, sites in variants:
         if len(constant) == len(sites):
@@ -283,7 +289,9 @@ def _replace_calls(mod: tvm.IRModule, replacements) -> tvm.IRModule:
             blocks.append(type(block)(bindings, block.span))
         if changed:
             body = relax.SeqExpr(blocks, func.body.body, func.body.span)
-            new = relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
+            new = relax.Function(
+                func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span
+            )
             mod[fvar] = relax.BlockBuilder().normalize(new)
     return mod
 

@@ -144,6 +144,7 @@ PATTERNS: dict[str, Pattern] = FAMILY
 #: member's intrinsic; every other one by :data:`GEMM_ENTRY`).
 CALL_PATTERNS: dict[str, Pattern] = {n: p for n, p in FAMILY.items() if p.call_pattern == n}
 
+
 def representatives() -> list[str]:
     """A small set of members that covers the family, for tests that build each member.
 

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .match import RELU_KEEPS_NAN, RELU_NAN_TO_ZERO, Match
 from .epilogues import OPS
+from .match import RELU_KEEPS_NAN, RELU_NAN_TO_ZERO, Match
 from .patterns import CALL_PATTERNS, GEMM_ENTRY, PATTERNS
 from .signature import DtypeSignature
 

@@ -161,7 +161,9 @@ def gemm_arguments(match: Match, packing=None) -> list:
 def call_block(match: Match, intrinsic: Intrinsic, name: str, packing=None) -> s_tir.SBlockRealize:
     """The opaque block that calls ``intrinsic`` for ``match`` (with a packed weight, the
     packing's gemm intrinsic)."""
-    scalars = [c.source for s in match.epilogue for c in s.constants if isinstance(c, ir.TensorLoad)]
+    scalars = [
+        c.source for s in match.epilogue for c in s.constants if isinstance(c, ir.TensorLoad)
+    ]
     weight = match.w if packing is None else packing.param
     operands = [match.x, weight, *match.tensors, *scalars]
     if packing is not None:

@@ -157,9 +157,7 @@ def compose(block, axes, values, live):
             return values[buffer]
         return load
 
-    value = tvm_ffi.structural_mutate(
-        block.value, [(ir.TensorLoad, on_load), (tirx.Var, on_var)]
-    )
+    value = tvm_ffi.structural_mutate(block.value, [(ir.TensorLoad, on_load), (tirx.Var, on_var)])
     return value, others
 
 

@@ -119,7 +119,11 @@ SPELLINGS = {
                 _ONE,
                 _call(
                     "tirx.tanh",
-                    ("mul", ("mul", _C0, VALUE), ("add", _ONE, ("mul", ("mul", _C1, VALUE), VALUE))),
+                    (
+                        "mul",
+                        ("mul", _C0, VALUE),
+                        ("add", _ONE, ("mul", ("mul", _C1, VALUE), VALUE)),
+                    ),
                 ),
             ),
         ),
@@ -308,8 +312,9 @@ class EpilogueParser:
         kind = self._operand(other)
         if kind == "vector":
             try:
-                bias = bias_vector(other, self.vi, self.vj, self.chain.n, self.chain.dtype.out,
-                                   self.extents)
+                bias = bias_vector(
+                    other, self.vi, self.vj, self.chain.n, self.chain.dtype.out, self.extents
+                )
             except Refused as refused:
                 raise Refused(refused.reason, op="bias") from None
             return value, Step("bias", OPS["bias"].code, (), bias)
@@ -317,8 +322,9 @@ class EpilogueParser:
             return value, Step("add", OPS["add"].code, (), self._full(other, "adds"))
         what = const_value(other)
         what = f"the constant {what}" if what is not None else expr_text(other)
-        raise Refused(f"adds {what}, not a bias vector b[j] or a tensor of the output's shape",
-                      op="bias")
+        raise Refused(
+            f"adds {what}, not a bias vector b[j] or a tensor of the output's shape", op="bias"
+        )
 
     def _full(self, load, verb) -> ir.Var:
         """The buffer of a residual or gate read ``R[axes]``, checked; else Refused."""
@@ -326,8 +332,9 @@ class EpilogueParser:
         shape = self.chain.out_shape
         check_shape(buf, shape, dim_names(len(shape)), self.extents)
         if dtype_of(buf) != self.chain.dtype.out:
-            raise Refused(f"{verb} {buf.name}, which is {dtype_of(buf)}, expected "
-                          f"{self.chain.dtype.out}")
+            raise Refused(
+                f"{verb} {buf.name}, which is {dtype_of(buf)}, expected {self.chain.dtype.out}"
+            )
         reason = compact_global(buf)
         if reason:
             raise Refused(reason)
@@ -342,15 +349,17 @@ class EpilogueParser:
             return value, Step("scale", OPS["scale"].code, (self._scalar(other),))
         raise Refused(
             f"multiplies by {expr_text(other)}: neither a constant, a scalar nor a tensor of the "
-            "output's shape", op="scale"
+            "output's shape",
+            op="scale",
         )
 
     def _div(self, expr):
         if self.contains_source(expr.b) or not self.contains_source(expr.a):
             raise Refused("divides by the value, not the value by a constant", op="scale")
         if self._operand(expr.b) != "scalar":
-            raise Refused(f"divides by {expr_text(expr.b)}, not by a constant or a scalar",
-                          op="scale")
+            raise Refused(
+                f"divides by {expr_text(expr.b)}, not by a constant or a scalar", op="scale"
+            )
         return expr.a, Step("div", OPS["div"].code, (self._scalar(expr.b),))
 
     def _scalar(self, expr):
@@ -360,8 +369,9 @@ class EpilogueParser:
         if dtype_of(expr) != self.chain.dtype.out:
             raise Refused(f"scales by {expr_text(expr)}, which is {dtype_of(expr)}", op="scale")
         if expr.source not in self.params:
-            raise Refused(f"scales by {expr.source.name}{index_text(expr)}, not a parameter",
-                          op="scale")
+            raise Refused(
+                f"scales by {expr.source.name}{index_text(expr)}, not a parameter", op="scale"
+            )
         return expr
 
     def _max(self, expr):
@@ -378,8 +388,9 @@ class EpilogueParser:
                 leaky = self._leaky_max(value, bound)
                 if leaky is not None:
                     return leaky
-                raise Refused(f"max() against {expr_text(bound)}, not against a constant",
-                              op="relu")
+                raise Refused(
+                    f"max() against {expr_text(bound)}, not against a constant", op="relu"
+                )
             if threshold != 0:
                 raise Refused(
                     f"max() against {threshold} alone: a relu needs 0, a clip needs both bounds",
@@ -403,8 +414,9 @@ class EpilogueParser:
                 clip = self._clip(expr, value, bound, value_first)
                 if clip is not None:
                     return clip
-        raise Refused("min() without a max() against a constant: a clip needs both bounds",
-                      op="clip")
+        raise Refused(
+            "min() without a max() against a constant: a clip needs both bounds", op="clip"
+        )
 
     def _clip(self, outer, inner, outer_bound, inner_first):
         """``max(min(z, hi), lo)`` or ``min(max(z, lo), hi)`` in any operand order, or None."""
@@ -414,8 +426,9 @@ class EpilogueParser:
         ):
             if const_value(bound) is None or not self.contains_source(value):
                 continue
-            outer_fn, inner_fn = (tir_max, tir_min) if isinstance(outer, tirx.Max) else (
-                tir_min, tir_max)
+            outer_fn, inner_fn = (
+                (tir_max, tir_min) if isinstance(outer, tirx.Max) else (tir_min, tir_max)
+            )
             outer_c, inner_c = float(const_value(outer_bound)), float(const_value(bound))
             lo, hi = (outer_c, inner_c) if outer_fn is tir_max else (inner_c, outer_c)
             if lo > hi:
