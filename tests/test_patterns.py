@@ -8,9 +8,9 @@ import tir_byoc
 from tir_byoc.patterns import (
     CALL_PATTERNS,
     FAMILY,
-    PATTERNS,
     FIXED_EPILOGUES,
     GEMM_ENTRY,
+    PATTERNS,
     EpilogueOp,
     Pattern,
     describe,
