@@ -6,6 +6,7 @@ import pytest
 import tir_byoc
 from tir_byoc.registry import REGISTRY, Intrinsic, Registry
 from tir_byoc.testing.equivalence import (
+    _difference,
     assert_equivalent,
     compile_functions,
     differences,
@@ -72,6 +73,25 @@ def test_random_arguments_cover_every_parameter_with_its_dtype():
         random_arguments(program.func, {}, seed=0)
 
 
+def test_large_inputs_are_compared_normwise_and_nan_must_stay_where_it_was():
+    program = _program(n=8, k=8)
+    arrays = random_arguments(program.func, seed=1, magnitude=1e4)
+    assert np.abs(arrays[0]).max() > 1e4
+    assert differences(program.func, program.func, seed=1, magnitude=1e4, normwise=True) == []
+    # Off by less than the normwise tolerance passes; a NaN or an infinity moved does not.
+    param = program.func.params[-1]
+    want = np.array([[np.nan, np.inf, 1e8, 1.0]])
+    off = want + np.array([[0, 0, 0, 1e3]])  # within 1e-4 * sqrt(8) * 1e8
+    assert _difference(param, want, off, 8, normwise=True) is None
+    assert _difference(param, want, off, 8) is not None
+    for wrong in (
+        [1.0, np.inf, 1e8, 1.0],
+        [np.nan, -np.inf, 1e8, 1.0],
+        [np.nan, np.inf, 1e8, np.nan],
+    ):
+        assert _difference(param, want, np.array([wrong]), 8, normwise=True) is not None
+
+
 def test_tolerances_are_exact_for_integers_and_grow_with_k():
     assert tolerance("int32", 100) == (0.0, 0.0)
     assert tolerance("float32", 100)[1] > tolerance("float32", 1)[1]
@@ -107,7 +127,7 @@ def test_a_parameter_with_explicit_strides_is_run_with_them_and_read_back(symbol
     arrays = random_arguments(program.func, program.bindings, seed=4)
     x, w, z = run(program.func, arrays, bindings=program.bindings)
     np.testing.assert_allclose(z, arrays[0] @ w.T, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(x, np.tanh(arrays[0]), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x, np.abs(arrays[0]), rtol=1e-5, atol=1e-6)
 
 
 def test_explicit_strides_on_a_bfloat16_parameter_are_refused_by_name():

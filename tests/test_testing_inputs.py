@@ -39,6 +39,17 @@ def test_floats_are_standard_normal_in_their_dtype(dtype):
     assert abs(float(values.astype("float64").std()) - 1) < 0.05
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_floats_may_be_larger_or_have_nan_and_infinities_among_them(dtype):
+    rng = np.random.default_rng(0)
+    large = random_array((64, 64), dtype, rng, magnitude=1e4).astype("float64")
+    assert np.isfinite(large).all() and 0.9e4 < large.std() < 1.1e4  # fp16 clipped to 65504
+    special = random_array((64, 64), dtype, rng, special=0.1).astype("float64")
+    for is_kind in (np.isnan, np.isposinf, np.isneginf):
+        assert 0.02 < is_kind(special).mean() < 0.05
+    assert np.isfinite(random_array((64, 64), "int8", rng, special=0.5)).all()
+
+
 def test_a_dtype_that_is_neither_float_nor_integer_is_refused():
     with pytest.raises(ValueError, match="expected a float or integer dtype, got bool"):
         random_array((2,), "bool", np.random.default_rng(0))

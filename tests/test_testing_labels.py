@@ -5,12 +5,15 @@ Each case states the form and the number of merged batch dims the rules of
 never asks the matcher, so the two readings are independent.
 """
 
+import numpy as np
 import pytest
 
 from tir_byoc.match import scan_function
 from tir_byoc.patterns import pattern
+from tir_byoc.testing.equivalence import run
 from tir_byoc.testing.labels import Product, batch_label, expected_pattern
 from tir_byoc.testing.programs import ChainSpec, ProgramSpec, build_program
+from tir_byoc.testing.spellings import ACTIVATION_SPELLINGS, RELU_SPELLINGS
 
 
 def _chain(batch, x_batch, w_batch, **fields):
@@ -120,3 +123,20 @@ def test_strides_compare_as_products_of_integers_and_symbols():
     assert m * Product(5) * b == b * m * Product(5)
     assert m * Product(5) != Product(20)
     assert (Product(0) * m).is_zero and Product(0) * m == Product(0)
+
+
+def test_the_nan_result_each_spelling_declares_is_what_tvm_computes():
+    # The labels take a clip's NaN result and a relu's NaN behaviour from the spelling tables;
+    # TVM's own build of each spelling, run on a NaN, must agree with them.
+    clips = [name for name, spelling in ACTIVATION_SPELLINGS.items() if spelling.op == "clip"]
+    chains = (
+        *(ChainSpec(activation=name, n=1, k=1, bounds=(-1.0, 2.0)) for name in clips),
+        *(ChainSpec(relu=name, n=1, k=1) for name in RELU_SPELLINGS),
+    )
+    program = build_program(ProgramSpec(chains=chains, m=1))
+    contents = {"X": np.full((1, 1), np.nan, "float32"), "W": np.ones((1, 1), "float32")}
+    arrays = [contents.get(p.name[0], np.zeros((1, 1), "float32")) for p in program.func.params]
+    for chain, z in zip(program.chains, run(program.func, arrays)[2::3]):
+        op, constants, _ = chain.epilogue[-1]
+        declared = constants[2] if op == "clip" else {"keep": "nan", "zero": 0.0}[chain.relu_nan]
+        assert ("nan" if np.isnan(z[0, 0]) else float(z[0, 0])) == declared, chain.blocks

@@ -54,12 +54,16 @@ def offload(func):
     return tir_byoc.offload(func, registry=PROPERTY_REGISTRY)
 
 
-#: The active profile (registered in conftest.py): ``$HYPOTHESIS_PROFILE``, else ``ci``.
-PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+#: The active profile's name (registered in conftest.py): ``$HYPOTHESIS_PROFILE``, else ``ci``.
+PROFILE_NAME = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+PROFILE = settings.get_profile(PROFILE_NAME)
 
 
-def profile(share: float = 1.0) -> settings:
-    """The active profile with ``share`` of its ``max_examples`` (at least 10)."""
+def profile(share: float = 1.0, *, ci_share: float | None = None) -> settings:
+    """The active profile with ``share`` of its ``max_examples`` (at least 10); under the
+    ``ci`` profile with ``ci_share`` of them, where given."""
+    if PROFILE_NAME == "ci" and ci_share is not None:
+        share = ci_share
     return settings(PROFILE, max_examples=max(10, int(PROFILE.max_examples * share)))
 
 

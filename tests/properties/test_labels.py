@@ -1,10 +1,14 @@
 """Property 2, soundness of labels.
 
-Every match carries the pattern (batch form included: ``batch_`` or ``bmm_``), blocks,
-buffers, dtypes and number of batch dims the generator built; every chain the generator
-built is found; a near miss is never reported as the pattern it was mutated from, and one
-whose mutation names the matcher's refusal is not matched at all.  The labels come from
-:mod:`tir_byoc.testing.labels`, which reads the specs, not from the matcher.
+Every match carries the pattern (batch form included: ``batch_`` or ``bmm_``; the epilogue's
+ops in order), blocks, buffers, dtypes, number of batch dims, each op's constants and tensor
+(a clip's with what its spelling makes of a NaN) and what its relu makes of a NaN, as the
+generator built them; every chain the generator built is found; a near miss is never reported
+as the pattern it was mutated from; one whose mutation breaks an op of the epilogue is
+matched exactly up to the block before that op (or, for an op out of slot order, before the
+first such op); one whose mutation names the matcher's refusal at its reduction is not
+matched at all.  The labels come from :mod:`tir_byoc.testing.labels`, which reads the specs,
+not from the matcher.
 """
 
 from harness import profile, reported
@@ -13,6 +17,7 @@ from hypothesis import event, given
 from tir_byoc.match import scan_function
 from tir_byoc.patterns import pattern
 from tir_byoc.testing import strategies
+from tir_byoc.testing.labels import epilogue_of
 from tir_byoc.testing.programs import MUTATIONS
 
 
@@ -36,6 +41,7 @@ def _assert_as_built(match, chain):
         chain.dtype,
         chain.batch_dims,
     )
+    assert (epilogue_of(match), match.relu_nan) == (chain.epilogue, chain.relu_nan)
 
 
 @profile(1.0)
@@ -46,6 +52,8 @@ def test_positives_are_reported_exactly_as_built(program):
         assert set(matches) <= {c.blocks[0] for c in program.chains}, "a match nobody built"
         for chain in program.chains:
             event(f"batch form {pattern(chain.pattern).batch}")
+            for op in pattern(chain.pattern).ops:
+                event(f"op {op}")
             _assert_as_built(matches.get(chain.blocks[0]), chain)
 
 
@@ -61,7 +69,12 @@ def test_a_mutant_is_never_reported_as_the_pattern_it_was_mutated_from(program):
         assert match is None or match.pattern != mutated.pattern, (
             f"{mutated.mutation} of chain {mutated.index} still reported as {mutated.pattern}"
         )
-        if MUTATIONS[mutated.mutation].refusal is not None:
+        if mutated.stop is not None:
+            found = (match.pattern, match.blocks) if match is not None else None
+            assert found == mutated.stop, (
+                f"{mutated.mutation}: expected the chain to stop as {mutated.stop}, got {found}"
+            )
+        elif MUTATIONS[mutated.mutation].refusal is not None:
             assert match is None, f"{mutated.mutation} is refused, yet matched as {match}"
         for chain in program.chains:
             if chain is not mutated:

@@ -4,8 +4,10 @@ Entry point: :func:`build_program`, which gives a :class:`Program`: the function
 the matcher should report for each chain (:class:`ExpectedChain`).  Functions are built with
 the IR constructors (``s_tir.SBlock``, ``tirx.For``, ``tirx.BufferStore``...), not parsed
 from TVMScript, so every spelling can be reached: loop orders, commuted operands, each relu
-spelling, int32 or int64 indices, symbolic extents, batch dims each operand carries,
-broadcasts or lacks, intermediates as root-block allocations or ``AllocBuffer`` statements.
+spelling and each spelling of the other epilogue ops (in one block or several, fused with
+their neighbours or not), int32 or int64 indices, symbolic extents, batch dims each operand
+carries, broadcasts or lacks, intermediates as root-block allocations or ``AllocBuffer``
+statements.
 
 The builder reads spec fields only.  A near miss is a chain whose :class:`~.specs.Knobs` are
 turned; each knob is looked up in the tables of :mod:`.spellings` or sets an extent, and no
@@ -20,9 +22,19 @@ from tvm import tirx
 
 from ..signature import DtypeSignature
 from .blocks import FunctionBuilder, distractor, elementwise, zero
-from .labels import batch_label, expected_pattern
+from .labels import batch_label, epilogue_stop, expected_epilogue, expected_pattern, relu_nan
 from .specs import CUTTING_KINDS, ChainSpec, ProgramSpec, full_order
-from .spellings import BIAS_COMBINERS, BIAS_FORMS, COMBINERS, PRODUCTS, RELU_FORMS, Relu
+from .spellings import (
+    BIAS_COMBINERS,
+    BIAS_FORMS,
+    COMBINERS,
+    FIXED_CONSTANTS,
+    PRODUCTS,
+    RELU_FORMS,
+    TAIL_FORMS,
+    Relu,
+    Terms,
+)
 
 
 @dataclass(frozen=True)
@@ -32,7 +44,11 @@ class ExpectedChain:
     ``pattern`` is the pattern the chain was built as (:func:`~.labels.expected_pattern`);
     when ``mutation`` is set the chain is a near miss of that pattern and must not be
     reported as it.  ``batch_dims`` is how many merged batch dims its match reports (0
-    without batch dims).
+    without batch dims).  ``epilogue`` is each op with its constants and tensor
+    (:func:`~.labels.expected_epilogue`) and ``relu_nan`` what its relu makes of a NaN.
+    ``stop``, for a near miss whose mutation stops the chain in its epilogue
+    (:attr:`~.mutations.Mutation.stops`), is the (pattern, blocks) the matcher reports for
+    the part before the op it refuses (:func:`~.labels.epilogue_stop`).
     """
 
     index: int
@@ -45,6 +61,9 @@ class ExpectedChain:
     dtype: DtypeSignature
     mutation: str | None = None
     batch_dims: int = 0
+    epilogue: tuple = ()
+    relu_nan: str | None = None
+    stop: tuple[str, tuple[str, ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -98,9 +117,20 @@ class ChainBuilder:
             local_b = "bias_in" in produced
             shape = self.bias_form.shape(b.m, n)
             self.bias = b.buffer(f"b{c}", shape, self.acc, param=not local_b, alloc=alloc)
+        # The scalar a scale reads, and the residual or gate tensor.
+        self.tensors = {}  # op -> the buffer it reads
+        for op in chain.ops:
+            spelling = chain.spelling(op)
+            reads = spelling.reads if spelling is not None else None
+            if reads == "scalar":
+                self.tensors[op] = b.buffer(f"s{c}", (1,), self.acc)
+            elif reads == "tensor":
+                shape = TAIL_FORMS[self.knobs.tail_form].shape(self.batch, b.m, n)
+                stem = "R" if op == "add" else "G"
+                self.tensors[op] = b.buffer(f"{stem}{c}", shape, self.acc)
         # Step 2. Outputs and intermediates (one buffer for all when updated in place).
-        steps = chain.epilogue_blocks
-        names = [*["Y", "T"][:steps], "Z"]
+        steps = len(chain.epilogue_groups)
+        names = [*["Y", "T", *(f"T{s}" for s in range(2, steps))][:steps], "Z"]
         if chain.in_place:
             names = names[-1:]
         self.stages = []
@@ -259,28 +289,29 @@ class ChainBuilder:
         return tuple(names)
 
     # Step 4. The epilogue blocks.
-    def epilogues(self):
-        ops = self.chain.epilogue_ops
-        if self.knobs.epilogue_reversed:
-            ops = tuple(reversed(ops))
-        groups = [ops] if self.chain.epilogue_blocks == 1 else [(op,) for op in ops]
+    def epilogues(self) -> list[tuple[str, ...]]:
+        """Build the epilogue blocks; the names of each group's blocks, in order."""
+        groups = self.chain.epilogue_groups
         names = []
-        for s, group in enumerate(groups):
-            source, target = self.stages[s], self.stages[s + 1]
-            names.append(self._epilogue(s, group, source, target, s == len(groups) - 1))
+        for g, group in enumerate(groups):
+            source, target = self.stages[g], self.stages[g + 1]
+            last = g == len(groups) - 1
+            if self.chain.block_count(group[0]) > 1:
+                names.append(self._spelled_blocks(g, group[0], source, target, last))
+            else:
+                names.append((self._epilogue(g, group, source, target, last),))
         return names
 
-    def _epilogue(self, s, group, source, target, last):
-        index = self.knobs.first_epilogue_index if s == 0 else "ij"
+    def _input(self, g, source, v):
+        """The read of a group's input: the first group's reads may be transposed (a knob)."""
+        index = self.knobs.first_epilogue_index if g == 0 else "ij"
+        return tirx.BufferLoad(source, [*self._batch_iters(v), *(v[a] for a in index)])
+
+    def _epilogue_nest(self, name, target, value, last):
+        """One epilogue block ``target[..., i, j] = value(iterators)``."""
 
         def store(v):
-            vi, vj = v["i"], v["j"]
-            batch_iters = self._batch_iters(v)
-            value = tirx.BufferLoad(source, [*batch_iters, *(v[a] for a in index)])
-            loaded = value
-            for op in group:
-                value = self._bias(value, vi, vj) if op == "bias" else self._relu(value, loaded)
-            return tirx.BufferStore(target, value, [*batch_iters, vi, vj])
+            return tirx.BufferStore(target, value(v), [*self._batch_iters(v), v["i"], v["j"]])
 
         short = self.knobs.last_epilogue_columns_short if last else 0
         axes = [
@@ -288,10 +319,75 @@ class ChainBuilder:
             ("i", self.b.m, False),
             ("j", self.b.const(self.chain.n - short), False),
         ]
-        name = f"{'_'.join(group)}{self.c}"
         order = full_order(self.chain.epilogue_order, self.chain.batch_axes)
         self.b.nest(name, axes, store, loop_order=order)
         return name
+
+    def _epilogue(self, g, group, source, target, last):
+        """One block computing the ops of ``group``, one after the other."""
+
+        def value(v):
+            loaded = self._input(g, source, v)
+            result = loaded
+            for op in group:
+                result = self._op(op, result, loaded, v)
+            return result
+
+        return self._epilogue_nest(f"{'_'.join(group)}{self.c}", target, value, last)
+
+    def _spelled_blocks(self, g, op, source, target, last):
+        """The blocks of a spelling of ``op`` that takes several, intermediates between."""
+        blocks = self.chain.spelling(op).blocks
+        shape = (*self.batch, self.b.m, self.n)
+        outs = [
+            self.b.buffer(
+                f"I{self.c}_{g}_{s}", shape, self.acc, param=False, alloc=self.chain.alloc
+            )
+            for s in range(len(blocks) - 1)
+        ]
+        outs.append(target)
+        names = []
+        for s, block in enumerate(blocks):
+
+            def value(v, s=s, block=block):
+                at = [*self._batch_iters(v), v["i"], v["j"]]
+                earlier = [tirx.BufferLoad(outs[t], at) for t in range(s)]
+                return block(self._input(g, source, v), earlier, self._terms(op, v))
+
+            name = f"{op}{self.c}_{s + 1}"
+            names.append(self._epilogue_nest(name, outs[s], value, last and s == len(blocks) - 1))
+        return tuple(names)
+
+    def _op(self, op, z, loaded, v):
+        """``op`` applied to ``z`` in one block (``loaded``: the block's read of its input)."""
+        if op == "bias":
+            return self._bias(z, v["i"], v["j"])
+        if op == "relu":
+            return self._relu(z, loaded)
+        return self.chain.spelling(op).blocks[0](z, [], self._terms(op, v))
+
+    def _terms(self, op, v) -> Terms:
+        """The constants and the operand of ``op``'s spelling, as the knobs leave them."""
+        chain, knobs = self.chain, self.knobs
+        lo, hi = chain.bounds[::-1] if knobs.clip_swapped else chain.bounds
+        values = {
+            **FIXED_CONSTANTS,
+            "factor": chain.factor,
+            "lo": lo,
+            "hi": hi,
+            "slope": chain.slope if knobs.slope is None else knobs.slope,
+        }
+        if knobs.fixed_constant is not None:
+            name, changed = knobs.fixed_constant
+            values[name] = changed
+        operand, tensor = None, self.tensors.get(op)
+        if tensor is not None and len(tensor.shape) == 1:
+            operand = tirx.BufferLoad(tensor, [self.b.const(0)])
+        elif tensor is not None:
+            index = TAIL_FORMS[knobs.tail_form].index
+            at = index(self._batch_iters(v), v["i"], v["j"], self.b.const)
+            operand = tirx.BufferLoad(tensor, at)
+        return Terms(self.acc, values, operand, knobs.functions_swapped)
 
     def _bias(self, value, vi, vj):
         bias = self._bias_load(vi, vj)
@@ -308,8 +404,19 @@ class ChainBuilder:
         elementwise(self.b, f"peek{self.c}", self.stages[0], peek)
 
 
-def _expected(spec: ProgramSpec, c, built: ChainBuilder, blocks) -> ExpectedChain:
+def _expected(spec: ProgramSpec, c, built: ChainBuilder, reduction, groups) -> ExpectedChain:
     chain = spec.chains[c]
+    tensors = {op: buffer.name for op, buffer in built.tensors.items()}
+    if built.bias is not None:
+        tensors["bias"] = built.bias.name
+    stop = epilogue_stop(spec, c)
+    if stop is not None:
+        ops, kept = stop
+        stop = (
+            expected_pattern(spec, c, ops),
+            (*reduction, *(name for group in groups[:kept] for name in group)),
+        )
+    blocks = (*reduction, *(name for group in groups for name in group))
     return ExpectedChain(
         index=c,
         pattern=expected_pattern(spec, c),
@@ -321,6 +428,9 @@ def _expected(spec: ProgramSpec, c, built: ChainBuilder, blocks) -> ExpectedChai
         dtype=DtypeSignature(*chain.dtypes),
         mutation=chain.mutation,
         batch_dims=batch_label(spec, chain).dims,
+        epilogue=expected_epilogue(spec, c, tensors),
+        relu_nan=relu_nan(chain),
+        stop=stop,
     )
 
 
@@ -328,6 +438,9 @@ def _cut_after_reduction(spec: ProgramSpec, c, built: ChainBuilder, reduction) -
     """What a chain cut by a block between its reduction and its epilogue scans as."""
     chain = spec.chains[c]
     bias = built.bias if chain.init == "bias" else None
+    epilogue = ()
+    if bias is not None:
+        epilogue = expected_epilogue(spec, c, {"bias": bias.name}, ops=("bias",))
     return ExpectedChain(
         index=c,
         pattern=expected_pattern(spec, c, ("bias",) if bias is not None else ()),
@@ -338,6 +451,7 @@ def _cut_after_reduction(spec: ProgramSpec, c, built: ChainBuilder, reduction) -
         out=built.stages[0].name,
         dtype=DtypeSignature(*chain.dtypes),
         batch_dims=batch_label(spec, chain).dims,
+        epilogue=epilogue,
     )
 
 
@@ -360,7 +474,7 @@ def build_program(spec: ProgramSpec) -> Program:
             distractor(b, d, built, f"{c}_{n}")
         if chain.knobs.reduction_read == "between":
             built.read_reduction()
-        blocks = (*reduction, *built.epilogues())
+        groups = built.epilogues()
         if chain.knobs.reduction_read == "after":
             built.read_reduction()
         # Step 3. Distractors after it.
@@ -370,7 +484,7 @@ def build_program(spec: ProgramSpec) -> Program:
         if any(d.kind in CUTTING_KINDS for _, d in inside):
             expected.append(_cut_after_reduction(spec, c, built, reduction))
         else:
-            expected.append(_expected(spec, c, built, blocks))
+            expected.append(_expected(spec, c, built, reduction, groups))
         x, batch = (built.out, built.batch) if chain.feeds_next else (None, None)
     return Program(spec, b.finish(), tuple(expected), b.bindings)
 

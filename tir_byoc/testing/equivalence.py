@@ -12,7 +12,12 @@ not 0; one declared with explicit strides is passed with those strides, its elem
 over a larger storage.
 
 Tolerances are per dtype, widened with the longest reduction (see :func:`tolerance`);
-integer results must be exact.  This is the one implementation of compiling, running and
+integer results must be exact.  NaN must come out where the original puts it and nowhere
+else, infinities with their sign.  For inputs far from 1 (``magnitude``) or epilogues that
+scale the product's rounding errors up, ``normwise`` compares the finite values with the
+absolute tolerance times the largest finite value of the parameter: a sum of large products
+with opposite signs may cancel to a small result whose few correct digits differ between two
+summation orders.  This is the one implementation of compiling, running and
 comparing that tir_byoc's tests use.
 """
 
@@ -164,6 +169,9 @@ def differences(
     bindings: Mapping | None = None,
     seed: int = 0,
     target="llvm",
+    magnitude: float = 1.0,
+    special: float = 0.0,
+    normwise: bool = False,
 ) -> list[str]:
     """Run both functions on the same random arguments; describe every parameter that differs.
 
@@ -177,6 +185,12 @@ def differences(
         Seed of the random arguments.
     target : str or dict
         Passed to ``tvm.compile``.
+    magnitude, special : float
+        How the float arguments are drawn (see :func:`~.inputs.random_array`): normal times
+        ``magnitude``, ``special`` of the elements NaN or infinite.
+    normwise : bool
+        Compare finite values with the absolute tolerance scaled by the parameter's largest
+        finite value (see the module notes).
 
     Returns
     -------
@@ -186,23 +200,27 @@ def differences(
     bindings = bindings or {}
     if parameter_shapes(original, bindings) != parameter_shapes(rewritten, bindings):
         return ["the two functions take different parameters"]
-    arrays = random_arguments(original, bindings, seed)
+    arrays = random_arguments(original, bindings, seed, magnitude=magnitude, special=special)
     executable = compile_functions({"original": original, "rewritten": rewritten}, target)
     expected = _call(executable, "original", original, arrays, bindings)
     actual = _call(executable, "rewritten", rewritten, arrays, bindings)
     k = longest_reduction(original, bindings)
     problems = []
     for param, want, got in zip(original.params, expected, actual):
-        problem = _difference(param, want, got, k)
+        problem = _difference(param, want, got, k, normwise)
         if problem:
             problems.append(problem)
     return problems
 
 
-def _difference(param, want, got, k) -> str | None:
+def _difference(param, want, got, k, normwise=False) -> str | None:
     dtype = str(param.ty.dtype.dtype)
     rtol, atol = tolerance(dtype, k)
     want64, got64 = want.astype(np.float64), got.astype(np.float64)
+    finite = want64[np.isfinite(want64)]
+    if normwise and finite.size:
+        atol = max(atol, atol * float(np.abs(finite).max()))
+    # isclose: NaN only equals NaN (equal_nan), an infinity only itself.
     close = np.isclose(got64, want64, rtol=rtol, atol=atol, equal_nan=True)
     if close.all():
         return None

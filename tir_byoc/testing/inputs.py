@@ -9,6 +9,9 @@ The values are chosen so that the patterns' results stay exact where they can be
 everywhere: floats are standard normal; int8 and uint8 cover their whole range (an
 int32 accumulator holds any sum of their products for K < 2**16); wider integers stay
 within [-1000, 1000] (unsigned: [0, 1000]) so that sums of products cannot overflow.
+Floats may be asked for larger (``magnitude``: normal times it, clipped to the dtype's finite
+range) or with special values (``special``: that share of the elements, at random, replaced
+by NaN, +inf or -inf).
 """
 
 from __future__ import annotations
@@ -33,7 +36,14 @@ def numpy_dtype(dtype) -> np.dtype:
     return np.dtype(dtype)
 
 
-def random_array(shape: Sequence[int], dtype, rng: np.random.Generator) -> np.ndarray:
+def random_array(
+    shape: Sequence[int],
+    dtype,
+    rng: np.random.Generator,
+    *,
+    magnitude: float = 1.0,
+    special: float = 0.0,
+) -> np.ndarray:
     """A random array of ``shape`` and ``dtype`` drawn from ``rng`` (see the module notes).
 
     Parameters
@@ -42,6 +52,10 @@ def random_array(shape: Sequence[int], dtype, rng: np.random.Generator) -> np.nd
     dtype : str, numpy dtype or scalar type
         A float (including bfloat16) or integer dtype.
     rng : numpy.random.Generator
+    magnitude : float
+        Floats are standard normal times this (clipped to the dtype's finite range).
+    special : float
+        The share of float elements replaced by NaN, +inf or -inf (each as likely).
 
     Examples
     --------
@@ -59,8 +73,23 @@ def random_array(shape: Sequence[int], dtype, rng: np.random.Generator) -> np.nd
             low, high = max(info.min, -WIDE_INTEGER_BOUND), WIDE_INTEGER_BOUND
         return np.asarray(rng.integers(low, high, size=shape, endpoint=True)).astype(dtype)
     if dtype.kind == "f" or dtype.name == "bfloat16":
-        return np.asarray(rng.standard_normal(shape)).astype(dtype)
+        values = np.asarray(rng.standard_normal(shape)) * magnitude
+        if magnitude != 1.0:
+            finite = float(_finfo(dtype).max)
+            values = np.clip(values, -finite, finite)
+        if special:
+            chosen = rng.random(shape) < special
+            values = np.where(chosen, rng.choice([np.nan, np.inf, -np.inf], size=shape), values)
+        return np.asarray(values).astype(dtype)
     raise ValueError(f"random_array: expected a float or integer dtype, got {dtype}")
+
+
+def _finfo(dtype: np.dtype):
+    if dtype.name == "bfloat16":
+        import ml_dtypes
+
+        return ml_dtypes.finfo(dtype)
+    return np.finfo(dtype)
 
 
 def concrete_extent(expr, sizes: Mapping, default_extent: int | None = None) -> int:
@@ -131,6 +160,8 @@ def random_arguments(
     seed: int = 0,
     *,
     default_extent: int | None = None,
+    magnitude: float = 1.0,
+    special: float = 0.0,
 ) -> list[np.ndarray]:
     """One random array per buffer parameter of ``func``, in order, from one seed.
 
@@ -144,10 +175,15 @@ def random_arguments(
         Seed of the ``numpy.random.Generator`` the arrays are drawn from.
     default_extent : int, optional
         The value of a symbolic extent ``sizes`` does not give (else that is an error).
+    magnitude, special : float
+        As for :func:`random_array`, for every float parameter.
     """
     rng = np.random.default_rng(seed)
     shapes = parameter_shapes(func, sizes, default_extent=default_extent)
-    return [random_array(shape, dtype, rng) for shape, dtype in shapes]
+    return [
+        random_array(shape, dtype, rng, magnitude=magnitude, special=special)
+        for shape, dtype in shapes
+    ]
 
 
 __all__ = [

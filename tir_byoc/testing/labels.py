@@ -1,8 +1,11 @@
 """What the matcher should call a chain the generators built: its pattern, batch form included.
 
 Entry points: :func:`batch_label`, the batch form of a chain read from spec fields alone,
-and :func:`expected_pattern`, the name of the pattern a chain computes.  Labels come from
-here, never from the matcher, so that the label property compares two independent readings.
+:func:`expected_pattern`, the name of the pattern a chain computes, :func:`expected_epilogue`
+and :func:`relu_nan`, its ops with their constants and tensors and what its relu makes of a
+NaN, and :func:`epilogue_stop`, where the matcher stops a near miss in its epilogue.  Labels
+come from here, never from the matcher, so that the label property compares two independent
+readings.
 
 The rules restate :func:`tir_byoc.match.reduction.batch_of` in terms of a spec:
 
@@ -25,14 +28,34 @@ The rules restate :func:`tir_byoc.match.reduction.batch_of` in terms of a spec:
 Strides are compared as the matcher's arithmetic analyzer compares them: as a product of an
 integer and symbolic extents (M, the batch dims), equal when the integers are equal and the
 same symbols appear.  A product with integer 0 is 0.
+
+The epilogue's constants are the ones the generator writes, as fp32: a scale's factor (or
+the scalar parameter's read, ``"s0[0]"``), gelu's sqrt(1/2), tanh-gelu's sqrt(2/pi) and
+0.044715, the clip's bounds and what its spelling makes of a NaN (the spelling tables
+declare it: TVM's ``max(a, b)`` is ``a > b ? a : b``, so a NaN in ``a`` gives ``b``), the
+leaky relu's slope.  A near miss whose mutation stops the chain in its epilogue is matched up
+to the op it breaks (:func:`epilogue_stop`, restating the matcher's rules): the chain ends
+after the last block before the one computing that op, or before the first op out of slot
+order (scale, bias, activation, tail; one op each); an op a spelling of several blocks
+computes can only end the chain after its last block, since its first blocks' input is read
+again by a later one.  A residual broadcast from a (1, N) tensor read ``R[0, j]`` is a bias
+add; one broadcast from (M, 1), and a gate broadcast either way, are refused.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+from tvm import ir
+
+from ..epilogues import OPS, SLOTS
 from ..patterns import pattern_for
+from .spellings import RELU_NAN
 
 if TYPE_CHECKING:  # the specs import this module to check that a positive is one
     from .specs import ChainSpec, ProgramSpec
@@ -136,4 +159,119 @@ def expected_pattern(spec: ProgramSpec, c: int, ops: tuple[str, ...] | None = No
     return pattern_for(chain.layout, chain.ops if ops is None else ops, form).name
 
 
-__all__ = ["BatchLabel", "Product", "batch_label", "expected_pattern"]
+def _fp32(value: float) -> float | str:
+    """``value`` as the fp32 constant the TIR holds (``"nan"`` for a NaN)."""
+    value = float(np.float32(value))
+    return "nan" if math.isnan(value) else value
+
+
+#: The constants of the gelus, as written by :data:`~.spellings.FIXED_CONSTANTS`.
+_GELU_CONSTANTS = {
+    "gelu": (math.sqrt(0.5),),
+    "gelu_tanh": (math.sqrt(2 / math.pi), 0.044715),
+}
+
+
+def expected_epilogue(
+    spec: ProgramSpec, c: int, tensors: Mapping[str, str], ops: tuple[str, ...] | None = None
+) -> tuple[tuple[str, tuple, str | None], ...]:
+    """``(op, constants, tensor)`` of each op of chain ``c`` (or of ``ops``), in slot order.
+
+    ``tensors`` gives the buffer each op reads (``"bias"``, ``"add"``, ``"mul"``, and
+    ``"scale"`` for a scale by a scalar parameter), by name.  Constants are fp32 values (see
+    :func:`_fp32`), the scalar parameter's read as ``"s0[0]"``.
+    """
+    chain = spec.chains[c]
+    steps = []
+    for op in chain.ops if ops is None else ops:
+        spelling = chain.spelling(op)
+        constants: tuple = ()
+        if op in ("scale", "div"):
+            read = spelling.reads == "scalar"
+            constants = (f"{tensors[op]}[0]",) if read else (_fp32(chain.factor),)
+        elif op in _GELU_CONSTANTS:
+            constants = tuple(_fp32(v) for v in _GELU_CONSTANTS[op])
+        elif op == "clip":
+            lo, hi = chain.bounds
+            nan = {"lo": lo, "hi": hi, "nan": math.nan}[spelling.nan]
+            constants = (_fp32(lo), _fp32(hi), _fp32(nan))
+        elif op == "leaky_relu":
+            constants = (_fp32(chain.slope),)
+        tensor = tensors.get(op) if OPS[op].tensor else None
+        steps.append((op, constants, tensor))
+    return tuple(steps)
+
+
+def epilogue_of(match) -> tuple[tuple[str, tuple, str | None], ...]:
+    """A match's epilogue in the form of :func:`expected_epilogue`, to compare the two."""
+
+    def constant(value):
+        if isinstance(value, ir.TensorLoad):  # a scale's scalar parameter
+            return f"{value.source.name}[{', '.join(str(int(i)) for i in value.indices)}]"
+        return _fp32(value)
+
+    return tuple(
+        (step.op, tuple(constant(c) for c in step.constants), getattr(step.tensor, "name", None))
+        for step in match.epilogue
+    )
+
+
+def relu_nan(chain: ChainSpec) -> str | None:
+    """What the chain's relu makes of a NaN (``"zero"`` or ``"keep"``), None without one.
+
+    Integers have no NaN: every spelling is ``"zero"`` there.
+    """
+    if chain.relu is None:
+        return None
+    return RELU_NAN[chain.relu] if chain.dtypes[2].startswith("float") else "zero"
+
+
+def _read_as(chain: ChainSpec, op: str) -> str | None:
+    """The op the matcher reads where chain's knobs have changed ``op``; None if it refuses."""
+    knobs = chain.knobs
+    spelling = chain.spelling(op)
+    if op in _GELU_CONSTANTS:
+        changed = knobs.fixed_constant
+        if knobs.functions_swapped or (changed and changed[0] in spelling.constants):
+            return None
+    if op == "clip" and knobs.clip_swapped:
+        return None
+    if op == "leaky_relu" and knobs.slope is not None and not 0 <= knobs.slope <= 1:
+        return None
+    if op in ("add", "mul") and knobs.tail_form != "full":
+        # R[0, j] of a (1, N) tensor is a bias; the other broadcasts are refused.
+        return "bias" if (op, knobs.tail_form) == ("add", "row") else None
+    return op
+
+
+def epilogue_stop(spec: ProgramSpec, c: int) -> tuple[tuple[str, ...], int] | None:
+    """Where the matcher ends chain ``c``, a near miss whose mutation stops it in its epilogue
+    (:attr:`~.mutations.Mutation.stops`): the ops it reports and how many of the chain's
+    epilogue groups (:attr:`~.specs.ChainSpec.epilogue_groups`) it covers.  None for a
+    positive and for the other mutations.
+    """
+    from .mutations import MUTATIONS  # the mutations are declared over the specs
+
+    chain = spec.chains[c]
+    if chain.mutation is None or not MUTATIONS[chain.mutation].stops:
+        return None
+    accepted = ("bias",) if chain.init == "bias" else ()
+    for kept, group in enumerate(chain.epilogue_groups):
+        ops = (*accepted, *(_read_as(chain, op) for op in group))
+        slots = [SLOTS.index(OPS[op].slot) for op in ops if op is not None]
+        if None in ops or any(a >= b for a, b in itertools.pairwise(slots)):
+            return accepted, kept
+        accepted = ops
+    return accepted, len(chain.epilogue_groups)
+
+
+__all__ = [
+    "BatchLabel",
+    "Product",
+    "batch_label",
+    "epilogue_of",
+    "epilogue_stop",
+    "expected_epilogue",
+    "expected_pattern",
+    "relu_nan",
+]

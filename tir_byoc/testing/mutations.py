@@ -14,7 +14,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 
+from ..epilogues import OPS
 from .specs import ChainSpec, Knobs, ProgramSpec
+from .spellings import ACTIVATION_SPELLINGS
 
 _KNOB_NAMES = frozenset(f.name for f in fields(Knobs))
 
@@ -47,8 +49,13 @@ class Mutation:
         The extents it sets equal (``("m", "k")``, ``("m", "n")`` or ``("n", "k")``), so that
         the mutant still indexes in bounds.
     refusal : str, optional
-        Words the matcher's refusal of the chain's reduction block contains: the mutant is
-        refused there, for that reason (see ``tir_byoc/match/reduction.py``).
+        Words the matcher's refusal contains: of the chain's reduction block, where the mutant
+        is refused whole (see ``tir_byoc/match/reduction.py``), or, with ``stops``, of the
+        blocks from the op it breaks on, which stay TVM code.
+    stops : bool
+        The mutant breaks an op of the epilogue: the matcher takes the chain up to the block
+        before that op's (:func:`~.labels.epilogue_stop` says where), and the rest stays TVM
+        code.
     """
 
     description: str
@@ -56,6 +63,7 @@ class Mutation:
     applies: Callable[[ProgramSpec, int], bool] = field(default=_always, repr=False)
     square: tuple[str, str] | None = None
     refusal: str | None = None
+    stops: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "overrides", MappingProxyType(dict(self.overrides)))
@@ -154,6 +162,48 @@ def _both(a, b):
     return lambda spec, c: a(spec, c) and b(spec, c)
 
 
+def _slots_filled(*slots):
+    """The chain's epilogue blocks compute an op of each slot."""
+    return lambda spec, c: set(slots) <= {OPS[op].slot for op in spec.chains[c].epilogue_ops}
+
+
+def _writes_constant(name):
+    """The chain's activation is spelled with the fixed constant ``name``."""
+
+    def applies(spec, c):
+        chain = spec.chains[c]
+        return bool(chain.activation) and name in ACTIVATION_SPELLINGS[chain.activation].constants
+
+    return applies
+
+
+def _activation(*ops):
+    def applies(spec, c):
+        chain = spec.chains[c]
+        return bool(chain.activation) and ACTIVATION_SPELLINGS[chain.activation].op in ops
+
+    return applies
+
+
+def _tail(op):
+    return lambda spec, c: spec.chains[c].tail is not None and op in spec.chains[c].ops
+
+
+def _bias_and_relu_in_one_block(spec, c):
+    return any({"bias", "relu"} <= set(group) for group in spec.chains[c].epilogue_groups)
+
+
+def _fixed_constant(name, value, what):
+    """A gelu spelling with its fixed constant ``name`` written as ``value``."""
+    return Mutation(
+        f"{what} written as {value}",
+        {"fixed_constant": (name, value)},
+        _writes_constant(name),
+        refusal=f": a constant is {value} where",
+        stops=True,
+    )
+
+
 #: The near misses, by name.
 MUTATIONS: dict[str, Mutation] = {
     "init_one": Mutation("the reduction starts from 1, not 0", {"init_value": 1}),
@@ -199,9 +249,25 @@ MUTATIONS: dict[str, Mutation] = {
     ),
     "clipped_relu": Mutation("a relu clipped at 6", {"relu_form": "clipped"}, _has("relu")),
     "epilogue_swapped": Mutation(
-        "relu before the bias add",
-        {"epilogue_reversed": True},
-        lambda s, c: s.chains[c].epilogue_ops == ("bias", "relu"),
+        "the activation before the bias add",
+        {"swapped_slots": ("bias", "activation")},
+        _slots_filled("bias", "activation"),
+        refusal="at most one op per slot",
+        stops=True,
+    ),
+    "scale_after_bias": Mutation(
+        "the scale after the bias add",
+        {"swapped_slots": ("scale", "bias")},
+        _slots_filled("scale", "bias"),
+        refusal="at most one op per slot",
+        stops=True,
+    ),
+    "tail_before_activation": Mutation(
+        "the residual add or gating mul before the activation",
+        {"swapped_slots": ("activation", "tail")},
+        _slots_filled("activation", "tail"),
+        refusal="at most one op per slot",
+        stops=True,
     ),
     "alias_output_input": Mutation(
         "the chain's last block writes into X",
@@ -217,7 +283,7 @@ MUTATIONS: dict[str, Mutation] = {
     "select_on_pre_bias": Mutation(
         "one block computes select(Y > 0, Y + b, 0): the test misses the bias",
         {"relu_form": "pre_bias_select"},
-        lambda s, c: s.chains[c].folded and s.chains[c].epilogue_ops == ("bias", "relu"),
+        _bias_and_relu_in_one_block,
     ),
     "init_block_short": Mutation(
         "the init block, of a reduction writing the output itself, stops one row short of M",
@@ -289,6 +355,70 @@ MUTATIONS: dict[str, Mutation] = {
             _own_x(s, c) and not s.chains[c].x_view and s.chains[c].dtypes[0] != "bfloat16"
         ),
         refusal="non-compact strides",
+    ),
+    # The fixed constants of gelu and tanh-gelu, each changed (one occurrence).
+    "fixed_half": _fixed_constant("half", 0.6, "a gelu's (first) 0.5"),
+    "fixed_half_second": _fixed_constant("half2", 0.6, "a gelu's second 0.5"),
+    "fixed_one": _fixed_constant("one", 1.1, "a gelu's (first) 1"),
+    "fixed_one_second": _fixed_constant("one2", 1.1, "tanh-gelu's second 1"),
+    "gelu_sqrt_half": _fixed_constant("sqrt_half", 0.7, "gelu's sqrt(1/2)"),
+    "gelu_tanh_sqrt_2_over_pi": _fixed_constant("sqrt_2_over_pi", 0.8, "tanh-gelu's sqrt(2/pi)"),
+    "gelu_tanh_cubic": _fixed_constant("cubic", 0.05, "tanh-gelu's 0.044715"),
+    "gelu_tanh_power": _fixed_constant("three", 2.0, "tanh-gelu's power 3"),
+    "gelu_functions_swapped": Mutation(
+        "gelu's erf written as tanh, tanh-gelu's tanh as erf",
+        {"functions_swapped": True},
+        _activation("gelu", "gelu_tanh"),
+        stops=True,  # no refusal words: which block's refusal explains it depends on the spelling
+    ),
+    "clip_swapped": Mutation(
+        "the clip's bounds swapped",
+        {"clip_swapped": True},
+        _activation("clip"),
+        refusal="clip bounds are swapped",
+        stops=True,
+    ),
+    "leaky_slope_above_one": Mutation(
+        "a leaky relu of slope 1.5",
+        {"slope": 1.5},
+        _activation("leaky_relu"),
+        refusal="leaky relu slope 1.5 is outside [0, 1]",
+        stops=True,
+    ),
+    "leaky_slope_negative": Mutation(
+        "a leaky relu of slope -0.5",
+        {"slope": -0.5},
+        _activation("leaky_relu"),
+        refusal="leaky relu slope -0.5 is outside [0, 1]",
+        stops=True,
+    ),
+    "residual_row_broadcast": Mutation(
+        "the residual is a (1, N) row, R[0, j]: a bias add where the slots allow one",
+        {"tail_form": "row"},
+        _tail("add"),
+        refusal="at most one op per slot",
+        stops=True,
+    ),
+    "residual_column_broadcast": Mutation(
+        "the residual is an (M, 1) column, R[i, 0]",
+        {"tail_form": "column"},
+        _tail("add"),
+        refusal="(N,) or (1, N)",
+        stops=True,
+    ),
+    "gate_row_broadcast": Mutation(
+        "the gate is a (1, N) row, G[0, j]",
+        {"tail_form": "row"},
+        _tail("mul"),
+        refusal="neither a constant, a scalar nor a tensor of the output's shape",
+        stops=True,
+    ),
+    "gate_column_broadcast": Mutation(
+        "the gate is an (M, 1) column, G[i, 0]",
+        {"tail_form": "column"},
+        _tail("mul"),
+        refusal="neither a constant, a scalar nor a tensor of the output's shape",
+        stops=True,
     ),
 }
 

@@ -10,11 +10,13 @@ This module gathers the public names of the modules that do the work:
 
 - :mod:`.specs`: the specs (:class:`ChainSpec`, its :class:`Knobs`, :class:`DistractorSpec`,
   :class:`ProgramSpec`);
-- :mod:`.labels`: what the matcher should call a chain (:func:`expected_pattern`, and
-  :func:`batch_label`, the batch form a chain's batch dims give it), read from spec fields;
-- :mod:`.spellings`: the tables of IR spellings the knobs and spellings name;
+- :mod:`.labels`: what the matcher should call a chain (:func:`expected_pattern`,
+  :func:`batch_label`, the batch form a chain's batch dims give it, the epilogue's ops with
+  their constants, and where a near miss stops), read from spec fields;
+- :mod:`.spellings`: the tables of IR spellings the knobs and spellings name (each relu, each
+  other epilogue op in one block or several);
 - :mod:`.mutations`: the near misses, each a description, the knobs it turns, where it
-  applies and which extents it makes equal;
+  applies, which extents it makes equal and, for some, the words of the refusal;
 - :mod:`.builder` (with :mod:`.blocks`): the one builder, which reads spec fields only, and
   what a build gives (:class:`Program`, :class:`ExpectedChain`).
 """

@@ -8,9 +8,24 @@ naming the problem.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
-from .spellings import BIAS_COMBINERS, BIAS_FORMS, COMBINERS, PRODUCTS, RELU_FORMS, RELU_SPELLINGS
+from ..epilogues import OPS, SLOTS
+from .spellings import (
+    ACTIVATION_SPELLINGS,
+    BIAS_COMBINERS,
+    BIAS_FORMS,
+    COMBINERS,
+    FIXED_CONSTANTS,
+    PRODUCTS,
+    RELU_FORMS,
+    RELU_SPELLINGS,
+    SCALE_SPELLINGS,
+    TAIL_FORMS,
+    TAIL_SPELLINGS,
+    OpSpelling,
+)
 
 #: How a chain's reduction output is initialised: ``"zero"`` (the block's init), ``"bias"``
 #: (the block's init reads the bias, which then has no epilogue block) or ``"block"`` (0 in
@@ -41,14 +56,14 @@ BATCH_AXES = "ab"
 
 #: Unrelated blocks placed next to a chain, touching its buffers.
 DISTRACTORS = (
-    "exp_x",  # E[i, k] = exp(X[i, k]) (min(X, 100) for integers): reads the chain's input
+    "abs_x",  # E[i, k] = |X[i, k]| (X % 7 for integers): reads the chain's input
     "transpose_w_in",  # the weight is a local buffer, transposed from a parameter first
     "bias_in",  # the bias is a local buffer, computed elementwise from a parameter first
     "row_sum_out",  # R[i] = sum_j Z[i, j]: a row reduction of the chain's output
     "transpose_out",  # Zt[j, i] = Z[i, j]
-    "inplace_out",  # Z[i, j] = tanh(Z[i, j]) after the chain (min(Z, 100) for integers)
+    "inplace_out",  # Z[i, j] = |Z[i, j]| after the chain (Z % 7 for integers)
     "unrelated",  # a block on buffers of its own
-    "overwrite_x",  # X[i, k] = tanh(X[i, k]) in place (min(X, 100) for integers)
+    "overwrite_x",  # X[i, k] = |X[i, k]| in place (X % 7 for integers)
 )
 
 #: Distractors that must come before their chain (they produce one of its inputs).
@@ -59,7 +74,7 @@ _CONSUMERS = ("row_sum_out", "transpose_out", "inplace_out")
 #: chain runs where its last block was, so a block between that leaves the chain's buffers
 #: alone stays there (TOPI's dense copies its bias right there); one that writes a buffer
 #: the chain reads cuts it after the reduction.
-INSIDE_KINDS = ("exp_x", "bias_in", "unrelated", "overwrite_x")
+INSIDE_KINDS = ("abs_x", "bias_in", "unrelated", "overwrite_x")
 #: Inside kinds that cut the chain.
 CUTTING_KINDS = ("overwrite_x",)
 
@@ -74,7 +89,9 @@ _KNOB_CHOICES = {
     "bias_form": (None, *BIAS_FORMS),
     "bias_combiner": tuple(BIAS_COMBINERS),
     "relu_form": tuple(RELU_FORMS),
-    "epilogue_reversed": (False, True),
+    "functions_swapped": (False, True),
+    "clip_swapped": (False, True),
+    "tail_form": tuple(TAIL_FORMS),
     "output_is_x": (False, True),
     "reduction_read": (None, "between", "after"),
     "x_batch_swapped": (False, True),
@@ -123,8 +140,21 @@ class Knobs:
         The constant the relu spelling compares and clamps against (0).
     relu_form : str
         A key of :data:`~.spellings.RELU_FORMS` (``"spelled"``: the chain's relu spelling).
-    epilogue_reversed : bool
-        The epilogue ops run in reverse order (relu before the bias add).
+    fixed_constant : tuple of (str, float) or None
+        ``(name, value)``: the activation's spelling writes the fixed constant ``name`` (a key
+        of :data:`~.spellings.FIXED_CONSTANTS`, such as gelu's ``"half"``) as ``value``.
+    functions_swapped : bool
+        gelu's erf is written as tanh, tanh-gelu's tanh as erf.
+    clip_swapped : bool
+        The clip's spelling takes its lower bound where the upper one goes and back.
+    slope : float or None
+        The leaky relu's spelling multiplies by this instead of the chain's slope.
+    tail_form : str
+        A key of :data:`~.spellings.TAIL_FORMS`: the residual or gate tensor's shape and
+        read (``"full"``).
+    swapped_slots : tuple of two str, or None
+        Slots of :data:`tir_byoc.epilogues.SLOTS` whose ops trade places in the order the
+        blocks compute them (``("bias", "activation")``: the activation before the bias add).
     output_is_x : bool
         The chain's last block writes into X instead of an output of its own.
     reduction_rows_short, init_rows_short : int
@@ -166,7 +196,12 @@ class Knobs:
     bias_combiner: str = "add"
     relu_threshold: int = 0
     relu_form: str = "spelled"
-    epilogue_reversed: bool = False
+    fixed_constant: tuple[str, float] | None = None
+    functions_swapped: bool = False
+    clip_swapped: bool = False
+    slope: float | None = None
+    tail_form: str = "full"
+    swapped_slots: tuple[str, str] | None = None
     output_is_x: bool = False
     reduction_rows_short: int = 0
     init_rows_short: int = 0
@@ -188,6 +223,16 @@ class Knobs:
         for name in _COUNTS:
             if getattr(self, name) < 0:
                 raise ValueError(f"Knobs.{name}: expected >= 0, got {getattr(self, name)}")
+        constant = self.fixed_constant
+        if constant is not None and (len(constant) != 2 or constant[0] not in FIXED_CONSTANTS):
+            raise ValueError(
+                f"Knobs.fixed_constant: expected (a key of FIXED_CONSTANTS, value), got {constant}"
+            )
+        swapped = self.swapped_slots
+        if swapped is not None and (
+            len(swapped) != 2 or swapped[0] == swapped[1] or not set(swapped) <= set(SLOTS)
+        ):
+            raise ValueError(f"Knobs.swapped_slots: expected two of {SLOTS}, got {swapped}")
 
     def __repr__(self):
         turned = [
@@ -222,8 +267,24 @@ class ChainSpec:
         Spell the add ``b[j] + Y[i, j]`` instead of ``Y[i, j] + b[j]``.
     relu : str or None
         A key of :data:`RELU_SPELLINGS`, or None.
-    folded : bool
-        Bias and relu in one epilogue block (only with both).
+    scale : str or None
+        A key of :data:`~.spellings.SCALE_SPELLINGS` (a scale or a div, the epilogue's first
+        op), or None.
+    factor : float
+        The scale's constant (the divisor of a div); unused for a scale by ``s[0]``.
+    activation : str or None
+        A key of :data:`~.spellings.ACTIVATION_SPELLINGS` (gelu, silu, clip...: every
+        activation but relu, which ``relu`` spells), or None.
+    bounds : tuple of float
+        The clip's (lower, upper) bound.
+    slope : float
+        The leaky relu's slope, in [0, 1].
+    tail : str or None
+        A key of :data:`~.spellings.TAIL_SPELLINGS` (a residual add or a gating mul by a
+        tensor of the output's shape, the epilogue's last op), or None.
+    fused : tuple of bool
+        ``fused[n]``: epilogue op ``n + 1`` is computed in the block of op ``n`` (missing
+        entries are False).  A spelling of several blocks is never fused with its neighbours.
     dtypes : tuple of str
         ``(x, w, accumulator)``, one of :data:`SIGNATURES`.
     loop_order : str
@@ -268,7 +329,13 @@ class ChainSpec:
     bias: str | None = None
     bias_first: bool = False
     relu: str | None = None
-    folded: bool = False
+    scale: str | None = None
+    factor: float = 0.125
+    activation: str | None = None
+    bounds: tuple[float, float] = (0.0, 6.0)
+    slope: float = 0.01
+    tail: str | None = None
+    fused: tuple[bool, ...] = ()
     dtypes: tuple[str, str, str] = ("float32", "float32", "float32")
     loop_order: str = "ijk"
     iter_order: str = "ijk"
@@ -285,7 +352,13 @@ class ChainSpec:
 
     @property
     def ops(self) -> tuple[str, ...]:
-        return tuple(op for op, on in (("bias", self.bias), ("relu", self.relu)) if on)
+        """The epilogue's ops (:data:`tir_byoc.epilogues.OPS`), in slot order."""
+        scale = SCALE_SPELLINGS[self.scale].op if self.scale else None
+        activation = "relu" if self.relu else None
+        if self.activation:
+            activation = ACTIVATION_SPELLINGS[self.activation].op
+        tail = TAIL_SPELLINGS[self.tail].op if self.tail else None
+        return tuple(op for op in (scale, "bias" if self.bias else None, activation, tail) if op)
 
     @property
     def epilogue_ops(self) -> tuple[str, ...]:
@@ -293,9 +366,61 @@ class ChainSpec:
         return tuple(op for op in self.ops if not (op == "bias" and self.init == "bias"))
 
     @property
+    def built_ops(self) -> tuple[str, ...]:
+        """The epilogue blocks' ops in the order they compute them (``Knobs.swapped_slots``
+        trades two)."""
+        ops = list(self.epilogue_ops)
+        swapped = self.knobs.swapped_slots
+        if swapped is not None:
+            at = [n for n, op in enumerate(ops) if OPS[op].slot in swapped]
+            if len(at) == 2:
+                ops[at[0]], ops[at[1]] = ops[at[1]], ops[at[0]]
+        return tuple(ops)
+
+    def spelling(self, op: str) -> OpSpelling | None:
+        """The :class:`~.spellings.OpSpelling` of ``op`` (None for a bias or a relu, which
+        have spellings of their own)."""
+        for name, table in (
+            (self.scale, SCALE_SPELLINGS),
+            (self.activation, ACTIVATION_SPELLINGS),
+            (self.tail, TAIL_SPELLINGS),
+        ):
+            if name and table[name].op == op:
+                return table[name]
+        return None
+
+    def block_count(self, op: str) -> int:
+        """How many blocks ``op``'s spelling takes (more than 1: it is never fused)."""
+        spelling = self.spelling(op)
+        return len(spelling.blocks) if spelling is not None else 1
+
+    @property
+    def epilogue_groups(self) -> tuple[tuple[str, ...], ...]:
+        """The ops of :attr:`built_ops` grouped as the blocks compute them: ops fused
+        (``fused``) into one block are one group; a spelling of several blocks is one group
+        of its own."""
+        groups: list[tuple[str, ...]] = []
+        for n, op in enumerate(self.built_ops):
+            fuse = 0 < n <= len(self.fused) and self.fused[n - 1]
+            if fuse and self.block_count(op) == 1 and self.block_count(groups[-1][-1]) == 1:
+                groups[-1] = (*groups[-1], op)
+            else:
+                groups.append((op,))
+        return tuple(groups)
+
+    @property
     def epilogue_blocks(self) -> int:
-        ops = self.epilogue_ops
-        return 1 if self.folded and len(ops) == 2 else len(ops)
+        """How many epilogue blocks the chain has."""
+        return sum(self.block_count(group[0]) for group in self.epilogue_groups)
+
+    @property
+    def gain(self) -> float:
+        """How much the scale slot multiplies the product (and its rounding errors) by: the
+        factor of a constant scale, one over a divisor, else 1."""
+        op = SCALE_SPELLINGS[self.scale] if self.scale else None
+        if op is None or op.reads:
+            return 1.0
+        return abs(self.factor) if op.op == "scale" else 1 / abs(self.factor)
 
     @property
     def batch_axes(self) -> str:
@@ -410,9 +535,51 @@ def _chain_problem(chain: ChainSpec) -> str | None:
     )
     return (
         next((message for ok, message in checks if not ok), None)
+        or _epilogue_problem(chain)
         or _batch_problem(chain)
         or _knobs_problem(chain)
     )
+
+
+def _epilogue_problem(chain: ChainSpec) -> str | None:
+    """What is wrong with the ops of a chain's epilogue (beyond bias and relu), or None."""
+    tables = {
+        "scale": ("SCALE_SPELLINGS", SCALE_SPELLINGS),
+        "activation": ("ACTIVATION_SPELLINGS", ACTIVATION_SPELLINGS),
+        "tail": ("TAIL_SPELLINGS", TAIL_SPELLINGS),
+    }
+    for field_name, (table_name, table) in tables.items():
+        value = getattr(chain, field_name)
+        if value is not None and value not in table:
+            return f"{field_name} {value!r} unknown: expected a key of {table_name} or None"
+    lo, hi = chain.bounds
+    checks = (
+        (not (chain.relu and chain.activation), "expected at most one of relu and activation"),
+        (
+            not (chain.scale or chain.activation) or chain.dtypes[2].startswith("float"),
+            f"a scale or an activation other than relu needs a float accumulator, got "
+            f"{chain.dtypes[2]}",
+        ),
+        (
+            math.isfinite(chain.factor) and chain.factor != 0,
+            f"expected a nonzero finite factor, got {chain.factor}",
+        ),
+        (
+            math.isfinite(lo) and math.isfinite(hi) and lo < hi,
+            f"expected clip bounds lo < hi, got {chain.bounds}",
+        ),
+        (0 <= chain.slope <= 1, f"expected a leaky relu slope in [0, 1], got {chain.slope}"),
+        (
+            not (chain.scale and chain.init == "bias"),
+            "init 'bias' adds the bias before the scale, out of slot order",
+        ),
+        (
+            len(chain.fused) <= max(len(chain.epilogue_ops) - 1, 0),
+            f"expected at most one fused flag per pair of epilogue ops "
+            f"{chain.epilogue_ops}, got {chain.fused}",
+        ),
+    )
+    return next((message for ok, message in checks if not ok), None)
 
 
 def _is_order(order: str, required: str, batch_axes: str) -> bool:

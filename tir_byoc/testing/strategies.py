@@ -52,6 +52,7 @@ from .programs import (
     build_program,
     mutate,
 )
+from .spellings import ACTIVATION_SPELLINGS, SCALE_SPELLINGS, TAIL_SPELLINGS
 
 #: Extents drawn by default: 1, small primes and powers of two (shrinking goes to the left).
 EXTENTS = (1, 2, 3, 4, 5, 7, 8, 13, 16, 17, 31, 32)
@@ -61,6 +62,24 @@ BATCH_RANKS = (0, 0, 1, 2)
 
 #: Batch extents drawn by default: small, since every batch index is a whole product.
 BATCH_EXTENTS = (1, 2, 3)
+
+#: Scale factors and divisors drawn: attention's 1/sqrt(d) and others of either sign, some
+#: far from 1 (a gain that large widens the equivalence tolerance, see ChainSpec.gain).
+FACTORS = (0.125, 1 / 32**0.5, -0.5, 2.0, 3.0, -1.0, 1e-3, 1e3)
+
+#: Clip bounds drawn: a lower bound, and how far above it the upper one is.
+CLIP_LOWER = (0.0, -1.0, -6.0, -0.5, 0.25, 2.0)
+CLIP_WIDTH = (6.0, 1.0, 0.5, 100.0)
+
+#: Leaky relu slopes drawn, both ends of [0, 1] included.
+SLOPES = (0.01, 0.0, 0.1, 0.2, 0.5, 1.0)
+
+#: The activation ops other than relu, in the order of their first spelling.
+_ACTIVATION_OPS = tuple(dict.fromkeys(spelling.op for spelling in ACTIVATION_SPELLINGS.values()))
+
+#: What kind of activation a chain draws: often a relu (each of its spellings), as often one
+#: of the others (floats only), sometimes none.
+ACTIVATION_KINDS = (None, "relu", "other", "relu", "other")
 
 
 @st.composite
@@ -107,8 +126,12 @@ def chain_specs(
     extents; ``symbolic_batch`` says the program makes them variables (then a dim of extent
     1 must be read too).
     """
+    dtypes = draw(st.sampled_from(tuple(tuple(s) for s in signatures)))
     bias = draw(st.sampled_from((None, "vector", "row")))
-    relu = draw(st.sampled_from((None, *RELU_SPELLINGS)))
+    init = draw(st.sampled_from(INITS if bias else tuple(i for i in INITS if i != "bias")))
+    epilogue = draw(epilogue_fields(dtypes[2].startswith("float"), scale=init != "bias"))
+    count = sum(1 for f in ("scale", "relu", "activation", "tail") if epilogue.get(f))
+    count += bool(bias) and init != "bias"
     rank = draw(st.sampled_from(tuple(batch_ranks)))
     batch = tuple(draw(st.sampled_from(tuple(batch_extents))) for _ in range(rank))
     x_batch, w_batch = draw(batch_modes(batch, symbolic_batch))
@@ -122,9 +145,9 @@ def chain_specs(
         w_batch=w_batch,
         bias=bias,
         bias_first=draw(st.booleans()),
-        relu=relu,
-        folded=bool(bias and relu) and draw(st.booleans()),
-        dtypes=draw(st.sampled_from(tuple(tuple(s) for s in signatures))),
+        **epilogue,
+        fused=tuple(draw(st.booleans()) for _ in range(count - 1)),
+        dtypes=dtypes,
         loop_order=_order(draw, "ijk", axes),
         iter_order=_order(draw, "ijk", axes),
         epilogue_order=_order(draw, "ij", axes),
@@ -132,9 +155,33 @@ def chain_specs(
         accumulate_last=draw(st.booleans()),
         alloc=draw(st.sampled_from(("sblock", "stmt"))),
         x_view=draw(st.booleans()),
-        init=draw(st.sampled_from(INITS if bias else tuple(i for i in INITS if i != "bias"))),
+        init=init,
         in_place=draw(st.booleans()),
     )
+
+
+@st.composite
+def epilogue_fields(draw, floating: bool, scale: bool = True) -> dict:
+    """The :class:`ChainSpec` fields of an epilogue beyond the bias: a scale (``scale`` allows
+    one; floats only), an activation (a relu spelling, or one of the others for floats) and a
+    residual add or gating mul, each spelled one way or another, with valid constants."""
+    fields = {}
+    if floating and scale:
+        fields["scale"] = draw(st.sampled_from((None, None, *SCALE_SPELLINGS)))
+        fields["factor"] = draw(st.sampled_from(FACTORS))
+    kinds = ACTIVATION_KINDS if floating else tuple(k for k in ACTIVATION_KINDS if k != "other")
+    kind = draw(st.sampled_from(kinds))
+    if kind == "relu":
+        fields["relu"] = draw(st.sampled_from(tuple(RELU_SPELLINGS)))
+    elif kind == "other":  # the op first, then its spelling: each op as likely
+        op = draw(st.sampled_from(_ACTIVATION_OPS))
+        names = [name for name, spelling in ACTIVATION_SPELLINGS.items() if spelling.op == op]
+        fields["activation"] = draw(st.sampled_from(names))
+        lower = draw(st.sampled_from(CLIP_LOWER))
+        fields["bounds"] = (lower, lower + draw(st.sampled_from(CLIP_WIDTH)))
+        fields["slope"] = draw(st.sampled_from(SLOPES))
+    fields["tail"] = draw(st.sampled_from((None, None, *TAIL_SPELLINGS)))
+    return fields
 
 
 def _link(chains: list[ChainSpec], feeds: list[bool]) -> list[ChainSpec]:
@@ -371,15 +418,21 @@ def all_programs(**options) -> st.SearchStrategy[Program]:
 
 
 __all__ = [
+    "ACTIVATION_KINDS",
     "BATCH_EXTENTS",
     "BATCH_RANKS",
+    "CLIP_LOWER",
+    "CLIP_WIDTH",
     "EXTENTS",
+    "FACTORS",
     "SCHEDULE_STEPS",
+    "SLOPES",
     "all_programs",
     "any_programs",
     "batch_modes",
     "chain_specs",
     "distractor_specs",
+    "epilogue_fields",
     "lower_to_plain_loops",
     "lowered_programs",
     "mutant_specs",
