@@ -136,6 +136,9 @@ def compose(block, axes, values, live):
     """
     rename = {var: axis for var, axis in zip(block.axes, axes)}
     others = set()
+    # A Refused raised inside the FFI mutator would come back as a RuntimeError: the first
+    # misplaced read is noted, and refused after it.
+    misread = []
 
     def on_var(var, _mutator):
         return rename.get(var, var)
@@ -149,15 +152,18 @@ def compose(block, axes, values, live):
         if len(load.indices) != len(axes) or not all(
             isinstance(i, tirx.Var) and i.same_as(a) for i, a in zip(load.indices, axes)
         ):
-            raise Refused(
-                f"block {block.nest.name} reads {buffer.name} at other indices than its own "
-                "axes, so it is not elementwise over the chain"
-            )
+            misread.append(buffer)
+            return load
         if buffer in values:
             return values[buffer]
         return load
 
     value = tvm_ffi.structural_mutate(block.value, [(ir.TensorLoad, on_load), (tirx.Var, on_var)])
+    if misread:
+        raise Refused(
+            f"block {block.nest.name} reads {misread[0].name} at other indices than its own "
+            "axes, so it is not elementwise over the chain"
+        )
     return value, others
 
 
