@@ -204,3 +204,20 @@ def test_clip_records_what_its_spelling_makes_of_nan():
     assert first.epilogue[-1].constants == (0.0, 6.0, 6.0)
     assert second.epilogue[-1].constants == (0.0, 6.0, 0.0)
     assert math.isnan(third.epilogue[-1].constants[2])
+
+
+def test_a_transpose_of_the_chain_output_ends_the_chain_with_a_reason():
+    """Found by the property suite: composing a block that reads the chain's output at other
+    indices used to raise through TVM's mutator and stop the scan."""
+    x = te.placeholder((M, K), "float32", name="X")
+    w = te.placeholder((M, K), "float32", name="W")
+    b = te.placeholder((M,), "float32", name="b")
+    r = te.reduce_axis((0, K), name="k")
+    y = te.compute((M, M), lambda i, j: te.sum(x[i, r] * w[j, r], axis=r), name="dense")
+    z = te.compute((M, M), lambda i, j: y[i, j] + b[j], name="T_add")
+    t = te.compute((M, M), lambda j, i: z[i, j], name="transpose")
+    func = te.create_prim_func([x, w, b, z, t])
+    assert only_match(func).pattern == "dense_bias"
+    (rejection,) = tir_byoc.explain(func)
+    assert rejection.blocks == ("transpose",)
+    assert "reads T_add at other indices than its own axes" in rejection.reason
