@@ -53,7 +53,8 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
     read = {core.x, core.w} | ({core.bias} if core.bias is not None else set())
     values: dict = {}  # buffer -> its value, an expression of the product core.out[axes]
     axes = None
-    parse_refusal = compose_refusal = None
+    parse_refusals = []  # (position, Refused) of each block whose value is no epilogue
+    compose_refusal = None
     # Step 1. Compose the elementwise blocks that follow, noting each cut.
     while len(members) - len(positions) < MAX_EPILOGUE_BLOCKS:
         live = set(written)
@@ -85,7 +86,7 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
             if pattern_for(core.layout, ops, core.form) is None:
                 raise Refused(slot_refusal(ops))
         except Refused as refused:
-            parse_refusal = refused
+            parse_refusals.append((position, refused))
             continue
         cuts.append(Cut(len(members), block.out, steps))
     # Step 2. The cuts whose inner buffers nothing else reads, longest first.
@@ -105,7 +106,7 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
     left_out = members[best.count :]
     refused, blocks = None, ()
     if left_out:
-        refused, blocks = cut_refused or parse_refusal, left_out
+        refused, blocks = cut_refused or _telling(parse_refusals, left_out), left_out
     elif compose_refusal is not None:
         refused, blocks = compose_refusal
     rejections = []
@@ -116,6 +117,15 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
         nearest = (attempted or pattern_for(core.layout, ops, core.form)).name
         rejections.append(Rejection(func_name, names, nearest, refused.reason))
     return match, rejections, members[: best.count]
+
+
+def _telling(refusals, left_out) -> Refused | None:
+    """The refusal that says best why the blocks ``left_out`` are no epilogue: the last that
+    names an op it came close to (a gelu spread over five blocks is only judged at the fifth),
+    else the first (what a later block adds around it is refused first)."""
+    mine = [r for position, r in refusals if position in left_out]
+    near = [r for r in mine if r.op is not None]
+    return near[-1] if near else (mine[0] if mine else None)
 
 
 def slot_refusal(ops) -> str:
