@@ -16,7 +16,7 @@ from types import MappingProxyType
 
 from ..epilogues import OPS
 from .specs import ChainSpec, Knobs, ProgramSpec
-from .spellings import ACTIVATION_SPELLINGS
+from .spellings import ACTIVATION_SPELLINGS, SCALE_SPELLINGS, TAIL_SPELLINGS
 
 _KNOB_NAMES = frozenset(f.name for f in fields(Knobs))
 
@@ -56,6 +56,10 @@ class Mutation:
         The mutant breaks an op of the epilogue: the matcher takes the chain up to the block
         before that op's (:func:`~.labels.epilogue_stop` says where), and the rest stays TVM
         code.
+    wants : mapping
+        :class:`~.specs.ChainSpec` field -> the values of it that give a chain what the
+        mutation changes (an activation spelled with gelu's 0.5...), so that the strategies
+        can give a chain one and draw near misses of rare spellings as often as the others.
     """
 
     description: str
@@ -64,9 +68,11 @@ class Mutation:
     square: tuple[str, str] | None = None
     refusal: str | None = None
     stops: bool = False
+    wants: Mapping[str, tuple] = field(default_factory=dict, hash=False)
 
     def __post_init__(self):
         object.__setattr__(self, "overrides", MappingProxyType(dict(self.overrides)))
+        object.__setattr__(self, "wants", MappingProxyType(dict(self.wants)))
         unknown = sorted(set(self.overrides) - _KNOB_NAMES)
         if unknown:
             raise ValueError(f"Mutation overrides: expected Knobs fields, got {unknown}")
@@ -201,7 +207,17 @@ def _fixed_constant(name, value, what):
         _writes_constant(name),
         refusal=f": a constant is {value} where",
         stops=True,
+        wants={"activation": _spellings(lambda s: name in s.constants)},
     )
+
+
+def _spellings(keep, table=ACTIVATION_SPELLINGS) -> tuple[str, ...]:
+    """The names of the spellings of ``table`` that ``keep`` keeps."""
+    return tuple(name for name, spelling in table.items() if keep(spelling))
+
+
+_ANY_BIAS = ("vector", "row")
+_ACTIVATIONS = tuple(ACTIVATION_SPELLINGS)
 
 
 #: The near misses, by name.
@@ -254,6 +270,7 @@ MUTATIONS: dict[str, Mutation] = {
         _slots_filled("bias", "activation"),
         refusal="at most one op per slot",
         stops=True,
+        wants={"bias": _ANY_BIAS, "activation": _ACTIVATIONS},
     ),
     "scale_after_bias": Mutation(
         "the scale after the bias add",
@@ -261,6 +278,7 @@ MUTATIONS: dict[str, Mutation] = {
         _slots_filled("scale", "bias"),
         refusal="at most one op per slot",
         stops=True,
+        wants={"scale": tuple(SCALE_SPELLINGS), "bias": _ANY_BIAS},
     ),
     "tail_before_activation": Mutation(
         "the residual add or gating mul before the activation",
@@ -268,6 +286,7 @@ MUTATIONS: dict[str, Mutation] = {
         _slots_filled("activation", "tail"),
         refusal="at most one op per slot",
         stops=True,
+        wants={"activation": _ACTIVATIONS, "tail": tuple(TAIL_SPELLINGS)},
     ),
     "alias_output_input": Mutation(
         "the chain's last block writes into X",
@@ -370,6 +389,7 @@ MUTATIONS: dict[str, Mutation] = {
         {"functions_swapped": True},
         _activation("gelu", "gelu_tanh"),
         stops=True,  # no refusal words: which block's refusal explains it depends on the spelling
+        wants={"activation": _spellings(lambda s: s.op in ("gelu", "gelu_tanh"))},
     ),
     "clip_swapped": Mutation(
         "the clip's bounds swapped",
@@ -377,6 +397,7 @@ MUTATIONS: dict[str, Mutation] = {
         _activation("clip"),
         refusal="clip bounds are swapped",
         stops=True,
+        wants={"activation": _spellings(lambda s: s.op == "clip")},
     ),
     "leaky_slope_above_one": Mutation(
         "a leaky relu of slope 1.5",
@@ -384,6 +405,7 @@ MUTATIONS: dict[str, Mutation] = {
         _activation("leaky_relu"),
         refusal="leaky relu slope 1.5 is outside [0, 1]",
         stops=True,
+        wants={"activation": _spellings(lambda s: s.op == "leaky_relu")},
     ),
     "leaky_slope_negative": Mutation(
         "a leaky relu of slope -0.5",
@@ -391,6 +413,7 @@ MUTATIONS: dict[str, Mutation] = {
         _activation("leaky_relu"),
         refusal="leaky relu slope -0.5 is outside [0, 1]",
         stops=True,
+        wants={"activation": _spellings(lambda s: s.op == "leaky_relu")},
     ),
     "residual_row_broadcast": Mutation(
         "the residual is a (1, N) row, R[0, j]: a bias add where the slots allow one",
@@ -398,6 +421,7 @@ MUTATIONS: dict[str, Mutation] = {
         _tail("add"),
         refusal="at most one op per slot",
         stops=True,
+        wants={"tail": _spellings(lambda s: s.op == "add", TAIL_SPELLINGS)},
     ),
     "residual_column_broadcast": Mutation(
         "the residual is an (M, 1) column, R[i, 0]",
@@ -405,6 +429,7 @@ MUTATIONS: dict[str, Mutation] = {
         _tail("add"),
         refusal="(N,) or (1, N)",
         stops=True,
+        wants={"tail": _spellings(lambda s: s.op == "add", TAIL_SPELLINGS)},
     ),
     "gate_row_broadcast": Mutation(
         "the gate is a (1, N) row, G[0, j]",
@@ -412,6 +437,7 @@ MUTATIONS: dict[str, Mutation] = {
         _tail("mul"),
         refusal="neither a constant, a scalar nor a tensor of the output's shape",
         stops=True,
+        wants={"tail": _spellings(lambda s: s.op == "mul", TAIL_SPELLINGS)},
     ),
     "gate_column_broadcast": Mutation(
         "the gate is an (M, 1) column, G[i, 0]",
@@ -419,6 +445,7 @@ MUTATIONS: dict[str, Mutation] = {
         _tail("mul"),
         refusal="neither a constant, a scalar nor a tensor of the output's shape",
         stops=True,
+        wants={"tail": _spellings(lambda s: s.op == "mul", TAIL_SPELLINGS)},
     ),
 }
 

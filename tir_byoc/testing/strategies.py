@@ -42,6 +42,7 @@ from .programs import (
     DISTRACTORS,
     INITS,
     INSIDE_KINDS,
+    MUTATIONS,
     RELU_SPELLINGS,
     SIGNATURES,
     ChainSpec,
@@ -273,6 +274,13 @@ def mutant_specs(draw, **options) -> ProgramSpec:
     # A cut chain takes no mutation; chain 0 is left whole so that some chain can.
     uncut = tuple(replace(d, inside=False) if d.chain == 0 else d for d in spec.distractors)
     spec = replace(spec, distractors=uncut)
+    # A third of the mutants: a mutation of the epilogue first, then chain 0 given the ops it
+    # needs (Mutation.wants), so that near misses of rare spellings are drawn too.
+    if draw(st.integers(0, 2)) == 0:
+        name = draw(st.sampled_from(_WANTING))
+        given = _given(draw, spec, MUTATIONS[name].wants)
+        if given is not None and MUTATIONS[name].applies(given, 0):
+            return mutate(given, 0, name)
     # Mutation first, then a chain that can take it: rare mutations are drawn as often.
     takers = {}
     for c in range(len(spec.chains)):
@@ -281,6 +289,29 @@ def mutant_specs(draw, **options) -> ProgramSpec:
     name = draw(st.sampled_from(sorted(takers)))
     c = draw(st.sampled_from(takers[name]))
     return mutate(spec, c, name)
+
+
+#: The mutations a chain can be given the ops of (Mutation.wants).
+_WANTING = tuple(sorted(name for name, mutation in MUTATIONS.items() if mutation.wants))
+
+
+def _given(draw, spec: ProgramSpec, wants) -> ProgramSpec | None:
+    """``spec`` with chain 0 given a drawn value of each field of ``wants``; None if that
+    makes no positive (an activation or a scale on an integer accumulator...)."""
+    chain = spec.chains[0]
+    fields = {name: draw(st.sampled_from(values)) for name, values in wants.items()}
+    if ("activation" in fields or "scale" in fields) and not chain.dtypes[2].startswith("float"):
+        return None
+    if "activation" in fields:
+        fields["relu"] = None
+    if ("scale" in fields or "bias" in fields) and chain.init == "bias":
+        fields["init"] = "zero"
+    chain = replace(chain, **fields)
+    chain = replace(chain, fused=chain.fused[: max(len(chain.epilogue_ops) - 1, 0)])
+    try:
+        return replace(spec, chains=(chain, *spec.chains[1:]))
+    except ValueError:
+        return None
 
 
 def programs(**options) -> st.SearchStrategy[Program]:
