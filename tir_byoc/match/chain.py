@@ -106,7 +106,11 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
     left_out = members[best.count :]
     refused, blocks = None, ()
     if left_out:
-        refused, blocks = cut_refused or _telling(parse_refusals, left_out), left_out
+        # A near miss judged at the last block (a gelu with a wrong constant, read whole) says
+        # more than an inner cut that could not end the chain.
+        last = [r for p, r in parse_refusals if p == left_out[-1] and r.op is not None]
+        refused = (last or [None])[0] or cut_refused or _telling(parse_refusals, left_out)
+        blocks = left_out
     elif compose_refusal is not None:
         refused, blocks = compose_refusal
     rejections = []
