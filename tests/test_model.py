@@ -114,7 +114,7 @@ def test_a_failing_dlight_rule_leaves_its_function_unscheduled_and_is_recorded(m
         def apply(self, func, target, tunable):
             raise RuntimeError("rule broke\nsecond line")
 
-    monkeypatch.setattr(model, "DLIGHT_RULES", (Broken,))
+    monkeypatch.setattr(tir_byoc.schedules, "RULES", (Broken,))
     built = tir_byoc.build_model(demo.lowered_mlp(), offload=False)
     assert dict(built.dlight_failures) == {
         "fused_matmul_add_relu": "RuntimeError: rule broke",

@@ -134,3 +134,21 @@ def test_no_epilogue_stays_behind_an_offloaded_gemm(compiled):
     """Issue 12's bar: every activation, gate and residual add that Relax fuses with a GEMM
     runs in the library call, none as TVM code reading the call's output."""
     assert real_models.epilogues_left_behind(compiled.offloaded) == []
+
+
+@pytest.mark.parametrize("name", list(real_models.MODELS))
+def test_build_model_leaves_no_function_unscheduled_and_agrees_with_torch(name):
+    """Issue 13, item 2: what tir_byoc leaves to TVM gets a default rule, every PrimFunc of it,
+    and a block that still runs on one thread says why."""
+    model = real_models.MODELS[name]()
+    built = tir_byoc.build_model(model.module, model.inputs)
+    assert dict(built.unscheduled) == {}
+    assert set(built.rules) | set(built.intrinsics) == set(built.schedules)
+    for blocks in built.serial_blocks.values():
+        assert all(
+            reason.endswith("runs on one thread") or "runs as TVM wrote it" in reason
+            for reason in blocks.values()
+        )
+    with torch.no_grad():
+        expected = model.module(*model.inputs).numpy()
+    np.testing.assert_allclose(built(*model.inputs).numpy(), expected, rtol=1e-4, atol=1e-4)

@@ -8,9 +8,11 @@ Entry point: :func:`build_model`, which returns a :class:`Model`.  It takes
 - a Relax ``IRModule``: the standard lowering, :data:`LOWERING`, then :func:`tir_byoc.offload`;
 - a TIR ``IRModule`` or a ``PrimFunc``: :func:`tir_byoc.offload`.
 
-What tir_byoc leaves to TVM gets TVM's default CPU schedule, dlight's :data:`DLIGHT_RULES`,
-function by function (:func:`default_schedule`): a function a rule fails on keeps its
-unscheduled loops and is recorded in :attr:`Model.dlight_failures`.  Relax modules then go
+What tir_byoc leaves to TVM gets the default CPU schedule of :mod:`tir_byoc.schedules`
+(dlight's CPU rules, then rules for the elementwise, gather and reduction blocks they leave),
+function by function: :attr:`Model.unscheduled` and :attr:`Model.serial_blocks` say which
+functions and blocks still run on one thread as TVM wrote them, and why; a function a rule
+fails on keeps its loops and is recorded in :attr:`Model.dlight_failures`.  Relax modules then go
 through TVM's Relax build pipeline here rather than inside ``tvm.compile``, so that
 :attr:`Model.module` is the module the executable runs, call for call.
 
@@ -33,9 +35,8 @@ import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax, s_tir, tirx
-from tvm.s_tir import dlight
 
-from . import frontend
+from . import frontend, schedules
 from .export import export_library
 from .offload import offload as offload_module
 from .relax_reshape import FoldLinearReshapes
@@ -53,43 +54,9 @@ LOWERING = (
     relax.transform.FuseOps,
     relax.transform.FuseTIR,
 )
-#: dlight's CPU rules, tried in order on every PrimFunc (``tvm/s_tir/dlight/cpu``).
-DLIGHT_RULES = (dlight.cpu.GEMV, dlight.cpu.Reduction)
-#: How a PrimFunc of a built model runs (:attr:`Model.schedules`).
+#: How a PrimFunc of a built model runs (:attr:`Model.schedules`): it calls an intrinsic, a
+#: default rule scheduled it (dlight's or :mod:`tir_byoc.schedules`'), or it runs as TVM wrote it.
 OFFLOADED, DLIGHT, UNSCHEDULED = "tir_byoc", "dlight", "unscheduled"
-
-_SCHEDULED_ATTR = "tirx.is_scheduled"
-
-
-def _is_scheduled(func: tirx.PrimFunc) -> bool:
-    return bool(func.attrs) and _SCHEDULED_ATTR in func.attrs and bool(func.attrs[_SCHEDULED_ATTR])
-
-
-def default_schedule(mod: tvm.IRModule, target: tvm.target.Target):
-    """Apply :data:`DLIGHT_RULES` to each PrimFunc of ``mod`` on its own.
-
-    Returns
-    -------
-    tuple of (tvm.IRModule, list of str, dict)
-        The module, the PrimFuncs a rule scheduled, and the PrimFuncs a rule failed on with
-        the first line of the error (those keep their loops as they were).
-    """
-    result, scheduled, failures = mod.clone(), [], {}
-    for gvar, func in mod.functions_items():
-        if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
-            continue
-        rules = [rule() for rule in DLIGHT_RULES]
-        try:
-            with target:
-                applied = dlight.ApplyDefaultSchedule(*rules)(tvm.IRModule({gvar: func}))
-        except Exception as error:
-            failures[gvar.name_hint] = frontend.first_line(error)
-            logger.warning("dlight failed on %s, left unscheduled: %s", gvar.name_hint, error)
-            continue
-        if _is_scheduled(applied[gvar]):
-            result.update_func(gvar, applied[gvar])
-            scheduled.append(gvar.name_hint)
-    return result, scheduled, failures
 
 
 def _is_relax(func) -> bool:
@@ -213,8 +180,9 @@ def build_model(
         # The weight copies the offload folded away are no longer called: not built at all.
         relax_functions = [g.name_hint for g, f in mod.functions_items() if _is_relax(f)]
         mod = relax.transform.DeadCodeElimination(relax_functions)(mod)
-    # Step 3. dlight for the rest, function by function.
-    mod, scheduled, failures = default_schedule(mod, resolved)
+    # Step 3. The default CPU schedule for the rest, function by function.
+    report = schedules.default_schedule(mod, resolved)
+    mod = report.module
     # Step 4. The Relax build pipeline (as tvm.compile would run it), then the build.
     if is_relax:
         with resolved:
@@ -227,8 +195,7 @@ def build_model(
         mod,
         resolved,
         entry,
-        scheduled=scheduled,
-        dlight_failures=failures,
+        schedule_report=report,
         output_spec=output_spec,
         tir_signature=signature,
     )
@@ -279,8 +246,14 @@ class Model:
         :data:`DLIGHT` or :data:`UNSCHEDULED`.
     intrinsics : Mapping[str, tuple of str]
         The intrinsics each offloaded PrimFunc calls.
+    rules : Mapping[str, str]
+        PrimFuncs a default rule scheduled, with the rule (``"Reduction"``, ``"Elementwise"``...).
+    unscheduled : Mapping[str, str]
+        PrimFuncs that call no intrinsic and run as TVM wrote them, with the reason.
+    serial_blocks : Mapping[str, Mapping[str, str]]
+        Per PrimFunc, the blocks that run on one thread, with the reason.
     dlight_failures : Mapping[str, str]
-        PrimFuncs a dlight rule failed on, with the error's first line.
+        PrimFuncs a rule raised on, with the error's first line.
     """
 
     def __init__(
@@ -290,8 +263,7 @@ class Model:
         target: tvm.target.Target,
         entry: str,
         *,
-        scheduled=(),
-        dlight_failures=None,
+        schedule_report: schedules.ScheduleReport | None = None,
         output_spec=None,
         tir_signature=None,
     ):
@@ -299,7 +271,11 @@ class Model:
         self.module = module
         self.target = target
         self.entry = entry
-        self.dlight_failures = MappingProxyType(dict(dlight_failures or {}))
+        report = schedule_report or schedules.ScheduleReport(module)
+        self.rules = report.rules
+        self.unscheduled = report.unscheduled
+        self.serial_blocks = report.serial_blocks
+        self.dlight_failures = report.failures
         calls = {
             g.name_hint: intrinsic_calls(f)
             for g, f in module.functions_items()
@@ -308,7 +284,7 @@ class Model:
         self.intrinsics = MappingProxyType({n: tuple(sorted(c)) for n, c in calls.items() if c})
         self.schedules = MappingProxyType(
             {
-                name: OFFLOADED if c else DLIGHT if name in set(scheduled) else UNSCHEDULED
+                name: OFFLOADED if c else DLIGHT if name in report.rules else UNSCHEDULED
                 for name, c in calls.items()
             }
         )
@@ -495,11 +471,9 @@ def _map_arrays(result, convert):
 
 __all__ = [
     "DLIGHT",
-    "DLIGHT_RULES",
     "LOWERING",
     "OFFLOADED",
     "UNSCHEDULED",
     "Model",
     "build_model",
-    "default_schedule",
 ]

@@ -45,7 +45,7 @@ from tvm import relax
 from .model import DLIGHT, OFFLOADED, UNSCHEDULED, Model
 
 #: How the table names each way a PrimFunc runs.
-CODE_LABELS = {OFFLOADED: "tir_byoc", DLIGHT: "TVM, dlight", UNSCHEDULED: "TVM, unscheduled"}
+CODE_LABELS = {OFFLOADED: "tir_byoc", DLIGHT: "TVM, scheduled", UNSCHEDULED: "TVM, unscheduled"}
 
 
 @dataclass(frozen=True)
@@ -62,9 +62,12 @@ class FunctionTime:
     share : float
         ``time_ms`` over the sum of every PrimFunc's ``time_ms`` (the shares sum to 1).
     schedule : str
-        ``"tir_byoc"`` (it calls an intrinsic), ``"dlight"`` or ``"unscheduled"``.
+        ``"tir_byoc"`` (it calls an intrinsic), ``"dlight"`` (a default rule of
+        :mod:`tir_byoc.schedules` scheduled it) or ``"unscheduled"``.
     intrinsics : tuple of str
         The intrinsics it calls (empty unless offloaded).
+    rule : str
+        The default rule that scheduled it (``"Reduction"``, ``"Elementwise"``...), or ``""``.
     """
 
     name: str
@@ -73,6 +76,7 @@ class FunctionTime:
     share: float
     schedule: str
     intrinsics: tuple[str, ...] = ()
+    rule: str = ""
 
     @property
     def offloaded(self) -> bool:
@@ -84,9 +88,11 @@ class FunctionTime:
 
     @property
     def code(self) -> str:
-        """Who computes it: ``tir_byoc: <intrinsics>``, ``TVM, dlight`` or ``TVM, unscheduled``."""
+        """Who computes it: ``tir_byoc: <intrinsics>``, ``TVM, <rule>`` or ``TVM, unscheduled``."""
         if self.intrinsics:
             return f"tir_byoc: {', '.join(self.intrinsics)}"
+        if self.rule:
+            return f"TVM, {self.rule}"
         return CODE_LABELS.get(self.schedule, self.schedule)
 
 
@@ -201,8 +207,8 @@ class Profile:
     def chart(self, path: str | os.PathLike, top: int = 15, title: str | None = None) -> Path:
         """Write a horizontal bar chart of the PrimFuncs' times as a PNG (needs matplotlib).
 
-        Offloaded PrimFuncs, dlight-scheduled and unscheduled ones get a colour each; past
-        ``top``, the rest is one bar.
+        Offloaded PrimFuncs, those a default rule scheduled and unscheduled ones get a colour
+        each; past ``top``, the rest is one bar.
 
         Raises
         ------
@@ -316,6 +322,7 @@ def _relax_profile(model: Model, tensors, repeat: int, warmup: int) -> Profile:
                 median[n] / total,
                 model.schedules[n],
                 model.intrinsics.get(n, ()),
+                model.rules.get(n, ""),
             )
             for n in names
             if n in primfuncs
@@ -347,6 +354,7 @@ def _tir_profile(model: Model, tensors, repeat: int, warmup: int) -> Profile:
         1.0,
         model.schedules[model.entry],
         model.intrinsics.get(model.entry, ()),
+        model.rules.get(model.entry, ""),
     )
     return Profile((record,), repeat, run_ms, run_ms)
 

@@ -1,0 +1,151 @@
+"""The default CPU rules of tir_byoc.schedules: where each applies, what it does to the loops,
+and that a scheduled function computes exactly what the unscheduled one computes."""
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import tirx
+from tvm.script import tirx as T
+
+from tir_byoc import schedules
+from tir_byoc.schedules import Elementwise, RowReduction, loops
+
+TARGET = tvm.target.Target("llvm")
+
+
+@T.prim_func(s_tir=True)
+def add_transpose(A: T.Buffer((256, 128), "float32"), B: T.Buffer((128, 256), "float32")):
+    C = T.sblock_alloc_buffer((256, 128))
+    for i, j in T.grid(256, 128):
+        with T.sblock("add"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            C[vi, vj] = A[vi, vj] + T.float32(1)
+    for j, i in T.grid(128, 256):
+        with T.sblock("transpose"):
+            vj, vi = T.axis.remap("SS", [j, i])
+            B[vj, vi] = C[vi, vj]
+
+
+@T.prim_func(s_tir=True)
+def small_add(A: T.Buffer((4, 8), "float32"), B: T.Buffer((4, 8), "float32")):
+    for i, j in T.grid(4, 8):
+        with T.sblock("add"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            B[vi, vj] = A[vi, vj] + T.float32(1)
+
+
+@T.prim_func(s_tir=True)
+def row_sum(A: T.Buffer((512, 300), "float32"), S: T.Buffer((512,), "float32")):
+    for i, k in T.grid(512, 300):
+        with T.sblock("sum"):
+            vi, vk = T.axis.remap("SR", [i, k])
+            with T.init():
+                S[vi] = T.float32(0)
+            S[vi] = S[vi] + A[vi, vk]
+
+
+@T.prim_func(s_tir=True)
+def total_sum(A: T.Buffer((65536,), "float32"), S: T.Buffer((1,), "float32")):
+    for k in range(65536):
+        with T.sblock("sum"):
+            vk = T.axis.remap("R", [k])
+            with T.init():
+                S[0] = T.float32(0)
+            S[0] = S[0] + A[vk]
+
+
+@T.prim_func
+def plain_loops(A: T.Buffer((64,), "float32"), B: T.Buffer((64,), "float32")):
+    for i in range(64):
+        B[i] = A[i] * T.float32(2)
+
+
+def _loop_kinds(func: tirx.PrimFunc) -> list[tirx.ForKind]:
+    kinds = []
+    tvm_ffi.structural_walk(func.body, [(tirx.For, lambda loop: kinds.append(loop.kind))])
+    return kinds
+
+
+def _run(func: tirx.PrimFunc, arrays):
+    built = tvm.compile(tvm.IRModule({"main": func}), target=TARGET)
+    tensors = [tvm.runtime.tensor(a) for a in arrays]
+    built["main"](*tensors)
+    return [t.numpy() for t in tensors]
+
+
+def _schedule(func: tirx.PrimFunc) -> schedules.ScheduleReport:
+    return schedules.default_schedule(tvm.IRModule({"main": func}), TARGET)
+
+
+def _random(shapes, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s).astype("float32") for s in shapes]
+
+
+def test_an_elementwise_function_is_inlined_parallel_outside_and_vectorised_inside():
+    report = _schedule(add_transpose)
+    assert dict(report.rules) == {"main": "Elementwise"}
+    scheduled = report.module["main"]
+    kinds = _loop_kinds(scheduled)
+    assert kinds.count(tirx.ForKind.PARALLEL) == 1
+    assert kinds.count(tirx.ForKind.VECTORIZED) == 1
+    # The add is inlined into the transpose: one loop nest, no intermediate buffer.
+    assert "alloc_buffer" not in scheduled.script()
+    arrays = _random([(256, 128), (128, 256)])
+    np.testing.assert_array_equal(_run(scheduled, arrays)[1], _run(add_transpose, arrays)[1])
+    assert dict(report.serial_blocks) == {}
+
+
+def test_a_small_block_stays_on_one_thread_and_says_why():
+    report = _schedule(small_add)
+    assert dict(report.rules) == {"main": "Elementwise"}
+    assert tirx.ForKind.PARALLEL not in _loop_kinds(report.module["main"])
+    assert dict(report.serial_blocks["main"]) == {
+        "add": f"32 iterations, below {loops.MIN_PARALLEL_WORK}: runs on one thread"
+    }
+
+
+def test_a_lone_row_reduction_runs_its_rows_in_parallel_bit_for_bit():
+    # dlight's Reduction needs two blocks or more; RowReduction takes a lone one.
+    assert tvm.s_tir.dlight.cpu.Reduction().apply(row_sum, TARGET, False) is None
+    report = _schedule(row_sum)
+    assert dict(report.rules) == {"main": "RowReduction"}
+    kinds = _loop_kinds(report.module["main"])
+    assert kinds == [tirx.ForKind.SERIAL, tirx.ForKind.PARALLEL]  # post order: k inside i
+    arrays = _random([(512, 300), (512,)])
+    np.testing.assert_array_equal(_run(report.module["main"], arrays)[1], _run(row_sum, arrays)[1])
+
+
+def test_a_reduction_over_every_loop_is_scheduled_serially_with_its_reason():
+    report = _schedule(total_sum)
+    assert dict(report.rules) == {"main": "RowReduction"}
+    assert dict(report.serial_blocks["main"]) == {
+        "sum": "its spatial loops have extent 1: runs on one thread"
+    }
+
+
+def test_each_rule_declines_what_it_does_not_schedule():
+    assert Elementwise().apply(row_sum, TARGET, False) is None
+    assert RowReduction().apply(add_transpose, TARGET, False) is None
+    assert Elementwise().apply(add_transpose, tvm.target.Target("c"), False) is None
+
+
+def test_a_function_no_rule_reads_is_left_as_it_was_with_a_reason():
+    report = _schedule(plain_loops)
+    assert dict(report.rules) == {}
+    assert report.unscheduled["main"].startswith("has no block to schedule") or (
+        "not in dlight's normal form" in report.unscheduled["main"]
+    )
+    tvm.ir.assert_structural_equal(report.module["main"], plain_loops)
+
+
+def test_a_rule_that_raises_leaves_the_function_and_records_the_error(monkeypatch):
+    class Broken(tvm.s_tir.dlight.ScheduleRule):
+        def apply(self, func, target, tunable):
+            raise RuntimeError("rule broke\nsecond line")
+
+    monkeypatch.setattr(schedules, "RULES", (Broken,))
+    report = _schedule(add_transpose)
+    assert dict(report.failures) == {"main": "RuntimeError: rule broke"}
+    assert dict(report.unscheduled) == {"main": "RuntimeError: rule broke"}
+    tvm.ir.assert_structural_equal(report.module["main"], add_transpose)

@@ -1,0 +1,164 @@
+"""The default CPU schedule of what tir_byoc leaves to TVM: dlight's CPU rules, then two
+dlight-style rules of this package for the blocks dlight's do not cover.
+
+Entry point: :func:`default_schedule`, which tries :data:`RULES` in order on each PrimFunc that
+calls no intrinsic and reports, per PrimFunc, the rule that scheduled it, or why none did, and
+the blocks a rule left on one thread with the reason (:class:`ScheduleReport`).
+
+TVM 0.27's dlight has two CPU rules, GEMV and Reduction (softmax and norms whose blocks share
+their leading spatial axes); every other block would run as TVM wrote it, a loop nest on one
+thread.  The rules here, one per module, decline with ``None`` as dlight's do:
+
+- :class:`~.elementwise.Elementwise`: functions of spatial blocks only (elementwise, broadcast,
+  transpose, reshape, gather): inlined into one loop nest per output where TVM allows, the
+  outer loops fused and run in parallel, the innermost loop vectorised;
+- :class:`~.reduction.RowReduction`: functions with reductions dlight declines: each block
+  parallel over its leading spatial loops, each row reduced serially in TVM's order.
+
+Neither rule reorders a reduction, so a scheduled function computes bit for bit what the
+unscheduled one does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+from ..frontend import first_line
+from ..rewrite import INTRINSIC_ATTR, intrinsic_calls
+from .elementwise import Elementwise
+from .reduction import RowReduction
+
+#: Tried in order on every PrimFunc tir_byoc did not offload; the first that applies wins.
+RULES = (dlight.cpu.GEMV, dlight.cpu.Reduction, RowReduction, Elementwise)
+
+_SCHEDULED_ATTR = "tirx.is_scheduled"
+
+
+def is_scheduled(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` carries ``tirx.is_scheduled`` (a rule or a tuner has scheduled it)."""
+    return bool(func.attrs) and _SCHEDULED_ATTR in func.attrs and bool(func.attrs[_SCHEDULED_ATTR])
+
+
+@dataclass(frozen=True)
+class ScheduleReport:
+    """What :func:`default_schedule` did to each PrimFunc.
+
+    Attributes
+    ----------
+    module : tvm.IRModule
+        The scheduled module.
+    rules : Mapping[str, str]
+        PrimFuncs a rule scheduled, with the rule's name (``"Reduction"``, ``"Elementwise"``...).
+    unscheduled : Mapping[str, str]
+        PrimFuncs that call no intrinsic and that no rule scheduled, with the reason.
+    failures : Mapping[str, str]
+        PrimFuncs a rule raised on (the first line of the error); they are also in
+        ``unscheduled``.
+    serial_blocks : Mapping[str, Mapping[str, str]]
+        Per PrimFunc, the blocks that run on one thread and why: those a rule left serial
+        (too little work, no spatial loop) and the TVM blocks left beside an offloaded call.
+    """
+
+    module: tvm.IRModule
+    rules: Mapping[str, str] = field(default_factory=dict)
+    unscheduled: Mapping[str, str] = field(default_factory=dict)
+    failures: Mapping[str, str] = field(default_factory=dict)
+    serial_blocks: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+
+def _tvm_blocks(func: tirx.PrimFunc) -> list[str]:
+    """The blocks of an offloaded ``func`` other than its root and its intrinsic calls."""
+    names = []
+
+    def on_block(block):
+        if not (block.annotations and INTRINSIC_ATTR in block.annotations):
+            names.append(block.name_hint)
+
+    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, on_block)])
+    return [n for n in names if n != "root"]
+
+
+def _why_no_rule(func: tirx.PrimFunc) -> str:
+    """Why no rule of :data:`RULES` applies to ``func`` (which calls no intrinsic)."""
+    blocks = normalize_prim_func(s_tir.Schedule(func))
+    if blocks is None:
+        return (
+            "not in dlight's normal form (a block is opaque, or its loops do not map one to "
+            "one onto its iterators): runs as TVM wrote it"
+        )
+    if not blocks:
+        return "has no block to schedule"
+    for block in blocks:
+        if "O" in block.dom_kind():
+            return (
+                f"block {block.name} has an iterator that is neither spatial nor a reduction: "
+                "runs as TVM wrote it"
+            )
+    return "no rule applies: runs as TVM wrote it"
+
+
+def _apply(func: tirx.PrimFunc, target: tvm.target.Target):
+    """The first rule of :data:`RULES` that schedules ``func``: (rule name, function, notes)."""
+    for rule_type in RULES:
+        rule = rule_type()
+        with target:
+            schedule = rule.apply(func, target, False)
+        if schedule is None:
+            continue
+        if isinstance(schedule, list):
+            schedule = schedule[0]
+        scheduled = schedule.mod["main"].with_attr(_SCHEDULED_ATTR, True)
+        return rule_type.__name__, scheduled, dict(getattr(rule, "notes", {}))
+    return None
+
+
+def default_schedule(mod: tvm.IRModule, target: tvm.target.Target) -> ScheduleReport:
+    """Schedule each PrimFunc of ``mod`` that calls no intrinsic with the first of :data:`RULES`
+    that applies; a PrimFunc already scheduled is left as it is.
+
+    A rule that raises leaves its function as it was (recorded in
+    :attr:`ScheduleReport.failures`); ``mod`` itself is not changed.
+    """
+    result = mod.clone()
+    rules, unscheduled, failures, serial = {}, {}, {}, {}
+    for gvar, func in mod.functions_items():
+        if not isinstance(func, tirx.PrimFunc) or is_scheduled(func):
+            continue
+        name = gvar.name_hint
+        if intrinsic_calls(func):
+            left = _tvm_blocks(func)
+            if left:
+                serial[name] = {
+                    b: "TVM code beside an offloaded call: runs as TVM wrote it" for b in left
+                }
+            continue
+        try:
+            applied = _apply(func, target)
+        except Exception as error:  # a rule's bug must not stop the build
+            failures[name] = unscheduled[name] = first_line(error)
+            continue
+        if applied is None:
+            unscheduled[name] = _why_no_rule(func)
+            continue
+        rules[name], scheduled, notes = applied
+        result.update_func(gvar, scheduled)
+        if notes:
+            serial[name] = notes
+    return ScheduleReport(
+        result,
+        MappingProxyType(rules),
+        MappingProxyType(unscheduled),
+        MappingProxyType(failures),
+        MappingProxyType({k: MappingProxyType(v) for k, v in serial.items()}),
+    )
+
+
+__all__ = ["RULES", "Elementwise", "RowReduction", "ScheduleReport", "default_schedule"]

@@ -1,0 +1,57 @@
+"""Default CPU schedule of a PrimFunc with reductions that dlight's CPU ``Reduction`` rule
+declines: a lone reduction (a mean, a row sum), reductions over other than trailing axes,
+blocks that do not share their leading spatial axes (a layer norm over a transposed input).
+
+Entry point: :class:`RowReduction`, a dlight rule (``None`` when it does not apply).
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+from tvm.s_tir.dlight.base import try_inline
+from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
+from tvm.target import Target
+
+from .loops import parallel_rows, parallel_vectorize
+
+
+def _leading_spatial(dom_kind: str) -> int:
+    return len(dom_kind) - len(dom_kind.lstrip("S"))
+
+
+class RowReduction(CPUScheduleRule):
+    """Inline what can be, then give each remaining block its own parallel loop nest: a
+    reduction block runs its leading spatial loops (its rows) in parallel and reduces each row
+    serially, in the order TVM wrote it; a spatial block is scheduled as
+    :class:`~tir_byoc.schedules.elementwise.Elementwise` schedules one.
+
+    Applies when the function has at least one reduction block and every block is in
+    dlight's normal form.  :attr:`notes` holds, after :meth:`apply`, the blocks left on one
+    thread and why.
+    """
+
+    def __init__(self):
+        self.notes: dict[str, str] = {}
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        sch = s_tir.Schedule(func)
+        blocks = normalize_prim_func(sch)
+        if not blocks or all(block.is_injective() for block in blocks):
+            return None
+        if any("O" in block.dom_kind() for block in blocks):
+            return None
+        # Step 1. Fold the elementwise blocks into their neighbours.
+        blocks = try_inline(sch, blocks)
+        # Step 2. Each block in parallel over its rows.
+        self.notes = {}
+        for block in blocks:
+            if block.is_injective():
+                note = parallel_vectorize(sch, block.block_rv, target)
+            else:
+                note = parallel_rows(sch, block.block_rv, _leading_spatial(block.dom_kind()))
+            if note is not None:
+                self.notes[block.name] = note
+        return sch
