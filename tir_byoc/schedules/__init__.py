@@ -15,8 +15,11 @@ thread.  The rules here, one per module, decline with ``None`` as dlight's do:
 - :class:`~.reduction.RowReduction`: functions with reductions dlight declines: each block
   parallel over its leading spatial loops, each row reduced serially in TVM's order.
 
-Neither rule reorders a reduction, so a scheduled function computes bit for bit what the
-unscheduled one does.
+Neither rule reorders a reduction.  Inlining puts an elementwise block's expression into its
+consumer's, where LLVM may contract a multiply and an add into one fused multiply-add (TVM's
+LLVM code generator allows it within one expression anyway), so results can differ from the
+unscheduled function's in the last bit; `tests/test_real_models.py` checks whole models
+against torch.
 """
 
 from __future__ import annotations
