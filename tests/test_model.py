@@ -220,3 +220,45 @@ def test_vm_is_only_for_relax_models():
     built = tir_byoc.build_model(two_layers, backends="ref")
     _one_line_value_error(built.vm, "expected a Relax model")
     assert isinstance(built_models.mlp().model.vm(), relax.VirtualMachine)
+
+
+def test_tuning_hands_the_lowered_module_to_tune_relax_and_builds_what_it_returns(
+    tmp_path, monkeypatch
+):
+    # tune_relax itself is tested in test_meta_schedule.py (minutes of MetaSchedule); here, that
+    # build_model calls it on the lowered module with the budget and options, and builds its result.
+    from tir_byoc import meta_schedule
+
+    calls = []
+
+    def tune_relax(mod, target, work_dir, trials, **options):
+        calls.append((work_dir, trials, options))
+        tuned = tir_byoc.offload(mod, backends="ref", fold_transposes=False)
+        for gvar, func in tuned.functions_items():
+            if isinstance(func, tvm.tirx.PrimFunc) and not intrinsic_calls(func):
+                tuned.update_func(gvar, func.with_attr("tirx.is_scheduled", True))
+        return tuned
+
+    monkeypatch.setattr(meta_schedule, "tune_relax", tune_relax)
+    built = tir_byoc.build_model(
+        demo.lowered_mlp(),
+        backends="ref",
+        tune_trials=16,
+        work_dir=tmp_path,
+        tune_options={"seed": 0},
+    )
+    assert calls == [
+        (str(tmp_path), 16, {"progress": True, "seed": 0, "offload": "choice", "backends": "ref"})
+    ]
+    assert sorted(built.intrinsics) == ["fused_matmul1_add1", "fused_matmul_add_relu"]
+    assert dict(built.unscheduled) == {}
+    assert set(built.rules.values()) == {"MetaSchedule"}
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((demo.BATCH, demo.IN_FEATURES)).astype("float32")
+    params = demo.mlp_weights(rng)
+    np.testing.assert_allclose(built(x, *params), demo.mlp_reference(x, *params), **FP32)
+
+
+def test_tuning_without_a_work_dir_is_refused_before_anything_runs():
+    with pytest.raises(ValueError, match=r"expected work_dir= .* with tune_trials=8, got none"):
+        tir_byoc.build_model(demo.lowered_mlp(), tune_trials=8)

@@ -119,6 +119,9 @@ def build_model(
     backends: Iterable[str] | str | None = None,
     offload: bool = True,
     entry: str | None = None,
+    tune_trials: int = 0,
+    work_dir: str | os.PathLike | None = None,
+    tune_options: dict | None = None,
 ) -> Model:
     """Lower, offload, schedule and build a model; the result runs with NumPy or torch inputs.
 
@@ -137,6 +140,17 @@ def build_model(
     entry : str, optional
         The function to call (default: ``main``, or the module's only Relax function /
         PrimFunc).
+    tune_trials : int
+        ``0`` (default): no tuning; offload, then the default rules.  Otherwise MetaSchedule
+        tunes every PrimFunc with this many trials in all, measuring offloaded and TVM
+        variants of each chain (``offload="choice"`` of
+        :func:`tir_byoc.meta_schedule.tune_relax`; ``"never"`` with ``offload=False``), and
+        prints its progress on stderr.  Weights are not packed, nor transposes folded, on
+        this path.
+    work_dir : str or os.PathLike
+        With ``tune_trials``: MetaSchedule's database, logs and report.
+    tune_options : dict, optional
+        With ``tune_trials``: more options of :func:`tir_byoc.meta_schedule.tune_tir`.
 
     Returns
     -------
@@ -146,7 +160,7 @@ def build_model(
     ------
     ValueError
         Input of the wrong kind, missing example inputs, a torch model in training mode, a
-        target that is not llvm.
+        target that is not llvm, ``tune_trials`` without ``work_dir``.
     tir_byoc.frontend.UnsupportedModel
         A known frontend problem (a ``use_cache`` cache, sdpa attention torch cannot
         decompose, a boolean mask TVM cannot compile); the one-line message says what to
@@ -174,14 +188,16 @@ def build_model(
     if is_relax:
         mod = tvm.transform.Sequential([p() for p in LOWERING])(mod)
     signature = TirSignature.of(mod[entry]) if not is_relax else None
-    if offload:
+    if tune_trials:
+        mod = _tune(mod, resolved, is_relax, tune_trials, work_dir, offload, backends, tune_options)
+    elif offload:
         mod = offload_module(mod, backends=backends)
     if is_relax:
         # The weight copies the offload folded away are no longer called: not built at all.
         relax_functions = [g.name_hint for g, f in mod.functions_items() if _is_relax(f)]
         mod = relax.transform.DeadCodeElimination(relax_functions)(mod)
     # Step 3. The default CPU schedule for the rest, function by function.
-    report = schedules.default_schedule(mod, resolved)
+    report = schedules.default_schedule(mod, resolved, scheduled_by="MetaSchedule")
     mod = report.module
     # Step 4. The Relax build pipeline (as tvm.compile would run it), then the build.
     if is_relax:
@@ -199,6 +215,23 @@ def build_model(
         output_spec=output_spec,
         tir_signature=signature,
     )
+
+
+def _tune(mod, target, is_relax, trials, work_dir, offload, backends, options):
+    """MetaSchedule on every PrimFunc, offloaded or native variant per chain, as measured."""
+    from .meta_schedule import tune_relax, tune_tir
+
+    if work_dir is None:
+        raise ValueError(
+            f"tir_byoc.build_model: expected work_dir= (MetaSchedule's database) with "
+            f"tune_trials={trials}, got none"
+        )
+    options = {"progress": True, **(options or {})}
+    options.setdefault("offload", "choice" if offload else "never")
+    if backends is not None:
+        options.setdefault("backends", backends)
+    tune = tune_relax if is_relax else tune_tir
+    return tune(mod, target, str(work_dir), trials, **options)
 
 
 @dataclass(frozen=True)

@@ -123,9 +123,12 @@ def _apply(func: tirx.PrimFunc, target: tvm.target.Target):
     return None
 
 
-def default_schedule(mod: tvm.IRModule, target: tvm.target.Target) -> ScheduleReport:
+def default_schedule(
+    mod: tvm.IRModule, target: tvm.target.Target, scheduled_by: str = "scheduled before"
+) -> ScheduleReport:
     """Schedule each PrimFunc of ``mod`` that calls no intrinsic with the first of :data:`RULES`
-    that applies; a PrimFunc already scheduled is left as it is.
+    that applies; a PrimFunc already scheduled (``tirx.is_scheduled``) is left as it is and
+    reported in :attr:`ScheduleReport.rules` as ``scheduled_by``.
 
     A rule that raises leaves its function as it was (recorded in
     :attr:`ScheduleReport.failures`); ``mod`` itself is not changed.
@@ -133,9 +136,13 @@ def default_schedule(mod: tvm.IRModule, target: tvm.target.Target) -> ScheduleRe
     result = mod.clone()
     rules, unscheduled, failures, serial = {}, {}, {}, {}
     for gvar, func in mod.functions_items():
-        if not isinstance(func, tirx.PrimFunc) or is_scheduled(func):
+        if not isinstance(func, tirx.PrimFunc):
             continue
         name = gvar.name_hint
+        if is_scheduled(func):
+            if not intrinsic_calls(func):
+                rules[name] = scheduled_by
+            continue
         if intrinsic_calls(func):
             left = _tvm_blocks(func)
             if left:
