@@ -10,7 +10,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean bench bench-matcher bench-threads bench-bridge
+.PHONY: demo test install clean bench bench-matcher bench-threads bench-bridge bench-models
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ $(BENCH_STAMP): $(STAMP)
 # Every implementation side by side; results in benchmarks/results/ (table, CSV, PNG).
 bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
+
+# Whole models: torch eager, torch.compile, ONNX Runtime, TVM and tir_byoc side by side.
+bench-models: $(BENCH_STAMP)
+	$(BIN)/python benchmarks/models.py $(BENCH_ARGS)
 
 # The matcher's own speed (scan time per PrimFunc).
 bench-matcher: $(STAMP)

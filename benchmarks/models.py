@@ -1,0 +1,462 @@
+"""Whole models, side by side: torch eager, torch.compile, ONNX Runtime, TVM and tir_byoc.
+
+Entry point: ``python benchmarks/models.py`` (``make bench-models``).  Each thread count runs in
+a child process of its own, with every pool (torch's, TVM's, OpenMP's, ONNX Runtime's) told
+that count before any library loads; inside it, for each model and batch, every column is
+built, checked against torch eager, and then timed in interleaved rounds (a round times each
+column once, for about ``--budget`` seconds; the table keeps each column's median over the
+rounds).  Peak memory is measured apart (``--memory``): one fresh process per cell builds and
+runs only that column, and reports its peak resident set above the same process's footprint
+once the libraries are imported.
+
+The models are built from transformers configs (and torch's ``nn.TransformerEncoder``) with
+random weights; nothing is downloaded.  They keep the base models' widths (768 hidden, 12
+heads) with ``--layers`` layers (default 2: a layer's cost is the same in a 12-layer model,
+and a run stays within minutes on a 2-core machine), and return the last hidden state (no
+language-model head).  Decoders take the additive float causal mask that eager attention adds
+(TVM 0.27 cannot compile the boolean one transformers builds).
+
+Columns: ``torch`` (eager, ``inference_mode``), ``torch.compile`` (inductor, default mode),
+``onnxruntime`` (``torch.onnx.export`` then ORT's CPU provider, all graph optimisations),
+``tvm`` (``build_model(offload=False)``: TVM's lowering and the default rules of
+:mod:`tir_byoc.schedules`), ``tir_byoc`` (``build_model``: offloaded, the rest under the same
+rules); with ``--tune-trials N`` also ``tvm+ms`` and ``tir_byoc+ms`` (MetaSchedule, N trials per
+model, the database kept in ``--work-dir`` so a second run reuses it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "models"
+MODELS = ("bert", "gpt2", "llama", "encoder")
+COLUMNS = ("torch", "torch.compile", "onnxruntime", "tvm", "tir_byoc")
+TUNED_COLUMNS = ("tvm+ms", "tir_byoc+ms")
+HIDDEN, HEADS, INTERMEDIATE = 768, 12, 3072
+#: Relative tolerance of a column's output against torch eager's (fp32, summation order).
+TOLERANCE = 1e-3
+
+
+# --------------------------------------------------------------------------------------
+# The models
+# --------------------------------------------------------------------------------------
+
+
+def build(name: str, layers: int, batch: int, sequence: int):
+    """(torch module in eval mode, example input) of one model; random weights, seed 0."""
+    import transformers
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, 1000, (batch, sequence), generator=torch.Generator().manual_seed(1))
+    if name == "encoder":
+        layer = torch.nn.TransformerEncoderLayer(
+            HIDDEN, HEADS, INTERMEDIATE, dropout=0.0, batch_first=True
+        )
+        model = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        x = torch.randn(batch, sequence, HIDDEN, generator=torch.Generator().manual_seed(1))
+        return model.eval(), x
+    if name == "bert":
+        config = transformers.BertConfig(
+            hidden_size=HIDDEN,
+            num_hidden_layers=layers,
+            num_attention_heads=HEADS,
+            intermediate_size=INTERMEDIATE,
+            attn_implementation="eager",
+        )
+        return _Hidden(transformers.BertModel(config, add_pooling_layer=False), None).eval(), ids
+    if name == "gpt2":
+        config = transformers.GPT2Config(
+            n_embd=HIDDEN,
+            n_layer=layers,
+            n_head=HEADS,
+            n_inner=INTERMEDIATE,
+            use_cache=False,
+            attn_implementation="eager",
+        )
+        return _Hidden(transformers.GPT2Model(config), _causal_mask(sequence)).eval(), ids
+    if name == "llama":
+        config = transformers.LlamaConfig(
+            hidden_size=HIDDEN,
+            num_hidden_layers=layers,
+            num_attention_heads=HEADS,
+            num_key_value_heads=4,
+            intermediate_size=2048,
+            vocab_size=32000,
+            use_cache=False,
+            attn_implementation="eager",
+        )
+        return _Hidden(transformers.LlamaModel(config), _causal_mask(sequence)).eval(), ids
+    raise ValueError(f"benchmarks/models.py: expected a model of {MODELS}, got {name!r}")
+
+
+def _causal_mask(sequence: int):
+    future = torch.triu(torch.ones(sequence, sequence, dtype=torch.bool), diagonal=1)
+    return torch.zeros(1, 1, sequence, sequence).masked_fill(future, torch.finfo(torch.float32).min)
+
+
+class _Hidden(torch.nn.Module):
+    """``forward(ids)`` -> a transformers model's ``last_hidden_state`` (under ``mask``)."""
+
+    def __init__(self, backbone, mask):
+        super().__init__()
+        self.backbone = backbone.eval()
+        self.register_buffer("mask", mask)
+
+    def forward(self, ids):
+        kwargs = {} if self.mask is None else {"attention_mask": self.mask}
+        return self.backbone(input_ids=ids, **kwargs).last_hidden_state
+
+
+# --------------------------------------------------------------------------------------
+# The columns: each returns a callable running one inference on the example input
+# --------------------------------------------------------------------------------------
+
+
+def column(name: str, model, x, threads: int, args):
+    """A no-argument callable that runs ``model`` on ``x`` the way column ``name`` does."""
+
+    if name == "torch":
+        return lambda: model(x)
+    if name == "torch.compile":
+        compiled = torch.compile(model)
+        compiled(x)
+        return lambda: compiled(x)
+    if name == "onnxruntime":
+        return _onnxruntime(model, x, threads)
+    import tir_byoc
+
+    tune = name.endswith("+ms")
+    built = tir_byoc.build_model(
+        model,
+        (x,),
+        offload=name.startswith("tir_byoc"),
+        tune_trials=args.tune_trials if tune else 0,
+        work_dir=Path(args.work_dir) / f"{args.model_key}-{name}" if tune else None,
+    )
+    return lambda: built(x)
+
+
+def _onnxruntime(model, x, threads: int):
+    import onnxruntime
+
+    path = Path(tempfile.mkdtemp()) / "model.onnx"
+    torch.onnx.export(model, (x,), str(path), dynamo=True, external_data=False)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    feed = {session.get_inputs()[0].name: x.numpy()}
+    return lambda: torch.from_numpy(session.run(None, feed)[0])
+
+
+def _agrees(result, expected) -> str:
+    """``""`` if ``result`` equals torch eager's output within :data:`TOLERANCE`, else why not."""
+    result = torch.as_tensor(result)
+    scale = float(expected.abs().max())
+    error = float((result - expected).abs().max())
+    return "" if error <= TOLERANCE * max(scale, 1.0) else f"max |diff| {error:.3g} vs torch"
+
+
+def _median_ms(run, budget: float) -> float:
+    run()
+    start = time.perf_counter()
+    run()
+    once = time.perf_counter() - start
+    repeat = max(3, min(50, int(budget / max(once, 1e-6))))
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+# --------------------------------------------------------------------------------------
+# The child process of one thread count
+# --------------------------------------------------------------------------------------
+
+
+def child(args) -> list[dict]:
+
+    torch.set_num_threads(args.threads)
+    rows = []
+    for model_name in args.models:
+        for batch in args.batches:
+            key = f"{model_name}-b{batch}-s{args.sequence}-l{args.layers}"
+            args.model_key = key
+            model, x = build(model_name, args.layers, batch, args.sequence)
+            with torch.inference_mode():
+                expected = model(x)
+            runs, notes = {}, {}
+            for name in args.columns:
+                start = time.perf_counter()
+                try:
+                    with torch.inference_mode():
+                        run = column(name, model, x, args.threads, args)
+                        notes[name] = _agrees(run(), expected)
+                    runs[name] = run
+                except Exception as error:  # a column that fails is a row with its reason
+                    notes[name] = f"failed: {type(error).__name__}: {str(error)[:160]}"
+                    notes[name] = notes[name].replace("\n", " ")
+                build_s = time.perf_counter() - start
+                print(f"  {key} {name}: built in {build_s:.0f} s {notes[name]}", file=sys.stderr)
+            times = {name: [] for name in runs}
+            with torch.inference_mode():
+                for _ in range(args.rounds):
+                    for name, run in runs.items():
+                        times[name].append(_median_ms(run, args.budget))
+            for name in args.columns:
+                ms = statistics.median(times[name]) if name in times else None
+                rows.append(
+                    {
+                        "model": model_name,
+                        "batch": batch,
+                        "threads": args.threads,
+                        "column": name,
+                        "ms": ms,
+                        "note": notes.get(name, ""),
+                    }
+                )
+    return rows
+
+
+def memory_child(args) -> dict:
+    """Peak RSS above the imported libraries' footprint, of building and running one column."""
+
+    import tir_byoc  # noqa: F401  (its import is part of the baseline, not of the column)
+
+    torch.set_num_threads(args.threads)
+    (model_name,), (batch,), (name,) = args.models, args.batches, args.columns
+    args.model_key = f"{model_name}-b{batch}-s{args.sequence}-l{args.layers}"
+    baseline = _rss_mb()
+    model, x = build(model_name, args.layers, batch, args.sequence)
+    with torch.inference_mode():
+        run = column(name, model, x, args.threads, args)
+        for _ in range(3):
+            run()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"model": model_name, "batch": batch, "column": name, "peak_mb": peak - baseline}
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _environment(threads: int) -> dict:
+    env = dict(os.environ)
+    for variable in ("OMP_NUM_THREADS", "TVM_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[variable] = str(threads)
+    return env
+
+
+def _run_child(argv: list[str], threads: int):
+    command = [sys.executable, __file__, *argv]
+    done = subprocess.run(
+        command, env=_environment(threads), stdout=subprocess.PIPE, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"benchmarks/models.py: child {' '.join(argv)} exited {done.returncode}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------------------
+# The parent: table, CSV, chart
+# --------------------------------------------------------------------------------------
+
+
+def _ratios(rows: list[dict]) -> None:
+    by_cell = {}
+    for row in rows:
+        by_cell.setdefault((row["model"], row["batch"], row["threads"]), {})[row["column"]] = row
+    for cell in by_cell.values():
+        eager = cell.get("torch", {}).get("ms")
+        for row in cell.values():
+            row["torch/this"] = eager / row["ms"] if eager and row["ms"] else None
+
+
+def _table(rows: list[dict], columns: list[str]) -> str:
+    header = "| model | batch | threads | " + " | ".join(columns) + " | torch / tir_byoc |"
+    lines = [header, "|" + " --- |" * (len(columns) + 4)]
+    cells = {}
+    for row in rows:
+        cells.setdefault((row["model"], row["batch"], row["threads"]), {})[row["column"]] = row
+    for (model, batch, threads), cell in cells.items():
+        values = []
+        for name in columns:
+            row = cell.get(name)
+            if row is None or row["ms"] is None:
+                values.append("failed" if row and row["note"] else "-")
+            else:
+                values.append(
+                    f"{row['ms']:.1f}"
+                    + (f" ({row['peak_mb']:.0f} MB)" if row.get("peak_mb") is not None else "")
+                )
+        ratio = cell.get("tir_byoc", {}).get("torch/this")
+        values.append(f"{ratio:.2f}" if ratio else "-")
+        lines.append(f"| {model} | {batch} | {threads} | " + " | ".join(values) + " |")
+    return "\n".join(lines)
+
+
+def _chart(rows: list[dict], columns: list[str], path: Path) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    cells = sorted({(r["model"], r["batch"], r["threads"]) for r in rows})
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cells)), 4))
+    width = 0.8 / len(columns)
+    for i, name in enumerate(columns):
+        values = []
+        for cell in cells:
+            row = next(
+                (
+                    r
+                    for r in rows
+                    if (r["model"], r["batch"], r["threads"]) == cell and r["column"] == name
+                ),
+                None,
+            )
+            values.append(row["torch/this"] if row and row.get("torch/this") else 0)
+        ax.bar([c + i * width for c in range(len(cells))], values, width, label=name)
+    ax.set_xticks([c + 0.4 - width / 2 for c in range(len(cells))])
+    ax.set_xticklabels([f"{m}\nb{b} t{t}" for m, b, t in cells], fontsize=8)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_ylabel("speed-up over torch eager (higher is faster)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return str(path)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--sequence", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--columns", default=",".join(COLUMNS))
+    parser.add_argument("--tune-trials", type=int, default=0)
+    parser.add_argument("--work-dir", default=str(RESULTS / "metaschedule"))
+    parser.add_argument("--budget", type=float, default=1.0, help="seconds per timed cell")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--memory", action="store_true", help="also measure peak memory")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--child", choices=("time", "memory"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.models = args.models.split(",")
+    args.batches = [int(b) for b in args.batches.split(",")]
+    args.columns = args.columns.split(",")
+    if args.tune_trials and not args.child:
+        args.columns += [c for c in TUNED_COLUMNS if c not in args.columns]
+    if args.child:
+        args.threads = int(args.threads)
+        result = child(args) if args.child == "time" else memory_child(args)
+        print(json.dumps(result))
+        return 0
+    # Step 1. Times, one child per thread count.
+    common = [
+        "--models",
+        ",".join(args.models),
+        "--sequence",
+        str(args.sequence),
+        "--layers",
+        str(args.layers),
+        "--tune-trials",
+        str(args.tune_trials),
+        "--work-dir",
+        args.work_dir,
+        "--budget",
+        str(args.budget),
+        "--rounds",
+        str(args.rounds),
+    ]
+    rows = []
+    for threads in [int(t) for t in args.threads.split(",")]:
+        print(f"{threads} thread(s):", file=sys.stderr)
+        rows += _run_child(
+            [
+                *common,
+                "--child",
+                "time",
+                "--threads",
+                str(threads),
+                "--batches",
+                ",".join(map(str, args.batches)),
+                "--columns",
+                ",".join(args.columns),
+            ],
+            threads,
+        )
+    # Step 2. Peak memory, one child per cell (one thread: memory does not depend on it).
+    if args.memory:
+        for row in rows:
+            if row["threads"] != 1 or row["ms"] is None:
+                continue
+            peak = _run_child(
+                [
+                    *common,
+                    "--child",
+                    "memory",
+                    "--threads",
+                    "1",
+                    "--models",
+                    row["model"],
+                    "--batches",
+                    str(row["batch"]),
+                    "--columns",
+                    row["column"],
+                ],
+                1,
+            )
+            for other in rows:
+                if (other["model"], other["batch"], other["column"]) == (
+                    row["model"],
+                    row["batch"],
+                    row["column"],
+                ):
+                    other["peak_mb"] = peak["peak_mb"]
+    # Step 3. Ratios, table, CSV, chart.
+    _ratios(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with open(args.out / "models.csv", "w", newline="") as f:
+        fields = ["model", "batch", "threads", "column", "ms", "torch/this", "peak_mb", "note"]
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    from report import machine
+
+    print(f"machine: {machine()}; sequence {args.sequence}, {args.layers} layers; ms, medians")
+    print(_table(rows, args.columns))
+    for row in rows:
+        if row["note"]:
+            print(
+                f"- {row['model']} b{row['batch']} t{row['threads']} {row['column']}: {row['note']}"
+            )
+    chart = _chart(rows, args.columns, args.out / "models.png")
+    if chart:
+        print(f"chart: {chart}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
