@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from direct import MLP_LAYERS, RESULTS, compute_direct, layer_specs, measure_direct
-from timing import slow_note, time_python, time_tvm
-from workloads import DTYPES, Workload, arrays, expected, ir_module, target
+from timing import plan, slow_note, time_python, time_tvm
+from workloads import DTYPES, Workload, arrays, expected, ir_module, prim_func, target
 
 
 @dataclass(frozen=True)
@@ -188,6 +188,67 @@ def layer_tir_byoc(backend: str, workload, dtype, settings) -> Measured:
     if backend == "onednn" and workload.group == "epilogue" and ms is not None:
         notes.append(_onednn_kernels(compiled.compute))
     return ms, "; ".join(n for n in notes if n)
+
+
+def _constant_weight_module(workload: Workload, signature: str, weight):
+    """A Relax ``main`` calling the workload's PrimFunc with ``weight`` as a constant of the
+    model (what ``from_exported_program`` makes of a Linear's weight): every operand but W is
+    a parameter."""
+    from tvm import relax
+
+    func = prim_func(workload, signature)
+    *operands, out = func.params
+
+    def tensor_type(param):
+        return relax.TensorType([int(e) for e in param.ty.shape], str(param.ty.dtype.dtype))
+
+    params = [relax.Var(p.name, tensor_type(p)) for i, p in enumerate(operands) if i != 1]
+    builder = relax.BlockBuilder()
+    with builder.function("main", params):
+        with builder.dataflow():
+            gv = builder.add_func(func.without_attr("global_symbol"), workload.pattern)
+            args = [params[0], relax.const(weight), *params[1:]]
+            result = builder.emit_output(relax.op.call_tir(gv, relax.Tuple(args), tensor_type(out)))
+        builder.emit_func_output(result)
+    return builder.get()
+
+
+def layer_tir_byoc_constant(workload, dtype, settings) -> Measured:
+    """tir_byoc + oneDNN with the weight a constant of a Relax model, so that the offload may
+    pack it once (issue 15); the note says whether it did."""
+    import tvm
+    from tvm import relax
+
+    import tir_byoc
+
+    signature = DTYPES[dtype]
+    operands, _ = arrays(workload, signature)
+    weight = operands[1]
+    offloaded = tir_byoc.offload(
+        _constant_weight_module(workload, signature, weight), backends=["onednn"]
+    )
+    packed = sorted(g.name_hint for g in offloaded.functions if g.name_hint.endswith("_packed"))
+    built = tvm.compile(offloaded, target=target())
+    vm = relax.VirtualMachine(built, tvm.cpu())
+    inputs = [tvm.runtime.tensor(a) for i, a in enumerate(operands) if i != 1]
+    agrees, checked = _verified(workload, operands, lambda: vm["main"](*inputs).numpy())
+    if not agrees:
+        return None, checked
+    vm.set_input("main", *inputs)
+    timer = vm.time_evaluator("invoke_stateful", tvm.cpu(), number=1, repeat=1)
+    first = timer("main").mean
+    number, repeat = plan(first, settings.budget)
+    ms = (
+        vm.time_evaluator("invoke_stateful", tvm.cpu(), number=number, repeat=repeat)("main").median
+        * 1e3
+    )
+    how = (
+        f"weight packed once ({', '.join(packed)})"
+        if packed
+        else "weight left plain: oneDNN's kernel for the plain layout is the one it picks, "
+        "or packing was declined (see tir_byoc.packing)"
+    )
+    return ms, "; ".join(n for n in (how, checked) if n)
 
 
 def _onednn_kernels(run: Callable) -> str:
@@ -499,6 +560,66 @@ def layer_torch(workload, dtype, settings) -> Measured:
     return time_python(run, settings.budget), "; ".join(n for n in (note, checked) if n)
 
 
+def layer_onnxruntime(workload, dtype, settings) -> Measured:
+    """ONNX Runtime's CPU provider on one ``Gemm`` (``transB=1``, the weight and bias as
+    initializers, so ORT may pack the weight when the session is created), then ``Relu``."""
+    try:
+        import onnx
+        import onnxruntime
+        from onnx import TensorProto, helper, numpy_helper
+    except ImportError:
+        return None, "onnxruntime not installed (make bench installs the bench extra)"
+    operands, _ = arrays(workload, DTYPES[dtype])
+    x, w, *rest = operands
+    ops = list(workload.ops)
+    gemm_inputs, initializers = ["x", "w"], [numpy_helper.from_array(w, "w")]
+    if ops[:1] == ["bias"]:
+        gemm_inputs.append("b")
+        initializers.append(numpy_helper.from_array(rest[0].reshape(-1), "b"))
+        ops = ops[1:]
+    nodes = [helper.make_node("Gemm", gemm_inputs, ["g"], transB=1)]
+    if ops == ["relu"]:
+        nodes.append(helper.make_node("Relu", ["g"], ["y"]))
+    else:
+        nodes[0].output[0] = "y"
+    n = w.shape[0]
+    graph = helper.make_graph(
+        nodes,
+        "layer",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [x.shape[0], n])],
+        initializers,
+    )
+    # IR version 9 (onnx 1.15): onnx writes its newest, which ORT may not read yet.
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1))
+    options.inter_op_num_threads = 1
+    session = onnxruntime.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    feed = {"x": x}
+
+    def run():
+        return session.run(None, feed)[0]
+
+    agrees, checked = _verified(workload, operands, run)
+    if not agrees:
+        return None, checked
+    note = f"onnxruntime {onnxruntime.__version__} (onnx {onnx.__version__})"
+    return time_python(run, settings.budget), "; ".join(n for n in (note, checked) if n)
+
+
+def _not_one_gemm(workload: Workload, settings: Settings) -> str | None:
+    if (
+        workload.batched
+        or not workload.dense
+        or workload.ops not in ((), ("bias",), ("relu",), ("bias", "relu"))
+    ):
+        return "skipped: the ONNX Runtime harness builds 2-D dense layers with bias and relu"
+    return None
+
+
 def _torch():
     """torch, using the threads TVM uses; None if not installed."""
     try:
@@ -618,6 +739,12 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
             tir_byoc=True,
         ),
         Implementation(
+            "tir_byoc+onednn, constant weight",
+            layer=layer_tir_byoc_constant,
+            skip=_nothing_to_prepack,
+            tir_byoc=True,
+        ),
+        Implementation(
             "tir_byoc+onednn (transposes kept)",
             mlp=partial(mlp_relax, "onednn", fold_transposes=False),
             tir_byoc=True,
@@ -654,6 +781,7 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
         ),
         Implementation("NumPy", layer=layer_numpy, mlp=mlp_numpy),
         Implementation("PyTorch eager", layer=layer_torch, mlp=mlp_torch),
+        Implementation("ONNX Runtime", layer=layer_onnxruntime, skip=_not_one_gemm),
         Implementation("TVM unscheduled", layer=partial(layer_tvm, None)),
         Implementation("TVM dlight default", layer=partial(layer_tvm, "dlight")),
         Implementation("TVM MetaSchedule", layer=layer_metaschedule, skip=_tuning_too_long),
