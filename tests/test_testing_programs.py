@@ -291,7 +291,6 @@ def test_a_near_miss_in_a_spelling_of_several_blocks_is_explained_by_its_op():
     assert "gelu: a constant is 0.6 where gelu has 0.5" in rejection.reason
 
 
-@pytest.mark.xfail(strict=True, reason="open matcher issue: an inner block's refusal wins")
 def test_ops_out_of_slot_order_before_a_spelling_of_several_blocks_are_explained_so():
     chain = ChainSpec(scale="z * c", bias="vector", activation="gelu: relax", n=3, k=3)
     program = build_program(mutate(ProgramSpec(chains=(chain,), m=3), 0, "scale_after_bias"))

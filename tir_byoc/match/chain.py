@@ -84,7 +84,7 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
             steps = base + EpilogueParser(core.out, axes, core, extents, index.params).parse(value)
             ops = tuple(s.op for s in steps)
             if pattern_for(core.layout, ops, core.form) is None:
-                raise Refused(slot_refusal(ops))
+                raise Refused(slot_refusal(ops), op=ops[-1])
         except Refused as refused:
             parse_refusals.append((position, refused))
             continue
