@@ -478,3 +478,18 @@ def test_mlp_layers_offloaded_whole_are_not_tuned(tmp_path):
     assert tuned_names and tuned_names <= {"transpose", "transpose1"}
     result, expected = run_mlp(tuned)
     np.testing.assert_allclose(result, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_fast_stack_for_tensor_intrinsics_is_inspect_stack_without_its_module_scan():
+    import inspect
+
+    from tir_byoc.meta_schedule import intrinsics_import
+
+    def both(context):
+        return inspect.stack(context), intrinsics_import._stack(context)
+
+    for context in (1, 3):
+        slow, fast = both(context)
+        assert [tuple(f) for f in fast] == [tuple(f) for f in slow]
+    intrinsics_import.import_tensor_intrinsics()
+    assert inspect.stack is not intrinsics_import._stack

@@ -19,6 +19,7 @@ from tvm.s_tir.meta_schedule.builder import LocalBuilder
 
 from ..export import export_library
 from ..registry import REGISTRY, Registry
+from .intrinsics_import import import_tensor_intrinsics
 from .postproc import OffloadPostproc, Rejections
 from .rule import OffloadRule, cpu_target, register_custom_rule
 
@@ -63,6 +64,7 @@ def design_space(
     target, offload, backends, registry, rejections: Rejections
 ) -> ms.space_generator.PostOrderApply:
     """:func:`offload_space`, its postproc counting rejections into ``rejections``."""
+    import_tensor_intrinsics()  # before TuneContext does, slowly
     target = cpu_target(target)
     register_custom_rule(target)
     kind = target.kind.name
