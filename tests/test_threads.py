@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tir_byoc import threads
@@ -90,3 +92,27 @@ def test_tvm_spin_set_by_the_user_is_kept_when_libgomp_loaded_too_early(clean_en
     clean_env.setattr(threads, "_loaded", lambda fragment: fragment == "libgomp")
     assert threads.configure("openmp") == {}
     assert os.environ["TVM_THREAD_POOL_SPIN_COUNT"] == "500"
+
+
+def test_tvm_pool_spin_is_set_before_the_pool_starts_short_or_none_with_libgomp_loaded(clean_env):
+    import os
+
+    assert threads.configure_tvm() == {"TVM_THREAD_POOL_SPIN_COUNT": "1000"}
+    assert threads.configure_tvm() == {}  # once
+    clean_env.delenv("TVM_THREAD_POOL_SPIN_COUNT")
+    clean_env.setattr(threads, "_applied", {})
+    clean_env.setattr(threads, "_loaded", lambda fragment: fragment == "libgomp")
+    assert threads.configure_tvm() == {"TVM_THREAD_POOL_SPIN_COUNT": "0"}
+    clean_env.setenv("TVM_THREAD_POOL_SPIN_COUNT", "7")
+    assert threads.configure_tvm() == {}
+    assert os.environ["TVM_THREAD_POOL_SPIN_COUNT"] == "7"
+
+
+def test_importing_tir_byoc_sets_tvm_pool_spin_before_any_model_runs():
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in VARIABLES}
+    code = "import os, tir_byoc; print(os.environ.get('TVM_THREAD_POOL_SPIN_COUNT'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() in {"0", "1000"}, out.stderr

@@ -20,6 +20,7 @@ profile(model, *inputs)
 """
 
 from . import backends as _bundled_backends  # noqa: F401  (registers the bundled intrinsics)
+from . import threads as _threads
 from .export import export_library
 from .frontend import UnsupportedModel
 from .match import FunctionScan, Match, Rejection
@@ -42,6 +43,8 @@ from .registry import (
 from .rewrite import RewriteError
 from .signature import DtypeSignature
 from .toolchain import ToolchainError
+
+_threads.configure_tvm()  # before TVM's pool starts: it reads its idle spin only then
 
 __all__ = [
     "PATTERNS",
