@@ -612,7 +612,7 @@ def layer_onnxruntime(workload, dtype, settings) -> Measured:
 
 def _not_one_gemm(workload: Workload, settings: Settings) -> str | None:
     if (
-        workload.batched
+        workload.batch
         or not workload.dense
         or workload.ops not in ((), ("bias",), ("relu",), ("bias", "relu"))
     ):

@@ -203,6 +203,7 @@ def test_the_table_runs_in_the_order_the_runs_always_had(bench):
     running = bench.implementations.running
     assert [i.name for i in running("layer")] == [
         "tir_byoc+onednn",
+        "tir_byoc+onednn, constant weight",
         "tir_byoc+openblas",
         "tir_byoc+ref",
         "oneDNN direct (C)",
@@ -210,6 +211,7 @@ def test_the_table_runs_in_the_order_the_runs_always_had(bench):
         "OpenBLAS direct (C)",
         "NumPy",
         "PyTorch eager",
+        "ONNX Runtime",
         "TVM unscheduled",
         "TVM dlight default",
         "TVM MetaSchedule",
@@ -346,3 +348,26 @@ def test_a_wrong_result_is_reported_and_the_oracle_is_float64(bench):
     for wrong in (oracle * (1 + 1e-3), np.where(oracle == oracle.max(), np.nan, oracle)):
         agrees, note = check(workload, operands, wrong)
         assert not agrees and note.startswith("WRONG RESULT: error")
+
+
+def test_the_constant_weight_column_passes_the_weight_as_a_relax_constant(bench):
+    from tvm import relax
+
+    (workload,) = bench.workloads.select(["64x800->500 +bias+relu"])
+    operands, _ = bench.workloads.arrays(workload, "float32")
+    mod = bench.implementations._constant_weight_module(workload, "float32", operands[1])
+    main = mod["main"]
+    assert [p.name for p in main.params] == ["X", "b"]
+    (call,) = [b.value for b in main.body.blocks[0].bindings]
+    x, w, b = call.args[1].fields
+    assert isinstance(w, relax.Constant) and w.data.shape == (500, 800)
+    assert (x, b) == tuple(main.params)
+
+
+def test_onnx_runtime_runs_only_the_2d_dense_layers_it_builds(bench):
+    skip = bench.implementations._not_one_gemm
+    by_name = {w.name: w for w in bench.workloads.WORKLOADS}
+    assert skip(by_name["64x800->500 +bias+relu"], None) is None
+    assert skip(by_name["1x4096->4096"], None) is None
+    for name in ("Linear 8x128x768->3072", "attn P.V 96x128x128->64", "Linear+GELU 256x768->3072"):
+        assert "ONNX Runtime harness builds 2-D dense layers" in skip(by_name[name], None)
