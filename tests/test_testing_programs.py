@@ -281,9 +281,8 @@ def test_a_mutation_that_breaks_an_epilogue_op_stops_the_chain_before_it(name, s
 
 
 # The one reason a Rejection gives for the blocks after a chain's end is the broken op's even
-# when a shorter cut inside a spelling of several blocks was refused first.  Still open
-# (tests/properties/README.md): when the op out of slot order is followed by such a spelling,
-# one of whose inner blocks names an op, that block's reason is given.
+# when a shorter cut inside a spelling of several blocks was refused first, and the slot
+# order's when ops out of order are followed by such a spelling (tests/properties/README.md).
 def test_a_near_miss_in_a_spelling_of_several_blocks_is_explained_by_its_op():
     chain = ChainSpec(activation="gelu: relax", n=3, k=3)
     program = build_program(mutate(ProgramSpec(chains=(chain,), m=3), 0, "fixed_half"))
