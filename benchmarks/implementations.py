@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from direct import MLP_LAYERS, RESULTS, compute_direct, layer_specs, measure_direct
-from timing import plan, slow_note, time_python, time_tvm
+from timing import slow_note, time_python, time_tvm
 from workloads import DTYPES, Workload, arrays, expected, ir_module, prim_func, target
 
 
@@ -234,14 +234,7 @@ def layer_tir_byoc_constant(workload, dtype, settings) -> Measured:
     agrees, checked = _verified(workload, operands, lambda: vm["main"](*inputs).numpy())
     if not agrees:
         return None, checked
-    vm.set_input("main", *inputs)
-    timer = vm.time_evaluator("invoke_stateful", tvm.cpu(), number=1, repeat=1)
-    first = timer("main").mean
-    number, repeat = plan(first, settings.budget)
-    ms = (
-        vm.time_evaluator("invoke_stateful", tvm.cpu(), number=number, repeat=repeat)("main").median
-        * 1e3
-    )
+    ms = time_tvm(vm, "main", inputs, settings.budget)
     how = (
         f"weight packed once ({', '.join(packed)})"
         if packed

@@ -138,12 +138,12 @@ def default_schedule(
     for gvar, func in mod.functions_items():
         if not isinstance(func, tirx.PrimFunc):
             continue
-        name = gvar.name_hint
+        name, offloaded = gvar.name_hint, bool(intrinsic_calls(func))
         if is_scheduled(func):
-            if not intrinsic_calls(func):
+            if not offloaded:
                 rules[name] = scheduled_by
             continue
-        if intrinsic_calls(func):
+        if offloaded:
             left = _tvm_blocks(func)
             if left:
                 serial[name] = {

@@ -12,7 +12,7 @@ from tvm.s_tir.dlight.base import try_inline
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.target import Target
 
-from .loops import parallel_vectorize
+from .loops import schedule_blocks
 
 
 class Elementwise(CPUScheduleRule):
@@ -36,9 +36,5 @@ class Elementwise(CPUScheduleRule):
         # Step 1. One loop nest per output where inlining allows: no intermediate buffers.
         blocks = try_inline(sch, blocks)
         # Step 2. Parallel outside, vector inside.
-        self.notes = {}
-        for block in blocks:
-            note = parallel_vectorize(sch, block.block_rv, target)
-            if note is not None:
-                self.notes[block.name] = note
+        self.notes = schedule_blocks(sch, blocks, target)
         return sch

@@ -1,8 +1,9 @@
 """Loop transformations the default CPU rules share: a parallel outer loop, a vector inner one.
 
-Entry points: :func:`parallel_vectorize` (a block of spatial loops only) and
+Entry points: :func:`schedule_blocks` (each block by its kind, the reasons it leaves blocks on
+one thread), built on :func:`parallel_vectorize` (a block of spatial loops only) and
 :func:`parallel_rows` (a reduction block: its leading spatial loops in parallel), and
-:func:`vector_lanes`.  Each returns a note when it leaves the block running on one thread.
+:func:`vector_lanes`.
 """
 
 from __future__ import annotations
@@ -102,3 +103,27 @@ def parallel_rows(sch: s_tir.Schedule, block, leading: int) -> str | None:
     if leading == 0:
         return "reduces over its outermost loop: runs on one thread"
     return _parallel(sch, list(loops[:leading]), _work(sch, loops))
+
+
+def _leading_spatial(dom_kind: str) -> int:
+    return len(dom_kind) - len(dom_kind.lstrip("S"))
+
+
+def schedule_blocks(sch: s_tir.Schedule, blocks, target: Target) -> dict[str, str]:
+    """Schedule each of ``blocks`` (dlight ``SBlockInfo``): a spatial block with
+    :func:`parallel_vectorize`, a reduction block with :func:`parallel_rows`.
+
+    Returns
+    -------
+    dict
+        The blocks left on one thread, by name, with the reason.
+    """
+    notes = {}
+    for block in blocks:
+        if block.is_injective():
+            note = parallel_vectorize(sch, block.block_rv, target)
+        else:
+            note = parallel_rows(sch, block.block_rv, _leading_spatial(block.dom_kind()))
+        if note is not None:
+            notes[block.name] = note
+    return notes

@@ -13,11 +13,7 @@ from tvm.s_tir.dlight.base import try_inline
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.target import Target
 
-from .loops import parallel_rows, parallel_vectorize
-
-
-def _leading_spatial(dom_kind: str) -> int:
-    return len(dom_kind) - len(dom_kind.lstrip("S"))
+from .loops import schedule_blocks
 
 
 class RowReduction(CPUScheduleRule):
@@ -46,12 +42,5 @@ class RowReduction(CPUScheduleRule):
         # Step 1. Fold the elementwise blocks into their neighbours.
         blocks = try_inline(sch, blocks)
         # Step 2. Each block in parallel over its rows.
-        self.notes = {}
-        for block in blocks:
-            if block.is_injective():
-                note = parallel_vectorize(sch, block.block_rv, target)
-            else:
-                note = parallel_rows(sch, block.block_rv, _leading_spatial(block.dom_kind()))
-            if note is not None:
-                self.notes[block.name] = note
+        self.notes = schedule_blocks(sch, blocks, target)
         return sch
