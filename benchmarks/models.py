@@ -40,6 +40,8 @@ from pathlib import Path
 
 import torch
 
+from tir_byoc.frontend import causal_mask
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "models"
 MODELS = ("bert", "gpt2", "llama", "encoder")
@@ -86,7 +88,7 @@ def build(name: str, layers: int, batch: int, sequence: int):
             use_cache=False,
             attn_implementation="eager",
         )
-        return _Hidden(transformers.GPT2Model(config), _causal_mask(sequence)).eval(), ids
+        return _Hidden(transformers.GPT2Model(config), causal_mask(sequence)).eval(), ids
     if name == "llama":
         config = transformers.LlamaConfig(
             hidden_size=HIDDEN,
@@ -98,13 +100,8 @@ def build(name: str, layers: int, batch: int, sequence: int):
             use_cache=False,
             attn_implementation="eager",
         )
-        return _Hidden(transformers.LlamaModel(config), _causal_mask(sequence)).eval(), ids
+        return _Hidden(transformers.LlamaModel(config), causal_mask(sequence)).eval(), ids
     raise ValueError(f"benchmarks/models.py: expected a model of {MODELS}, got {name!r}")
-
-
-def _causal_mask(sequence: int):
-    future = torch.triu(torch.ones(sequence, sequence, dtype=torch.bool), diagonal=1)
-    return torch.zeros(1, 1, sequence, sequence).masked_fill(future, torch.finfo(torch.float32).min)
 
 
 class _Hidden(torch.nn.Module):

@@ -104,11 +104,7 @@ class _CausalLogits(torch.nn.Module):
     def __init__(self, decoder: torch.nn.Module, sequence: int):
         super().__init__()
         self.decoder = decoder
-        future = torch.triu(torch.ones(sequence, sequence, dtype=torch.bool), diagonal=1)
-        mask = torch.zeros(1, 1, sequence, sequence).masked_fill(
-            future, torch.finfo(torch.float32).min
-        )
-        self.register_buffer("mask", mask)
+        self.register_buffer("mask", tir_byoc.frontend.causal_mask(sequence))
 
     def forward(self, ids):
         return self.decoder(input_ids=ids, attention_mask=self.mask, use_cache=False).logits

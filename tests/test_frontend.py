@@ -123,3 +123,15 @@ def test_an_unknown_export_error_is_raised_as_it_is(monkeypatch):
     with pytest.raises(RuntimeError) as error:
         tir_byoc.build_model(_Linear().eval(), torch.ones(2))
     assert error.value is original
+
+
+def test_the_causal_mask_is_zero_on_and_below_the_diagonal_and_the_dtype_minimum_above():
+    mask = tir_byoc.frontend.causal_mask(4)
+    assert mask.shape == (1, 1, 4, 4) and mask.dtype == torch.float32
+    lowest = torch.finfo(torch.float32).min
+    expected = torch.tensor([[0.0 if j <= i else lowest for j in range(4)] for i in range(4)])
+    assert torch.equal(mask[0, 0], expected)
+    assert (
+        tir_byoc.frontend.causal_mask(2, torch.float16)[0, 0, 0, 1]
+        == torch.finfo(torch.float16).min
+    )

@@ -132,6 +132,22 @@ def boolean_comparisons(mod: tvm.IRModule) -> list[str]:
     )
 
 
+def causal_mask(sequence: int, dtype=None):
+    """The prepared additive causal mask that :data:`_BOOLEAN_COMPARE` asks for.
+
+    A ``(1, 1, sequence, sequence)`` torch tensor of ``dtype`` (default float32): 0 where a
+    token may attend (itself and earlier tokens), ``torch.finfo(dtype).min`` elsewhere.  Passed
+    as a transformers decoder's ``attention_mask``, it is added to the attention scores as
+    given, so the model builds no boolean mask of its own.
+    """
+    import torch
+
+    dtype = torch.float32 if dtype is None else dtype
+    future = torch.triu(torch.ones(sequence, sequence, dtype=torch.bool), diagonal=1)
+    mask = torch.zeros(1, 1, sequence, sequence, dtype=dtype)
+    return mask.masked_fill(future, torch.finfo(dtype).min)
+
+
 def first_line(error: BaseException) -> str:
     """The first non-empty line of ``error``'s message, with its type."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
