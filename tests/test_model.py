@@ -262,3 +262,10 @@ def test_tuning_hands_the_lowered_module_to_tune_relax_and_builds_what_it_return
 def test_tuning_without_a_work_dir_is_refused_before_anything_runs():
     with pytest.raises(ValueError, match=r"expected work_dir= .* with tune_trials=8, got none"):
         tir_byoc.build_model(demo.lowered_mlp(), tune_trials=8)
+
+
+@pytest.mark.parametrize("trials", [-1, 2.5, "8"])
+def test_a_tuning_budget_that_is_not_a_count_is_refused_in_one_line(trials, tmp_path):
+    with pytest.raises(ValueError, match=r"expected tune_trials to be an int >= 0, got") as error:
+        tir_byoc.build_model(demo.lowered_mlp(), tune_trials=trials, work_dir=tmp_path)
+    assert "\n" not in str(error.value)

@@ -169,6 +169,7 @@ def build_model(
     # Step 1. What the model is; torch models become Relax here.
     kind = _kind(model)
     resolved = _target(target)
+    _check_tuning(tune_trials, work_dir)
     output_spec = None
     if kind == "torch":
         mod, output_spec = frontend.import_torch(model, example_inputs)
@@ -188,7 +189,7 @@ def build_model(
     if is_relax:
         mod = tvm.transform.Sequential([p() for p in LOWERING])(mod)
     signature = TirSignature.of(mod[entry]) if not is_relax else None
-    if tune_trials:
+    if tune_trials != 0:
         mod = _tune(mod, resolved, is_relax, tune_trials, work_dir, offload, backends, tune_options)
     elif offload:
         mod = offload_module(mod, backends=backends)
@@ -217,15 +218,23 @@ def build_model(
     )
 
 
-def _tune(mod, target, is_relax, trials, work_dir, offload, backends, options):
-    """MetaSchedule on every PrimFunc, offloaded or native variant per chain, as measured."""
-    from .meta_schedule import tune_relax, tune_tir
-
-    if work_dir is None:
+def _check_tuning(trials, work_dir) -> None:
+    """A one-line ``ValueError`` for a tuning budget or work_dir ``build_model`` cannot use."""
+    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 0:
+        raise ValueError(
+            f"tir_byoc.build_model: expected tune_trials to be an int >= 0, got {trials!r}"
+        )
+    if trials and work_dir is None:
         raise ValueError(
             f"tir_byoc.build_model: expected work_dir= (MetaSchedule's database) with "
             f"tune_trials={trials}, got none"
         )
+
+
+def _tune(mod, target, is_relax, trials, work_dir, offload, backends, options):
+    """MetaSchedule on every PrimFunc, offloaded or native variant per chain, as measured."""
+    from .meta_schedule import tune_relax, tune_tir
+
     options = {"progress": True, **(options or {})}
     options.setdefault("offload", "choice" if offload else "never")
     if backends is not None:
