@@ -12,11 +12,15 @@ modules after the PrimFuncs are rewritten.  A GEMM's weight is packed when
   M, N and K: a pack is made for one M (a symbolic M takes the plain path);
 - nothing else in the PrimFunc reads the weight.
 
-The packed PrimFunc (``<name>_packed``) takes a uint8 block where the weight was and calls the
-backend's gemm entry point with ``TIR_BYOC_PACKED_WEIGHT``; each constant call site gets the
-block its weight packs to (``tir_byoc_<backend>_pack``), and the plain constant is left to
-dead-code elimination when nothing else uses it.  The block names the layout it holds, so a
-block met by a call it was not made for fails with ``TIR_BYOC_EPACKED`` rather than compute.
+The backend chooses the form once per GEMM, on the first constant's weight: oneDNN times the
+call with the plain weight, transposed (a K x N weight as N x K, or the reverse) and in the
+layout it prefers, and packs only if a form is at least 5 % faster (``tir_byoc_onednn_pack``;
+``TIR_BYOC_ONEDNN_PACK=library|transposed|plain`` names the form instead).  The packed
+PrimFunc (``<name>_packed``) takes a uint8 block where the weight was and calls the backend's
+gemm entry point with ``TIR_BYOC_PACKED_WEIGHT``; each constant call site gets its weight
+packed in that form, and the plain constant is left to dead-code elimination when nothing
+else uses it.  The block names the form and layout it holds, so a block met by a call it was
+not made for fails with ``TIR_BYOC_EPACKED`` rather than compute.
 """
 
 from __future__ import annotations
@@ -42,6 +46,9 @@ logger = logging.getLogger("tir_byoc")
 
 #: ``TIR_BYOC_PACKED_WEIGHT`` of ``tir_byoc.h``.
 PACKED_WEIGHT_FLAG = 1 << 25
+#: ``TIR_BYOC_PACK_CHOOSE`` and the forms of a block (``TIR_BYOC_PACK_*``), by name.
+PACK_CHOOSE = -1
+PACK_FORMS = {0: "plain", 1: "library", 2: "transposed"}
 
 _CALL_TIR = ir.Op.get("relax.call_tir")
 _F32 = DtypeSignature.parse("float32")
@@ -49,12 +56,14 @@ _F32 = DtypeSignature.parse("float32")
 
 @dataclass(frozen=True)
 class Packing:
-    """One GEMM whose weight is packed: the gemm intrinsic called, and the block's parameter."""
+    """One GEMM whose weight is packed: the gemm intrinsic called, the block's parameter, and
+    the form the block holds (a key of :data:`PACK_FORMS`)."""
 
     match: Match
     intrinsic: Intrinsic
     param: ir.Var
     size: int
+    form: int
 
 
 @dataclass
@@ -88,8 +97,9 @@ def _static(step) -> bool:
     return all(isinstance(c, (int, float)) for c in step.constants)
 
 
-def _pack_call(lib, match: Match, weight: np.ndarray) -> np.ndarray:
-    """The block ``tir_byoc_<backend>_pack`` makes of ``weight`` for ``match``'s call."""
+def _pack_call(lib, match: Match, weight: np.ndarray, form: int = PACK_CHOOSE):
+    """``weight`` packed by ``tir_byoc_<backend>_pack`` for ``match``'s call in ``form``, or in
+    the form the backend chooses: ``(form, block)``, the block None for the plain form."""
     from .rewrite import epilogue_arguments  # the rewrite imports this module
 
     codes, constants = epilogue_arguments(match)
@@ -101,19 +111,21 @@ def _pack_call(lib, match: Match, weight: np.ndarray) -> np.ndarray:
         ctypes.c_int64(codes),
         *(ctypes.c_double(c) for c in constants),
     ]
-    size = ctypes.c_int64(0)
-    status = lib(*args, None, ctypes.byref(size))
-    if status != 0:
-        raise RuntimeError(f"packing the weight of {match.pattern} failed with status {status}")
+    chosen, size = ctypes.c_int32(form), ctypes.c_int64(0)
+
+    def call(out):
+        status = lib(*args, ctypes.byref(chosen), out, ctypes.byref(size))
+        if status != 0:
+            raise RuntimeError(f"packing the weight of {match.pattern} failed with status {status}")
+
+    call(None)
     if size.value == 0:
-        return None  # the library prefers the plain weight for this call
+        return chosen.value, None
     block = np.zeros(size.value + 64, np.uint8)
     offset = (-block.ctypes.data) % 64
     aligned = block[offset : offset + size.value]
-    status = lib(*args, ctypes.c_void_p(aligned.ctypes.data), ctypes.byref(size))
-    if status != 0:
-        raise RuntimeError(f"packing the weight of {match.pattern} failed with status {status}")
-    return aligned.copy()
+    call(ctypes.c_void_p(aligned.ctypes.data))
+    return chosen.value, aligned.copy()
 
 
 def _pack_function(backend: str, registry: Registry):
@@ -219,17 +231,17 @@ def pack_constant_weights(mod, rewritten, rewrite, registry: Registry):
         for match, intrinsic, index in chosen:
             pack = _pack_function(registry.backend(intrinsic.backend).name, registry)
             sample = constant[0][1].value.args[1].fields[index].value.numpy()
-            block = _pack_call(pack, match, np.ascontiguousarray(sample))
+            form, block = _pack_call(pack, match, np.ascontiguousarray(sample))
             if block is None:
                 report.kept.append(
-                    f"{gvar.name_hint}: {', '.join(match.blocks)}: {intrinsic.backend} prefers "
-                    "the plain weight for this call (tir_byoc_onednn_pack_kernels says which "
-                    "kernels)"
+                    f"{gvar.name_hint}: {', '.join(match.blocks)}: {intrinsic.backend} runs "
+                    "this call as fast with the plain weight as with a packed one"
                 )
                 continue
             size = block.size
             gemm = registry[f"{intrinsic.backend}.{GEMM_ENTRY}"]
-            packings.append((Packing(match, gemm, _block_param(match.w, size), size), index, pack))
+            param = _block_param(match.w, size)
+            packings.append((Packing(match, gemm, param, size, form), index, pack))
         if not packings:
             continue
         variant = rewrite(before, offloaded, {p.match: p for p, _, _ in packings})
@@ -247,10 +259,14 @@ def pack_constant_weights(mod, rewritten, rewrite, registry: Registry):
             fields = list(binding.value.args[1].fields)
             for packing, index, pack in packings:
                 weight = np.ascontiguousarray(fields[index].value.numpy())
-                fields[index] = relax.const(_pack_call(pack, packing.match, weight), "uint8")
+                _, block = _pack_call(pack, packing.match, weight, packing.form)
+                fields[index] = relax.const(block, "uint8")
             call = relax.op.call_tir(packed_gvar, relax.Tuple(fields), list(binding.value.ty_args))
             replacements[binding.var] = relax.BlockBuilder().normalize(call)
-            report.packed.append(f"{fvar.name_hint}: {binding.var.name} -> {packed_gvar.name_hint}")
+            forms = ", ".join(PACK_FORMS[p.form] for p, _, _ in packings)
+            report.packed.append(
+                f"{fvar.name_hint}: {binding.var.name} -> {packed_gvar.name_hint} ({forms})"
+            )
     mod = _replace_calls(mod, replacements)
     for gvar, _, _, constant, sites in variants:
         if len(constant) == len(sites):
@@ -296,4 +312,11 @@ def _replace_calls(mod: tvm.IRModule, replacements) -> tvm.IRModule:
     return mod
 
 
-__all__ = ["PACKED_WEIGHT_FLAG", "PackReport", "Packing", "pack_constant_weights", "unpackable"]
+__all__ = [
+    "PACKED_WEIGHT_FLAG",
+    "PACK_FORMS",
+    "PackReport",
+    "Packing",
+    "pack_constant_weights",
+    "unpackable",
+]

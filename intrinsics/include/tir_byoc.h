@@ -113,12 +113,22 @@
  *
  *     int32_t tir_byoc_<backend>_pack(const void *w, int64_t m, int64_t n, int64_t k,
  *                                     int32_t dtypes, int32_t layout, int64_t ops,
- *                                     double c0, ..., double c5, void *out, int64_t *size);
+ *                                     double c0, ..., double c5, int32_t *form,
+ *                                     void *out, int64_t *size);
  *
- * (the call's arguments without x, y and the tensors; out == NULL asks for the size).  The
- * block names the layout it holds; a call it was not made for returns TIR_BYOC_EPACKED.  A
- * backend that does not pack never receives the flag and returns TIR_BYOC_EDTYPE if it does. */
+ * (the call's arguments without x, y and the tensors).  `form` is one of TIR_BYOC_PACK_*
+ * below.  With out == NULL the function sets *size to the bytes the block needs, and first,
+ * if *form is TIR_BYOC_PACK_CHOOSE, chooses the form (the oneDNN backend times the
+ * candidates on this call) and writes it to *form; TIR_BYOC_PACK_PLAIN gives *size = 0: the
+ * call is best served by the plain weight.  With out != NULL it writes the block in *form.
+ * The block names its form and layout; a call it was not made for returns TIR_BYOC_EPACKED.
+ * A backend that does not pack never receives the flag and returns TIR_BYOC_EDTYPE if it
+ * does. */
 #define TIR_BYOC_PACKED_WEIGHT (1 << 25)
+#define TIR_BYOC_PACK_CHOOSE (-1)    /* let the backend choose (and say) the form */
+#define TIR_BYOC_PACK_PLAIN 0        /* no block: the call keeps the plain weight */
+#define TIR_BYOC_PACK_LIBRARY 1      /* the layout the library prefers for the call */
+#define TIR_BYOC_PACK_TRANSPOSED 2   /* the plain weight in the other layout, NK <-> KN */
 #define TIR_BYOC_FLAGS_MASK ((int32_t)0x7F000000)
 #define TIR_BYOC_SIGNATURE_OF(dtypes) ((int32_t)((dtypes) & 0x00FFFFFF))
 #define TIR_BYOC_FLAGS_OF(dtypes) ((int32_t)((dtypes) & TIR_BYOC_FLAGS_MASK))

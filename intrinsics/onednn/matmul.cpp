@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -37,6 +38,7 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "tir_byoc.h"
 
@@ -595,21 +597,40 @@ Fusion Plan(const tir_byoc_epilogue &epilogue) {
 }
 
 /* ------------------------------------------------------------------------------------------
- * Packed weights (TIR_BYOC_PACKED_WEIGHT).  tir_byoc_onednn_pack reorders a constant weight
- * at build time into the layout oneDNN's matmul prefers for one call (its M, N, K, layout and
- * fused epilogue: the primitive the call creates, with format_tag::any for the weight), after
- * a 64-byte header naming that layout.  A call with the flag creates the same primitive and
- * runs on the block only if the header names the layout that primitive wants: a block made
- * for another shape, epilogue, CPU or oneDNN version gives TIR_BYOC_EPACKED, never a result.
+ * Packed weights (TIR_BYOC_PACKED_WEIGHT).  tir_byoc_onednn_pack lays a constant weight out at
+ * build time in one of two forms for one call (its M, N, K, layout and fused epilogue), after
+ * a 64-byte header naming the form and the layout:
+ *
+ * - TIR_BYOC_PACK_LIBRARY: the layout oneDNN's matmul asks for when the weight is given as
+ *   format_tag::any (blocked on brgemm CPUs, a plain one on AVX2);
+ * - TIR_BYOC_PACK_TRANSPOSED: the weight as the call would pass it in the other layout (a
+ *   matmul's K x N weight as a dense N x K one, or the reverse).  oneDNN's jit gemm copies
+ *   blocks of the weight as it goes, and how fast depends on the layout it reads: measured on
+ *   AVX2 (AMD EPYC, one thread), 128x768 -> 3072 takes 14.5 ms from a K x N weight and
+ *   7.2 ms from an N x K one, while 1x4096 -> 4096 is 12 % faster from K x N.
+ *
+ * A call with the flag creates the primitive of the form the header names and runs on the
+ * block only if the header names the layout that primitive wants: a block made for another
+ * shape, epilogue, CPU or oneDNN version gives TIR_BYOC_EPACKED, never a result.
  */
 struct PackHeader {
   char magic[8];
   uint64_t layout;  // DescHash of the packed weight's memory descriptor
   uint64_t bytes;   // its size
-  uint64_t reserved[5];
+  uint64_t form;    // TIR_BYOC_PACK_LIBRARY or TIR_BYOC_PACK_TRANSPOSED
+  uint64_t reserved[4];
 };
 static_assert(sizeof(PackHeader) == 64, "the packed data starts 64-byte aligned");
 constexpr char kPackMagic[8] = {'t', 'i', 'r', 'b', 'y', 'o', 'c', 'P'};
+
+/* The key of the primitive that reads a weight packed in `form` for a call of key `plain`. */
+Key FormKey(const Key &plain, int64_t form) {
+  Key key = plain;
+  if (form == TIR_BYOC_PACK_LIBRARY) key.packed = true;
+  if (form == TIR_BYOC_PACK_TRANSPOSED)
+    key.layout = plain.layout == TIR_BYOC_LAYOUT_NK ? TIR_BYOC_LAYOUT_KN : TIR_BYOC_LAYOUT_NK;
+  return key;
+}
 
 /* A hash of everything that places an element in a memory descriptor. */
 uint64_t DescHash(const dnnl::memory::desc &md) {
@@ -632,9 +653,15 @@ uint64_t DescHash(const dnnl::memory::desc &md) {
   return h;
 }
 
-bool PackFits(const PackHeader *header, const dnnl::memory::desc &weights) {
+/* True if `header` starts a block of a form this file makes. */
+bool IsPack(const PackHeader *header) {
   return header != nullptr && std::memcmp(header->magic, kPackMagic, sizeof kPackMagic) == 0 &&
-         header->layout == DescHash(weights) && header->bytes == weights.get_size();
+         (header->form == TIR_BYOC_PACK_LIBRARY || header->form == TIR_BYOC_PACK_TRANSPOSED);
+}
+
+bool PackFits(const PackHeader *header, const dnnl::memory::desc &weights) {
+  return IsPack(header) && header->layout == DescHash(weights) &&
+         header->bytes == weights.get_size();
 }
 
 /* A whole gemm call (TIR_BYOC_DEFINE_GEMM below has checked the layout, shape, batch, pointers
@@ -662,12 +689,17 @@ int32_t Call(const tir_byoc_call *call) {
   try {
     // Step 2. The product and the fused prefix of the epilogue, in one primitive.
     const tir_byoc_batch &key_batch = count == 1 ? kNoBatch : call->batch;
-    const Key key{m, n, k, TIR_BYOC_SIG_F32, call->layout, key_batch, Plan(epilogue), packed};
-    std::shared_ptr<const Entry> entry = Cache().Get(key, dtypes);
+    Key key{m, n, k, TIR_BYOC_SIG_F32, call->layout, key_batch, Plan(epilogue)};
     const void *w = call->w;
+    const PackHeader *header = static_cast<const PackHeader *>(w);
+    if (packed) {
+      if (!IsPack(header)) return TIR_BYOC_EPACKED;
+      key = FormKey(key, static_cast<int64_t>(header->form));
+    }
+    std::shared_ptr<const Entry> entry = Cache().Get(key, dtypes);
     if (packed) {  // the block must have been made for this primitive's weight layout
-      if (!PackFits(static_cast<const PackHeader *>(w), entry->weights)) return TIR_BYOC_EPACKED;
-      w = static_cast<const char *>(w) + sizeof(PackHeader);
+      if (!PackFits(header, entry->weights)) return TIR_BYOC_EPACKED;
+      w = header + 1;
     }
     const Fusion &fused = entry->fusion;
     const void *operands[TIR_BYOC_MAX_OPS];
@@ -696,9 +728,9 @@ TIR_BYOC_DEFINE_GEMM(onednn, Call);
 
 
 /* The Key of a gemm call without x, y and the epilogue's tensors (they do not shape the
- * primitive), with or without a packed weight; false for arguments a call would refuse. */
+ * primitive), with the plain weight; false for arguments a call would refuse. */
 bool PackKey(int64_t m, int64_t n, int64_t k, int32_t dtypes, int32_t layout, int64_t ops,
-             const double *constants, const void *w, bool packed, Key *key) {
+             const double *constants, const void *w, Key *key) {
   if (dtypes != TIR_BYOC_SIG_F32) return false;
   if (layout != TIR_BYOC_LAYOUT_NK && layout != TIR_BYOC_LAYOUT_KN) return false;
   if (tir_byoc_check_shape(m, n, k) != TIR_BYOC_OK || m == 0 || n == 0 || k == 0) return false;
@@ -707,42 +739,136 @@ bool PackKey(int64_t m, int64_t n, int64_t k, int32_t dtypes, int32_t layout, in
   call.m = m, call.n = n;
   if (tir_byoc_decode_epilogue(&call, ops, constants, tensors) != TIR_BYOC_OK) return false;
   *key = Key{m, n, k, TIR_BYOC_SIG_F32, static_cast<tir_byoc_layout>(layout), kNoBatch,
-             Plan(call.epilogue), packed};
+             Plan(call.epilogue)};
   return true;
 }
 
+/* 64-byte aligned scratch memory, for timing the candidate forms. */
+struct Scratch {
+  std::unique_ptr<void, decltype(&std::free)> data{nullptr, &std::free};
+  explicit Scratch(size_t bytes) : data(std::aligned_alloc(64, (bytes + 63) / 64 * 64), &std::free) {
+    if (data == nullptr) throw std::bad_alloc();
+    std::memset(data.get(), 0, (bytes + 63) / 64 * 64);
+  }
+  void *get() const { return data.get(); }
+};
+
+/* The weight `w` (plain, as `plain` passes it) reordered into `entry`'s weight layout. */
+void Reorder(const Key &plain, const Dtypes &dtypes, const void *w, const Entry &entry,
+             void *out) {
+  dnnl::memory source(PlainWeights(plain, dtypes.w), Engine(), const_cast<void *>(w));
+  dnnl::memory target(entry.weights, Engine(), out);
+  dnnl::reorder(source, target).execute(Stream(), source, target);
+  Stream().wait();
+}
+
+/* The form a call of key `plain` is fastest with, timed on this machine with the weight `w`:
+ * each candidate runs on scratch operands in interleaved rounds (at least 3, at most 9,
+ * stopping after 0.2 s), and wins on its median only if it is 5 % faster than the plain
+ * weight, so that noise keeps the plain path.  A candidate is a form whose primitive runs the
+ * same kernel with the same fused epilogue (whose exactness the table above Plan measured)
+ * on a different weight layout.  TIR_BYOC_ONEDNN_PACK=library (or always), transposed or
+ * plain names the form instead (for tests and measurements). */
+int32_t ChooseForm(const Key &plain, const Dtypes &dtypes, const void *w) {
+  if (const char *setting = std::getenv("TIR_BYOC_ONEDNN_PACK")) {
+    const std::string named = setting;
+    if (named == "library" || named == "always") return TIR_BYOC_PACK_LIBRARY;
+    if (named == "transposed") return TIR_BYOC_PACK_TRANSPOSED;
+    if (named == "plain") return TIR_BYOC_PACK_PLAIN;
+  }
+  std::shared_ptr<const Entry> base = Cache().Get(plain, dtypes);
+  std::vector<std::shared_ptr<const Entry>> entries{base};
+  std::vector<int32_t> forms{TIR_BYOC_PACK_PLAIN};
+  std::vector<uint64_t> layouts{DescHash(base->weights)};
+  for (int32_t form : {TIR_BYOC_PACK_TRANSPOSED, TIR_BYOC_PACK_LIBRARY}) {
+    std::shared_ptr<const Entry> entry = Cache().Get(FormKey(plain, form), dtypes);
+    const uint64_t layout = DescHash(entry->weights);
+    if (entry->implementation != base->implementation || !(entry->fusion == base->fusion) ||
+        std::find(layouts.begin(), layouts.end(), layout) != layouts.end())
+      continue;
+    entries.push_back(entry);
+    forms.push_back(form);
+    layouts.push_back(layout);
+  }
+  if (entries.size() == 1) return TIR_BYOC_PACK_PLAIN;
+  // Operands: x and y, a row or full tensor for the bias and every binary post-op.
+  const size_t word = sizeof(float);
+  Scratch x(plain.m * plain.k * word), y(plain.m * plain.n * word),
+      operand(plain.m * plain.n * word);
+  float *xs = static_cast<float *>(x.get());
+  uint32_t state = 12345;  // values in [-1, 1): no denormals, no infinities
+  for (int64_t i = 0; i < plain.m * plain.k; ++i) {
+    state = state * 1664525u + 1013904223u;
+    xs[i] = static_cast<float>(state >> 8) / static_cast<float>(1u << 23) - 1.0f;
+  }
+  const void *operands[TIR_BYOC_MAX_OPS];
+  std::fill(operands, operands + TIR_BYOC_MAX_OPS, operand.get());
+  // Every buffer 64-byte aligned, as TVM allocates them: where a weight starts changes how
+  // fast jit gemm reads it (a 768 x 3072 K x N weight, M = 128: 14 ms aligned, 8 ms at an
+  // offset of 16 bytes), so the plain weight is timed from an aligned copy too.
+  std::vector<Scratch> weights;
+  weights.emplace_back(base->weights.get_size());
+  std::memcpy(weights.back().get(), w, base->weights.get_size());
+  std::vector<const void *> pointers{weights.back().get()};
+  for (size_t c = 1; c < entries.size(); ++c) {
+    weights.emplace_back(entries[c]->weights.get_size());
+    Reorder(plain, dtypes, w, *entries[c], weights.back().get());
+    pointers.push_back(weights.back().get());
+  }
+  using clock = std::chrono::steady_clock;
+  std::vector<std::vector<double>> times(entries.size());
+  for (size_t c = 0; c < entries.size(); ++c)  // warm up: caches, pages, oneDNN's scratchpad
+    Execute(*entries[c], x.get(), pointers[c], operand.get(), operands, y.get());
+  const clock::time_point start = clock::now();
+  for (int round = 0; round < 9; ++round) {
+    for (size_t c = 0; c < entries.size(); ++c) {
+      const clock::time_point before = clock::now();
+      if (Execute(*entries[c], x.get(), pointers[c], operand.get(), operands, y.get()) !=
+          TIR_BYOC_OK)
+        return TIR_BYOC_PACK_PLAIN;
+      times[c].push_back(std::chrono::duration<double>(clock::now() - before).count());
+    }
+    if (round >= 2 && clock::now() - start > std::chrono::milliseconds(200)) break;
+  }
+  auto median = [](std::vector<double> values) {
+    std::sort(values.begin(), values.end());
+    return values[values.size() / 2];
+  };
+  int32_t best = TIR_BYOC_PACK_PLAIN;
+  double fastest = 0.95 * median(times[0]);
+  for (size_t c = 1; c < entries.size(); ++c) {
+    const double time = median(times[c]);
+    if (time < fastest) fastest = time, best = forms[c];
+  }
+  return best;
+}
+
 /* Pack the plain weight w of a gemm call (the arguments of tir_byoc_onednn_gemm without the
- * operands x, y and the epilogue's tensors, which do not shape the primitive) into `out`:
- * *size bytes, 64-byte aligned.  With out == NULL, only sets *size to the bytes needed; a
- * *size of 0 means the call is better off with the plain weight (see below). */
+ * operands x, y and the epilogue's tensors, which do not shape the primitive) in *form, into
+ * `out`: *size bytes, 64-byte aligned.  The protocol is tir_byoc.h's (TIR_BYOC_PACKED_WEIGHT):
+ * with out == NULL only *size is set, after choosing *form if it is TIR_BYOC_PACK_CHOOSE. */
 extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_pack(const void *w, int64_t m, int64_t n,
                                                        int64_t k, int32_t dtypes,
                                                        int32_t layout, int64_t ops, double c0,
                                                        double c1, double c2, double c3,
-                                                       double c4, double c5, void *out,
-                                                       int64_t *size) {
-  if (w == nullptr || size == nullptr) return TIR_BYOC_ENULL;
+                                                       double c4, double c5, int32_t *form,
+                                                       void *out, int64_t *size) {
+  if (w == nullptr || form == nullptr || size == nullptr) return TIR_BYOC_ENULL;
   const double constants[TIR_BYOC_MAX_CONSTANTS] = {c0, c1, c2, c3, c4, c5};
-  Key key, plain;
-  if (!PackKey(m, n, k, dtypes, layout, ops, constants, w, true, &key)) return TIR_BYOC_EDTYPE;
-  PackKey(m, n, k, dtypes, layout, ops, constants, w, false, &plain);
+  Key plain;
   Dtypes decoded;
-  if (!Decode(TIR_BYOC_SIG_F32, &decoded)) return TIR_BYOC_EDTYPE;
+  if (!PackKey(m, n, k, dtypes, layout, ops, constants, w, &plain) ||
+      !Decode(TIR_BYOC_SIG_F32, &decoded))
+    return TIR_BYOC_EDTYPE;
   try {
-    std::shared_ptr<const Entry> entry = Cache().Get(key, decoded);
-    // A packed weight pays where oneDNN wants a blocked layout for the kernel it runs on the
-    // plain weight too (brgemm, on AVX-512 and AMX CPUs).  Where its layout of choice is a
-    // plain one, packing would only transpose the weight (on AVX2, jit gemm: measured 1.5x
-    // slower for 1x4096 -> 4096), and where the kernel would change, the change is not ours
-    // to make: the call keeps the plain weight, *size = 0.  TIR_BYOC_ONEDNN_PACK=always packs
-    // whatever oneDNN chooses (for tests and measurements).
-    const char *always = std::getenv("TIR_BYOC_ONEDNN_PACK");
-    const bool forced = always != nullptr && std::strcmp(always, "always") == 0;
-    if (!forced && (entry->weights.get_inner_nblks() == 0 ||
-                    entry->implementation != Cache().Get(plain, decoded)->implementation)) {
+    if (*form == TIR_BYOC_PACK_CHOOSE && out == nullptr) *form = ChooseForm(plain, decoded, w);
+    if (*form == TIR_BYOC_PACK_PLAIN && out == nullptr) {
       *size = 0;
       return TIR_BYOC_OK;
     }
+    if (*form != TIR_BYOC_PACK_LIBRARY && *form != TIR_BYOC_PACK_TRANSPOSED)
+      return TIR_BYOC_EDTYPE;
+    std::shared_ptr<const Entry> entry = Cache().Get(FormKey(plain, *form), decoded);
     const int64_t bytes = static_cast<int64_t>(sizeof(PackHeader) + entry->weights.get_size());
     if (out == nullptr) {
       *size = bytes;
@@ -754,10 +880,8 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_pack(const void *w, int64_t m
     std::memcpy(header->magic, kPackMagic, sizeof kPackMagic);
     header->layout = DescHash(entry->weights);
     header->bytes = entry->weights.get_size();
-    dnnl::memory source(PlainWeights(plain, decoded.w), Engine(), const_cast<void *>(w));
-    dnnl::memory target(entry->weights, Engine(), header + 1);
-    dnnl::reorder(source, target).execute(Stream(), source, target);
-    Stream().wait();
+    header->form = static_cast<uint64_t>(*form);
+    Reorder(plain, decoded, w, *entry, header + 1);
   } catch (...) {
     return TIR_BYOC_EBACKEND;
   }
@@ -807,9 +931,9 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_pack_kernels(
   Key keys[2];
   const void *dummy = &keys;
   if (plain == nullptr || packed == nullptr || size <= 0) return TIR_BYOC_ENULL;
-  if (!PackKey(m, n, k, dtypes, layout, ops, constants, dummy, false, &keys[0]) ||
-      !PackKey(m, n, k, dtypes, layout, ops, constants, dummy, true, &keys[1]))
+  if (!PackKey(m, n, k, dtypes, layout, ops, constants, dummy, &keys[0]))
     return TIR_BYOC_EDTYPE;
+  keys[1] = FormKey(keys[0], TIR_BYOC_PACK_LIBRARY);
   Dtypes decoded;
   if (!Decode(TIR_BYOC_SIG_F32, &decoded)) return TIR_BYOC_EDTYPE;
   try {
