@@ -8,8 +8,10 @@ modules after the PrimFuncs are rewritten.  A GEMM's weight is packed when
   never packed, and nothing is cached by pointer at run time);
 - the backend serving it packs (:attr:`tir_byoc.registry.Backend.packs`: oneDNN; OpenBLAS and
   the reference kernel keep the plain path) and its ``gemm`` entry point takes the epilogue;
-- the call is fp32, without batch (a ``batch_`` match folds its batch into M), with static
-  M, N and K: a pack is made for one M (a symbolic M takes the plain path);
+- the call is fp32, without batch (a ``batch_`` match folds its batch into M), with static N
+  and K.  A static M gets the form fastest for it; a symbolic one only a form whose layout
+  does not depend on M (the transposed weight), chosen if it is faster at every M timed
+  (``TIR_BYOC_PACK_CHOOSE_ANY_M``: 1, 32 and 256 rows);
 - nothing else in the PrimFunc reads the weight.
 
 The backend chooses the form once per GEMM, on the first constant's weight: oneDNN times the
@@ -46,8 +48,9 @@ logger = logging.getLogger("tir_byoc")
 
 #: ``TIR_BYOC_PACKED_WEIGHT`` of ``tir_byoc.h``.
 PACKED_WEIGHT_FLAG = 1 << 25
-#: ``TIR_BYOC_PACK_CHOOSE`` and the forms of a block (``TIR_BYOC_PACK_*``), by name.
-PACK_CHOOSE = -1
+#: ``TIR_BYOC_PACK_CHOOSE`` (for one M), ``TIR_BYOC_PACK_CHOOSE_ANY_M``, and the forms of a
+#: block (``TIR_BYOC_PACK_*``), by name.
+PACK_CHOOSE, PACK_CHOOSE_ANY_M = -1, -2
 PACK_FORMS = {0: "plain", 1: "library", 2: "transposed"}
 
 _CALL_TIR = ir.Op.get("relax.call_tir")
@@ -86,8 +89,8 @@ def unpackable(match: Match, intrinsic: Intrinsic, registry: Registry) -> str | 
         return f"packing is for float32, the match is {match.dtype}"
     if match.batch is not None and match.batch.form == "batched":
         return "a batched weight is not packed"
-    if any(const_value(e) is None for e in (match.rows, match.n, match.k)):
-        return "M, N or K is symbolic: a pack is made for one shape"
+    if any(const_value(e) is None for e in (match.n, match.k)):
+        return "N or K is symbolic: a pack is made for one weight shape"
     if match.tensors and any(s.op == "scale" and not _static(s) for s in match.epilogue):
         return "a scale by a parameter"
     return None
@@ -97,15 +100,22 @@ def _static(step) -> bool:
     return all(isinstance(c, (int, float)) for c in step.constants)
 
 
-def _pack_call(lib, match: Match, weight: np.ndarray, form: int = PACK_CHOOSE):
+def _pack_call(lib, match: Match, weight: np.ndarray, form: int | None = None):
     """``weight`` packed by ``tir_byoc_<backend>_pack`` for ``match``'s call in ``form``, or in
-    the form the backend chooses: ``(form, block)``, the block None for the plain form."""
+    the form the backend chooses (for every M if M is symbolic): ``(form, block)``, the block
+    None for the plain form."""
     from .rewrite import epilogue_arguments  # the rewrite imports this module
 
     codes, constants = epilogue_arguments(match)
+    rows = const_value(match.rows)
+    if form is None:
+        form = PACK_CHOOSE if rows is not None else PACK_CHOOSE_ANY_M
     args = [
         ctypes.c_void_p(weight.ctypes.data),
-        *(ctypes.c_int64(int(const_value(e))) for e in (match.rows, match.n, match.k)),
+        *(
+            ctypes.c_int64(int(v))
+            for v in (1 if rows is None else rows, const_value(match.n), const_value(match.k))
+        ),
         ctypes.c_int32(match.dtype.code),
         ctypes.c_int32(0 if match.layout == "dense" else 1),
         ctypes.c_int64(codes),
@@ -233,9 +243,10 @@ def pack_constant_weights(mod, rewritten, rewrite, registry: Registry):
             sample = constant[0][1].value.args[1].fields[index].value.numpy()
             form, block = _pack_call(pack, match, np.ascontiguousarray(sample))
             if block is None:
+                every = "" if const_value(match.rows) is not None else ", for every M,"
                 report.kept.append(
                     f"{gvar.name_hint}: {', '.join(match.blocks)}: {intrinsic.backend} runs "
-                    "this call as fast with the plain weight as with a packed one"
+                    f"this call{every} as fast with the plain weight as with a packed one"
                 )
                 continue
             size = block.size

@@ -120,12 +120,16 @@
  * below.  With out == NULL the function sets *size to the bytes the block needs, and first,
  * if *form is TIR_BYOC_PACK_CHOOSE, chooses the form (the oneDNN backend times the
  * candidates on this call) and writes it to *form; TIR_BYOC_PACK_PLAIN gives *size = 0: the
- * call is best served by the plain weight.  With out != NULL it writes the block in *form.
+ * call is best served by the plain weight.  TIR_BYOC_PACK_CHOOSE_ANY_M chooses for a call
+ * whose M is only known at run time: among the forms whose layout does not depend on m (the
+ * transposed one), for every m (the m passed is one example).  With out != NULL it writes
+ * the block in *form.
  * The block names its form and layout; a call it was not made for returns TIR_BYOC_EPACKED.
  * A backend that does not pack never receives the flag and returns TIR_BYOC_EDTYPE if it
  * does. */
 #define TIR_BYOC_PACKED_WEIGHT (1 << 25)
 #define TIR_BYOC_PACK_CHOOSE (-1)    /* let the backend choose (and say) the form */
+#define TIR_BYOC_PACK_CHOOSE_ANY_M (-2) /* ... one that serves every m */
 #define TIR_BYOC_PACK_PLAIN 0        /* no block: the call keeps the plain weight */
 #define TIR_BYOC_PACK_LIBRARY 1      /* the layout the library prefers for the call */
 #define TIR_BYOC_PACK_TRANSPOSED 2   /* the plain weight in the other layout, NK <-> KN */

@@ -35,6 +35,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -762,36 +763,13 @@ void Reorder(const Key &plain, const Dtypes &dtypes, const void *w, const Entry 
   Stream().wait();
 }
 
-/* The form a call of key `plain` is fastest with, timed on this machine with the weight `w`:
- * each candidate runs on scratch operands in interleaved rounds (at least 3, at most 9,
- * stopping after 0.2 s), and wins on its median only if it is 5 % faster than the plain
- * weight, so that noise keeps the plain path.  A candidate is a form whose primitive runs the
- * same kernel with the same fused epilogue (whose exactness the table above Plan measured)
- * on a different weight layout.  TIR_BYOC_ONEDNN_PACK=library (or always), transposed or
- * plain names the form instead (for tests and measurements). */
-int32_t ChooseForm(const Key &plain, const Dtypes &dtypes, const void *w) {
-  if (const char *setting = std::getenv("TIR_BYOC_ONEDNN_PACK")) {
-    const std::string named = setting;
-    if (named == "library" || named == "always") return TIR_BYOC_PACK_LIBRARY;
-    if (named == "transposed") return TIR_BYOC_PACK_TRANSPOSED;
-    if (named == "plain") return TIR_BYOC_PACK_PLAIN;
-  }
-  std::shared_ptr<const Entry> base = Cache().Get(plain, dtypes);
-  std::vector<std::shared_ptr<const Entry>> entries{base};
-  std::vector<int32_t> forms{TIR_BYOC_PACK_PLAIN};
-  std::vector<uint64_t> layouts{DescHash(base->weights)};
-  for (int32_t form : {TIR_BYOC_PACK_TRANSPOSED, TIR_BYOC_PACK_LIBRARY}) {
-    std::shared_ptr<const Entry> entry = Cache().Get(FormKey(plain, form), dtypes);
-    const uint64_t layout = DescHash(entry->weights);
-    if (entry->implementation != base->implementation || !(entry->fusion == base->fusion) ||
-        std::find(layouts.begin(), layouts.end(), layout) != layouts.end())
-      continue;
-    entries.push_back(entry);
-    forms.push_back(form);
-    layouts.push_back(layout);
-  }
-  if (entries.size() == 1) return TIR_BYOC_PACK_PLAIN;
-  // Operands: x and y, a row or full tensor for the bias and every binary post-op.
+/* Median seconds of a call of key `plain` with its weight in each of `forms` (the weight `w`
+ * reordered into each), timed on this machine: scratch operands, every buffer 64-byte aligned
+ * as TVM allocates them (where a weight starts changes how fast jit gemm reads it: a 768 x
+ * 3072 K x N weight at M = 128 takes 14 ms aligned, 8 ms at an offset of 16 bytes), the forms
+ * in interleaved rounds after a warm-up, at least 3 and at most 9, stopping after 0.2 s. */
+std::vector<double> TimeForms(const Key &plain, const Dtypes &dtypes, const void *w,
+                              const std::vector<int32_t> &forms) {
   const size_t word = sizeof(float);
   Scratch x(plain.m * plain.k * word), y(plain.m * plain.n * word),
       operand(plain.m * plain.n * word);
@@ -803,42 +781,95 @@ int32_t ChooseForm(const Key &plain, const Dtypes &dtypes, const void *w) {
   }
   const void *operands[TIR_BYOC_MAX_OPS];
   std::fill(operands, operands + TIR_BYOC_MAX_OPS, operand.get());
-  // Every buffer 64-byte aligned, as TVM allocates them: where a weight starts changes how
-  // fast jit gemm reads it (a 768 x 3072 K x N weight, M = 128: 14 ms aligned, 8 ms at an
-  // offset of 16 bytes), so the plain weight is timed from an aligned copy too.
+  std::vector<std::shared_ptr<const Entry>> entries;
   std::vector<Scratch> weights;
-  weights.emplace_back(base->weights.get_size());
-  std::memcpy(weights.back().get(), w, base->weights.get_size());
-  std::vector<const void *> pointers{weights.back().get()};
-  for (size_t c = 1; c < entries.size(); ++c) {
-    weights.emplace_back(entries[c]->weights.get_size());
-    Reorder(plain, dtypes, w, *entries[c], weights.back().get());
-    pointers.push_back(weights.back().get());
+  for (int32_t form : forms) {
+    entries.push_back(Cache().Get(FormKey(plain, form), dtypes));
+    weights.emplace_back(entries.back()->weights.get_size());
+    Reorder(plain, dtypes, w, *entries.back(), weights.back().get());
   }
+  auto run = [&](size_t c) {
+    if (Execute(*entries[c], x.get(), weights[c].get(), operand.get(), operands, y.get()) !=
+        TIR_BYOC_OK)
+      throw std::runtime_error("a form failed to run");
+  };
   using clock = std::chrono::steady_clock;
-  std::vector<std::vector<double>> times(entries.size());
-  for (size_t c = 0; c < entries.size(); ++c)  // warm up: caches, pages, oneDNN's scratchpad
-    Execute(*entries[c], x.get(), pointers[c], operand.get(), operands, y.get());
+  std::vector<std::vector<double>> times(forms.size());
+  for (size_t c = 0; c < forms.size(); ++c) run(c);  // caches, pages, oneDNN's scratchpad
   const clock::time_point start = clock::now();
   for (int round = 0; round < 9; ++round) {
-    for (size_t c = 0; c < entries.size(); ++c) {
+    for (size_t c = 0; c < forms.size(); ++c) {
       const clock::time_point before = clock::now();
-      if (Execute(*entries[c], x.get(), pointers[c], operand.get(), operands, y.get()) !=
-          TIR_BYOC_OK)
-        return TIR_BYOC_PACK_PLAIN;
+      run(c);
       times[c].push_back(std::chrono::duration<double>(clock::now() - before).count());
     }
     if (round >= 2 && clock::now() - start > std::chrono::milliseconds(200)) break;
   }
-  auto median = [](std::vector<double> values) {
+  std::vector<double> medians;
+  for (std::vector<double> &values : times) {
     std::sort(values.begin(), values.end());
-    return values[values.size() / 2];
-  };
+    medians.push_back(values[values.size() / 2]);
+  }
+  return medians;
+}
+
+/* The M a call with a symbolic M is timed at when choosing a form valid for every M. */
+constexpr int64_t kSampleRows[] = {1, 32, 256};
+
+/* The form a call of key `plain` is fastest with on this machine, for its M or, with `any_m`,
+ * among the forms whose layout does not depend on M (the transposed one) for every M.  A
+ * candidate is a form whose primitive runs the same kernel with the same fused epilogue
+ * (whose exactness the table above Plan measured) on a different weight layout; it wins on
+ * its medians (TimeForms, at each of kSampleRows with `any_m`) only if it is 5 % faster than
+ * the plain weight on average and nowhere 5 % slower.
+ * TIR_BYOC_ONEDNN_PACK=library (or always), transposed or plain names the form instead (for
+ * tests and measurements); the library's layout is never named for `any_m`. */
+int32_t ChooseForm(const Key &plain, const Dtypes &dtypes, const void *w, bool any_m) {
+  if (const char *setting = std::getenv("TIR_BYOC_ONEDNN_PACK")) {
+    const std::string named = setting;
+    if (named == "library" || named == "always")
+      return any_m ? TIR_BYOC_PACK_PLAIN : TIR_BYOC_PACK_LIBRARY;
+    if (named == "transposed") return TIR_BYOC_PACK_TRANSPOSED;
+    if (named == "plain") return TIR_BYOC_PACK_PLAIN;
+  }
+  std::vector<int64_t> rows{plain.m};
+  if (any_m) rows.assign(std::begin(kSampleRows), std::end(kSampleRows));
+  std::vector<int32_t> forms{TIR_BYOC_PACK_PLAIN};
+  std::vector<uint64_t> layouts{DescHash(Cache().Get(plain, dtypes)->weights)};
+  for (int32_t form : {TIR_BYOC_PACK_TRANSPOSED, TIR_BYOC_PACK_LIBRARY}) {
+    if (any_m && form == TIR_BYOC_PACK_LIBRARY) continue;
+    bool candidate = true;
+    for (int64_t m : rows) {
+      Key key = plain;
+      key.m = m;
+      std::shared_ptr<const Entry> base = Cache().Get(key, dtypes);
+      std::shared_ptr<const Entry> entry = Cache().Get(FormKey(key, form), dtypes);
+      candidate = candidate && entry->implementation == base->implementation &&
+                  entry->fusion == base->fusion;
+    }
+    const uint64_t layout = DescHash(Cache().Get(FormKey(plain, form), dtypes)->weights);
+    if (!candidate || std::find(layouts.begin(), layouts.end(), layout) != layouts.end())
+      continue;
+    forms.push_back(form);
+    layouts.push_back(layout);
+  }
+  // Each form's time relative to the plain weight's at each row count: a form wins if it is
+  // 5 % faster on average and nowhere 5 % slower, so that noise keeps the plain path.
+  std::vector<double> mean(forms.size(), 0.0), worst(forms.size(), 0.0);
+  for (int64_t m : rows) {
+    if (forms.size() == 1) break;
+    Key key = plain;
+    key.m = m;
+    const std::vector<double> medians = TimeForms(key, dtypes, w, forms);
+    for (size_t c = 1; c < forms.size(); ++c) {
+      mean[c] += medians[c] / medians[0] / static_cast<double>(rows.size());
+      worst[c] = std::max(worst[c], medians[c] / medians[0]);
+    }
+  }
   int32_t best = TIR_BYOC_PACK_PLAIN;
-  double fastest = 0.95 * median(times[0]);
-  for (size_t c = 1; c < entries.size(); ++c) {
-    const double time = median(times[c]);
-    if (time < fastest) fastest = time, best = forms[c];
+  double fastest = 0.95;
+  for (size_t c = 1; c < forms.size(); ++c) {
+    if (mean[c] < fastest && worst[c] < 1.05) fastest = mean[c], best = forms[c];
   }
   return best;
 }
@@ -861,7 +892,8 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_pack(const void *w, int64_t m
       !Decode(TIR_BYOC_SIG_F32, &decoded))
     return TIR_BYOC_EDTYPE;
   try {
-    if (*form == TIR_BYOC_PACK_CHOOSE && out == nullptr) *form = ChooseForm(plain, decoded, w);
+    if ((*form == TIR_BYOC_PACK_CHOOSE || *form == TIR_BYOC_PACK_CHOOSE_ANY_M) && out == nullptr)
+      *form = ChooseForm(plain, decoded, w, *form == TIR_BYOC_PACK_CHOOSE_ANY_M);
     if (*form == TIR_BYOC_PACK_PLAIN && out == nullptr) {
       *size = 0;
       return TIR_BYOC_OK;
