@@ -18,7 +18,8 @@
  * has the same (two projections of one activation); the tensor of its add or mul post-op is
  * the previous layer's output if that has this layer's output shape (the gated MLP's up
  * projection, gating the next layer), else a buffer of its own.  "prepacked" reorders each weight once
- * to the layout oneDNN prefers: a best case tir_byoc cannot use, as it never copies weights.
+ * to the layout oneDNN prefers (format_tag::any), as a user of oneDNN who packs does; tir_byoc's
+ * own packing (tir_byoc_onednn_pack) times this, the plain and the transposed weight instead.
  * Prints the median milliseconds of a run and the implementation names.
  *
  * "interleaved:LIBRARY" measures the bridge without crossing processes: it loads tir_byoc's
