@@ -100,18 +100,25 @@ def _static(step) -> bool:
     return all(isinstance(c, (int, float)) for c in step.constants)
 
 
-def _pack_call(lib, match: Match, weight: np.ndarray, form: int | None = None):
+def _pack_call(lib, match: Match, weight: tvm.runtime.Tensor, form: int | None = None):
     """``weight`` packed by ``tir_byoc_<backend>_pack`` for ``match``'s call in ``form``, or in
     the form the backend chooses (for every M if M is symbolic): ``(form, block)``, the block
-    None for the plain form."""
+    (a new uint8 tensor) None for the plain form.
+
+    Nothing is copied on the way: the library reads the constant where it is and writes the
+    block where it stays, so building a packed model holds the blocks and nothing more.
+    """
     from .rewrite import epilogue_arguments  # the rewrite imports this module
 
+    plain = np.from_dlpack(weight)  # a view of the constant
+    if not plain.flags.c_contiguous:
+        plain = np.ascontiguousarray(plain)
     codes, constants = epilogue_arguments(match)
     rows = const_value(match.rows)
     if form is None:
         form = PACK_CHOOSE if rows is not None else PACK_CHOOSE_ANY_M
     args = [
-        ctypes.c_void_p(weight.ctypes.data),
+        ctypes.c_void_p(plain.ctypes.data),
         *(
             ctypes.c_int64(int(v))
             for v in (1 if rows is None else rows, const_value(match.n), const_value(match.k))
@@ -131,11 +138,12 @@ def _pack_call(lib, match: Match, weight: np.ndarray, form: int | None = None):
     call(None)
     if size.value == 0:
         return chosen.value, None
-    block = np.zeros(size.value + 64, np.uint8)
-    offset = (-block.ctypes.data) % 64
-    aligned = block[offset : offset + size.value]
-    call(ctypes.c_void_p(aligned.ctypes.data))
-    return chosen.value, aligned.copy()
+    block = tvm.runtime.empty((size.value,), "uint8")
+    address = np.from_dlpack(block).ctypes.data
+    if address % 64:  # TVM allocates 64-byte aligned (kAllocAlignment); the block needs it
+        raise RuntimeError(f"expected a 64-byte aligned tensor from TVM, got one at {address:#x}")
+    call(ctypes.c_void_p(address))
+    return chosen.value, block
 
 
 def _pack_function(backend: str, registry: Registry):
@@ -240,8 +248,8 @@ def pack_constant_weights(mod, rewritten, rewrite, registry: Registry):
         packings = []
         for match, intrinsic, index in chosen:
             pack = _pack_function(registry.backend(intrinsic.backend).name, registry)
-            sample = constant[0][1].value.args[1].fields[index].value.numpy()
-            form, block = _pack_call(pack, match, np.ascontiguousarray(sample))
+            sample = constant[0][1].value.args[1].fields[index].value
+            form, block = _pack_call(pack, match, sample)
             if block is None:
                 every = "" if const_value(match.rows) is not None else ", for every M,"
                 report.kept.append(
@@ -249,7 +257,7 @@ def pack_constant_weights(mod, rewritten, rewrite, registry: Registry):
                     f"this call{every} as fast with the plain weight as with a packed one"
                 )
                 continue
-            size = block.size
+            size = int(block.shape[0])
             gemm = registry[f"{intrinsic.backend}.{GEMM_ENTRY}"]
             param = _block_param(match.w, size)
             packings.append((Packing(match, gemm, param, size, form), index, pack))
@@ -269,8 +277,7 @@ def pack_constant_weights(mod, rewritten, rewrite, registry: Registry):
         for fvar, binding in constant:
             fields = list(binding.value.args[1].fields)
             for packing, index, pack in packings:
-                weight = np.ascontiguousarray(fields[index].value.numpy())
-                _, block = _pack_call(pack, packing.match, weight, packing.form)
+                _, block = _pack_call(pack, packing.match, fields[index].value, packing.form)
                 fields[index] = relax.const(block, "uint8")
             call = relax.op.call_tir(packed_gvar, relax.Tuple(fields), list(binding.value.ty_args))
             replacements[binding.var] = relax.BlockBuilder().normalize(call)
