@@ -7,7 +7,8 @@ built, checked against torch eager, and then timed in interleaved rounds (a roun
 column once, for about ``--budget`` seconds; the table keeps each column's median over the
 rounds).  Peak memory is measured apart (``--memory``): one fresh process per cell builds and
 runs only that column, and reports its peak resident set above the same process's footprint
-once the libraries are imported.
+once the libraries are imported; for the TVM columns, also the model as deployed ("deployed"):
+a fresh process that loads the exported library and runs it, above ``import tvm``.
 
 The models are built from transformers configs (and torch's ``nn.TransformerEncoder``) with
 random weights; nothing is downloaded.  They keep the base models' widths (768 hidden, 12
@@ -21,7 +22,8 @@ Columns: ``torch`` (eager, ``inference_mode``), ``torch.compile`` (inductor, def
 ``tvm`` (``build_model(offload=False)``: TVM's lowering and the default rules of
 :mod:`tir_byoc.schedules`), ``tir_byoc`` (``build_model``: offloaded, the rest under the same
 rules); with ``--tune-trials N`` also ``tvm+ms`` and ``tir_byoc+ms`` (MetaSchedule, N trials per
-model, the database kept in ``--work-dir`` so a second run reuses it).
+model, the database kept in ``--work-dir`` so a second run reuses it); on request
+``tir_byoc-plain`` (every weight left plain, to compare with packing's choice).
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ RESULTS = HERE / "results" / "models"
 MODELS = ("bert", "gpt2", "llama", "encoder")
 COLUMNS = ("torch", "torch.compile", "onnxruntime", "tvm", "tir_byoc")
 TUNED_COLUMNS = ("tvm+ms", "tir_byoc+ms")
+#: tir_byoc with every weight left plain (``TIR_BYOC_ONEDNN_PACK=plain``), beside packing's
+#: choice; not a default column (``--columns ...,tir_byoc-plain``).
+PLAIN_COLUMN = "tir_byoc-plain"
 HIDDEN, HEADS, INTERMEDIATE = 768, 12, 3072
 #: Relative tolerance of a column's output against torch eager's (fp32, summation order).
 TOLERANCE = 1e-3
@@ -136,14 +141,26 @@ def column(name: str, model, x, threads: int, args):
     import tir_byoc
 
     tune = name.endswith("+ms")
-    built = tir_byoc.build_model(
-        model,
-        (x,),
-        offload=name.startswith("tir_byoc"),
-        tune_trials=args.tune_trials if tune else 0,
-        work_dir=Path(args.work_dir) / f"{args.model_key}-{name}" if tune else None,
-    )
-    return lambda: built(x)
+    plain = name == PLAIN_COLUMN
+    if plain:  # read by tir_byoc_onednn_pack while this build packs, and only then
+        os.environ["TIR_BYOC_ONEDNN_PACK"] = "plain"
+    try:
+        built = tir_byoc.build_model(
+            model,
+            (x,),
+            offload=name.startswith("tir_byoc"),
+            tune_trials=args.tune_trials if tune else 0,
+            work_dir=Path(args.work_dir) / f"{args.model_key}-{name}" if tune else None,
+        )
+    finally:
+        if plain:
+            del os.environ["TIR_BYOC_ONEDNN_PACK"]
+
+    def run():
+        return built(x)
+
+    run.built = built  # for the deployed peak memory (memory_child)
+    return run
 
 
 def _onnxruntime(model, x, threads: int):
@@ -259,7 +276,43 @@ def memory_child(args) -> dict:
         for _ in range(3):
             run()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"model": model_name, "batch": batch, "column": name, "peak_mb": peak - baseline}
+    deployed = _deployed_mb(run.built, x) if hasattr(run, "built") else None
+    return {
+        "model": model_name,
+        "batch": batch,
+        "column": name,
+        "peak_mb": peak - baseline,
+        "deployed_mb": deployed,
+    }
+
+
+_DEPLOYED = """
+import sys, numpy as np, tvm
+from tvm import relax
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) / 1024
+base = status("VmRSS:")
+vm = relax.VirtualMachine(tvm.runtime.load_module(sys.argv[1]), tvm.cpu())
+x = tvm.runtime.tensor(np.load(sys.argv[2]))
+for _ in range(3):
+    vm["main"](x)
+print(status("VmHWM:") - base)
+"""
+
+
+def _deployed_mb(built, x) -> float:
+    """Peak RSS (VmHWM) above the resident set after ``import tvm`` of a fresh process that loads ``built``'s exported library
+    and runs it: the model as deployed, without the torch model it was built from."""
+    directory = Path(tempfile.mkdtemp())
+    library = built.export_library(directory / "model.so")
+    import numpy as np
+
+    np.save(directory / "x.npy", x.numpy())
+    command = [sys.executable, "-c", _DEPLOYED, str(library), str(directory / "x.npy")]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    return float(done.stdout.split()[-1])
 
 
 def _rss_mb() -> float:
@@ -314,10 +367,12 @@ def _table(rows: list[dict], columns: list[str]) -> str:
             if row is None or row["ms"] is None:
                 values.append("failed" if row and row["note"] else "-")
             else:
-                values.append(
-                    f"{row['ms']:.1f}"
-                    + (f" ({row['peak_mb']:.0f} MB)" if row.get("peak_mb") is not None else "")
-                )
+                memory = [
+                    f"{row[key]:.0f} MB{suffix}"
+                    for key, suffix in (("peak_mb", ""), ("deployed_mb", " deployed"))
+                    if row.get(key) is not None
+                ]
+                values.append(f"{row['ms']:.1f}" + (f" ({', '.join(memory)})" if memory else ""))
         ratio = cell.get("tir_byoc", {}).get("torch/this")
         values.append(f"{ratio:.2f}" if ratio else "-")
         lines.append(f"| {model} | {batch} | {threads} | " + " | ".join(values) + " |")
@@ -446,11 +501,13 @@ def main(argv=None) -> int:
                     row["column"],
                 ):
                     other["peak_mb"] = peak["peak_mb"]
+                    other["deployed_mb"] = peak["deployed_mb"]
     # Step 3. Ratios, table, CSV, chart.
     _ratios(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / "models.csv", "w", newline="") as f:
-        fields = ["model", "batch", "threads", "column", "ms", "torch/this", "peak_mb", "note"]
+        fields = ["model", "batch", "threads", "column", "ms", "torch/this", "peak_mb"]
+        fields += ["deployed_mb", "note"]
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
