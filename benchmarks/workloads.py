@@ -134,6 +134,8 @@ WORKLOADS = (
     Workload("128x1024->1024", 128, 1024, 1024, "dense"),
     Workload("512x4096->4096", 512, 4096, 4096, "dense"),
     Workload("1x4096->4096", 1, 4096, 4096, "dense"),
+    # GPT-2's Conv1D (x @ W, W stored K x N): the MLP's first projection over 128 tokens.
+    Workload("128x768->3072, K x N weight", 128, 3072, 768, "matmul"),
     # Attention of 8 sequences x 12 heads, 128 tokens, head dim 64: the batch is 96.
     Workload("attn Q.K^T 96x128x64->128", 128, 128, 64, "bmm_matmul", batch=96),
     Workload("attn P.V 96x128x128->64", 128, 64, 128, "bmm_matmul", batch=96),

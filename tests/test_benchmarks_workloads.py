@@ -100,7 +100,8 @@ def _expected_shapes(workload):
     if workload.batch is not None:
         return BATCH_WORKLOADS[workload.name][0]
     m, n, k = workload.m, workload.n, workload.k
-    return [(m, k), (n, k), *([(n,)] if workload.has_bias else []), (m, n)]
+    weight = (n, k) if workload.dense else (k, n)
+    return [(m, k), weight, *([(n,)] if workload.has_bias else []), (m, n)]
 
 
 def _cases():
