@@ -303,8 +303,9 @@ print(status("VmHWM:") - base)
 
 
 def _deployed_mb(built, x) -> float:
-    """Peak RSS (VmHWM) above the resident set after ``import tvm`` of a fresh process that loads ``built``'s exported library
-    and runs it: the model as deployed, without the torch model it was built from."""
+    """Peak RSS (VmHWM) above the resident set after ``import tvm`` of a fresh process that
+    loads ``built``'s exported library and runs it: the model as deployed, without the torch
+    model it was built from."""
     directory = Path(tempfile.mkdtemp())
     library = built.export_library(directory / "model.so")
     import numpy as np
