@@ -23,7 +23,8 @@ One idea per module, each calling only those listed after it:
 - :mod:`.reduction`: the GEMM analysis;
 - :mod:`.stir`: S-TIR facts (loop nests, buffer uses, extents, binding and compactness);
 - :mod:`.records`: Match, Rejection, FunctionScan;
-- :mod:`.exprs`: reading expressions, and the words reports use for them.
+- :mod:`.exprs`: reading expressions, and the words reports use for them;
+- :mod:`.traversal`: structural walks and mutations without the FFI wrappers' per-call setup.
 """
 
 from ..patterns import PATTERNS

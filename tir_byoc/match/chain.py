@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import tvm_ffi
 from tvm import ir, tirx
 
 from ..epilogues import OPS
@@ -26,6 +25,7 @@ from .explain import STATEMENT_WORDS
 from .records import RELU_KEEPS_NAN, RELU_NAN_TO_ZERO, Match, Refused, Rejection, Step
 from .reduction import Reduction
 from .stir import FunctionIndex, Nest, buffers_used, is_spatial
+from .traversal import mutate
 
 #: The most elementwise blocks one chain composes (gelu_tanh alone is nine).
 MAX_EPILOGUE_BLOCKS = 24
@@ -172,7 +172,7 @@ def compose(block, axes, values, live):
             return values[buffer]
         return load
 
-    value = tvm_ffi.structural_mutate(block.value, [(ir.TensorLoad, on_load), (tirx.Var, on_var)])
+    value = mutate(block.value, [(ir.TensorLoad, on_load), (tirx.Var, on_var)])
     if misread:
         raise Refused(
             f"block {block.nest.name} reads {misread[0].name} at other indices than its own "

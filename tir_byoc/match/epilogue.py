@@ -39,6 +39,7 @@ from .stir import (
     compact_global,
     dim_names,
 )
+from .traversal import walk
 
 
 @dataclass(frozen=True)
@@ -263,7 +264,7 @@ class EpilogueParser:
             if load.source.same_as(self.source):
                 found.append(load)
 
-        tvm_ffi.structural_walk(expr, (ir.TensorLoad, on_load))
+        walk(expr, ir.TensorLoad, on_load)
         return bool(found)
 
     def _fixed_constants(self, op: str, binding) -> Step:

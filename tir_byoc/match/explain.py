@@ -7,12 +7,12 @@ Called by :mod:`.scan`.
 
 from __future__ import annotations
 
-import tvm_ffi
 from tvm import s_tir, tirx
 
 from .records import Rejection
 from .reduction import looks_like_gemm
 from .stir import FunctionIndex, is_spatial
+from .traversal import walk
 
 
 def stranded_epilogues(start: int, index: FunctionIndex, func_name: str):
@@ -50,7 +50,7 @@ def unreadable_candidates(index: FunctionIndex, func_name: str) -> list[Rejectio
     rejections = []
     for block in index.inner_blocks:
         nested = []
-        tvm_ffi.structural_walk(block.body, (s_tir.SBlock, nested.append))
+        walk(block.body, s_tir.SBlock, nested.append)
         if nested or not looks_like_gemm(block):
             continue
         body = next(

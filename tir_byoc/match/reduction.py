@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import tvm
-import tvm_ffi
 from tvm import ir, tirx
 
 from ..patterns import pattern_for
@@ -43,6 +42,7 @@ from .stir import (
     dim_names,
     is_spatial,
 )
+from .traversal import walk
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def looks_like_gemm(block) -> bool:
         if is_element(product.a) and is_element(product.b):
             found.append(product)
 
-    tvm_ffi.structural_walk(block.body, (tirx.Mul, on_product))
+    walk(block.body, tirx.Mul, on_product)
     return bool(found)
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import tvm_ffi
 from tvm import ir, s_tir, sym, tirx
 from tvm.tirx.layout import TileLayout
 
@@ -28,6 +27,7 @@ from .exprs import (
     shape_of,
 )
 from .records import Refused
+from .traversal import elements, walk
 
 DATA_PAR = 0
 
@@ -124,6 +124,10 @@ class FunctionIndex:
 
     In a function without SBlocks (plain loops, as TVM's lowering leaves them), each perfect
     loop nest around one store is read as the SBlock it denotes (:mod:`tir_byoc.plain_loops`).
+
+    The buffer uses (:attr:`owners`, :attr:`uses`) are counted on the first question about
+    them: a function with no GEMM candidate never asks, and counting walks every variable of
+    the function.
     """
 
     def __init__(self, func: tirx.PrimFunc):
@@ -132,14 +136,17 @@ class FunctionIndex:
         self.views = set()  # buffers declared over another's storage
         self.nests: list[Nest] = []
         self.inner_blocks: list[s_tir.SBlock] = []  # blocks that are not single-store leaves
-        self.owners: dict[ir.Var, dict[int, int]] = {}  # buffer -> {nest index or -1: count}
-        self.uses: dict[int, set[ir.Var]] = {}  # nest index -> the buffers it uses
         self.sequences: dict[int, list[tirx.Stmt]] = {}
+        # (node, owner, walked): the uses to count, in program order; a node not walked is
+        # a buffer used once.
+        self._noted: list[tuple[object, int, bool]] = []
+        self._owners: dict[ir.Var, dict[int, int]] | None = None
+        self._uses: dict[int, set[ir.Var]] = {}
         self._lifted_names = set() if not is_s_tir(func) else None
         self._visit(func.body, seq=-1, index=0)
         self._positions = {(n.seq, n.index): p for p, n in enumerate(self.nests) if n.seq >= 0}
 
-    # Step 1. Structure: find nests and allocations; count buffer uses per owner.
+    # Step 1. Structure: find nests and allocations; note what uses buffers, and who.
     def _visit(self, stmt, seq, index):
         nest = unwrap_nest(stmt)
         if nest is None and self._lifted_names is not None:
@@ -148,55 +155,86 @@ class FunctionIndex:
             loops, realize = nest
             position = len(self.nests)
             self.nests.append(Nest(stmt, loops, realize, realize.block, seq, index))
-            self._count_uses(stmt, position)
+            self._noted.append((stmt, position, True))
             return
         if isinstance(stmt, tirx.SeqStmt):
             key = len(self.sequences)
-            self.sequences[key] = list(stmt.seq)
-            for i, child in enumerate(stmt.seq):
+            self.sequences[key] = list(elements(stmt.seq))
+            for i, child in enumerate(self.sequences[key]):
                 self._visit(child, key, i)
         elif isinstance(stmt, s_tir.SBlockRealize):
             block = stmt.block
             self.inner_blocks.append(block)
-            self.local.update(block.alloc_buffers)
-            self.views.update(m.buffer for m in block.match_buffers)
-            for region in (*block.reads, *block.writes):
-                self._count_var(region.source, -1)
-            self._count_uses(stmt.iter_values, -1)
-            self._count_uses(stmt.predicate, -1)
+            self.local.update(elements(block.alloc_buffers))
+            self.views.update(m.buffer for m in elements(block.match_buffers))
+            for region in (*elements(block.reads), *elements(block.writes)):
+                self._noted.append((region.source, -1, False))
+            self._noted.append((stmt.iter_values, -1, True))
+            self._noted.append((stmt.predicate, -1, True))
             if block.init is not None:
                 self._visit(block.init, -1, 0)
             self._visit(block.body, -1, 0)
         elif isinstance(stmt, tirx.For):
-            self._count_uses([stmt.min, stmt.extent], -1)
+            self._noted.append(([stmt.min, stmt.extent], -1, True))
             self._visit(stmt.body, -1, 0)
         elif isinstance(stmt, tirx.AllocBuffer):
             self.local.add(stmt.buffer)
         elif isinstance(stmt, tirx.DeclBuffer):
             self.views.add(stmt.buffer)
-            self._count_uses(stmt.data, -1)
+            self._noted.append((stmt.data, -1, True))
         elif isinstance(stmt, tirx.IfThenElse):
-            self._count_uses(stmt.condition, -1)
+            self._noted.append((stmt.condition, -1, True))
             self._visit(stmt.then_case, -1, 0)
             if stmt.else_case is not None:
                 self._visit(stmt.else_case, -1, 0)
         else:
-            self._count_uses(stmt, -1)
+            self._noted.append((stmt, -1, True))
 
-    def _count_uses(self, node, owner):
-        def on_var(var):
-            if is_buffer(var):
-                self._count_var(var, owner)
+    # Step 2. Count the buffer uses per owner (a nest's position, or -1 for other code).
+    @property
+    def owners(self) -> dict[ir.Var, dict[int, int]]:
+        """Buffer -> {position of a nest that uses it, or -1 for other code: its use count}."""
+        if self._owners is None:
+            self._count()
+        return self._owners
 
-        tvm_ffi.structural_walk(node, (ir.Var, on_var))
+    @property
+    def uses(self) -> dict[int, set[ir.Var]]:
+        """Position of a nest -> the buffers it uses."""
+        if self._owners is None:
+            self._count()
+        return self._uses
+
+    def _count(self):
+        self._owners = {}
+        canonical = {}  # handle -> (one wrapper of the variable, whether it is a buffer)
+
+        def known(var):
+            handle = var.__chandle__()
+            entry = canonical.get(handle)
+            if entry is None:
+                entry = canonical[handle] = (var, is_buffer(var))
+            return entry
+
+        for node, owner, walked in self._noted:
+            if not walked:
+                self._count_var(known(node)[0], owner)
+                continue
+
+            def on_var(var, owner=owner):
+                var, buffer = known(var)
+                if buffer:
+                    self._count_var(var, owner)
+
+            walk(node, ir.Var, on_var)
 
     def _count_var(self, var, owner):
-        counts = self.owners.setdefault(var, {})
+        counts = self._owners.setdefault(var, {})
         counts[owner] = counts.get(owner, 0) + 1
         if owner >= 0:
-            self.uses.setdefault(owner, set()).add(var)
+            self._uses.setdefault(owner, set()).add(var)
 
-    # Step 2. Queries.
+    # Step 3. Queries.
     def only_used_by(self, buffer, *positions) -> bool:
         return set(self.owners.get(buffer, {})) <= set(positions)
 
@@ -293,5 +331,5 @@ def check_covers(block, indices, dims, extents: Extents) -> None:
 
 def buffers_used(stmt) -> set:
     found = set()
-    tvm_ffi.structural_walk(stmt, (ir.Var, lambda var: found.add(var) if is_buffer(var) else None))
+    walk(stmt, ir.Var, lambda var: found.add(var) if is_buffer(var) else None)
     return found
