@@ -860,7 +860,12 @@ int32_t ChooseForm(const Key &plain, const Dtypes &dtypes, const void *w, bool a
     if (forms.size() == 1) break;
     Key key = plain;
     key.m = m;
-    const std::vector<double> medians = TimeForms(key, dtypes, w, forms);
+    std::vector<double> medians;
+    try {
+      medians = TimeForms(key, dtypes, w, forms);
+    } catch (const std::exception &) {  // a form that fails to run is kept out: plain it is
+      return TIR_BYOC_PACK_PLAIN;
+    }
     for (size_t c = 1; c < forms.size(); ++c) {
       mean[c] += medians[c] / medians[0] / static_cast<double>(rows.size());
       worst[c] = std::max(worst[c], medians[c] / medians[0]);
