@@ -25,7 +25,7 @@ from .explain import STATEMENT_WORDS
 from .records import RELU_KEEPS_NAN, RELU_NAN_TO_ZERO, Match, Refused, Rejection, Step
 from .reduction import Reduction
 from .stir import FunctionIndex, Nest, buffers_used, is_spatial
-from .traversal import mutate
+from .traversal import elements, mutate
 
 #: The most elementwise blocks one chain composes (gelu_tanh alone is nine).
 MAX_EPILOGUE_BLOCKS = 24
@@ -50,15 +50,17 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
     base = (Step("bias", OPS["bias"].code, (), core.bias),) if core.bias is not None else ()
     cuts = [Cut(len(members), core.out, base)]
     written = [core.out]  # the buffers the chain writes, in order
+    written_handles = {core.out.__chandle__()}
+    written_at = [0]  # for each, how many members come before the first that writes it
     read = {core.x, core.w} | ({core.bias} if core.bias is not None else set())
-    values: dict = {}  # buffer -> its value, an expression of the product core.out[axes]
-    axes = None
+    values: dict = {}  # buffer's handle -> its value, an expression of the product core.out[axes]
+    axes, parser = None, None
     parse_refusals = []  # (position, Refused) of each block whose value is no epilogue
     compose_refusal = None
     # Step 1. Compose the elementwise blocks that follow, noting each cut.
     while len(members) - len(positions) < MAX_EPILOGUE_BLOCKS:
         live = set(written)
-        users = {o for b in live for o in index.owners.get(b, {}) if o not in members}
+        users = {o for b in written for o in index.owners_of(b) if o not in members}
         if not users:
             break
         try:
@@ -77,11 +79,15 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
             break
         members.append(position)
         read |= loads
-        values[block.out] = value
-        if block.out not in written:
+        values[block.out.__chandle__()] = value
+        if block.out.__chandle__() not in written_handles:
             written.append(block.out)
+            written_handles.add(block.out.__chandle__())
+            written_at.append(len(members) - 1)
+        if parser is None:  # one parser reads every prefix: it keeps what it has read
+            parser = EpilogueParser(core.out, axes, core, extents, index.params)
         try:
-            steps = base + EpilogueParser(core.out, axes, core, extents, index.params).parse(value)
+            steps = base + parser.parse(value)
             ops = tuple(s.op for s in steps)
             if pattern_for(core.layout, ops, core.form) is None:
                 raise Refused(slot_refusal(ops), op=ops[-1])
@@ -91,14 +97,15 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
         cuts.append(Cut(len(members), block.out, steps))
     # Step 2. The cuts whose inner buffers nothing else reads, longest first.
     valid, cut_refused = [], None
+    chain_written = list(zip(written, written_at))
     for cut in reversed(cuts):
-        reason = cut_refusal(cut, members, written, index)
+        reason = cut_refusal(cut, members, chain_written, index)
         if reason is None:
             valid.append(cut)
         elif not valid and cut_refused is None:
             cut_refused = Refused(reason)
     best = valid[0]
-    matches = [make_match(cut, members, written, core, index, func_name) for cut in valid]
+    matches = [make_match(cut, members, chain_written, core, index, func_name) for cut in valid]
     match = replace(matches[0], shorter=tuple(matches[1:]))
     # Step 3. Why the blocks after the chain stay TVM code: the blocks composed past its end
     # (a longer cut could not end the chain, or what they compute is not an epilogue), or the
@@ -148,29 +155,31 @@ def compose(block, axes, values, live):
 
     Returns the expression and the buffers it reads that are not the chain's own.
     """
-    rename = {var: axis for var, axis in zip(block.axes, axes)}
+    # Variables by handle: the same variable read twice comes back as two Python objects.
+    rename = {var.__chandle__(): axis for var, axis in zip(block.axes, axes)}
+    chain = {buffer.__chandle__() for buffer in live}
     others = set()
     # A Refused raised inside the FFI mutator would come back as a RuntimeError: the first
     # misplaced read is noted, and refused after it.
     misread = []
 
     def on_var(var, _mutator):
-        return rename.get(var, var)
+        return rename.get(var.__chandle__(), var)
 
     def on_load(load, mutator):
         load = mutator.default_mutate(load)
         buffer = load.source
-        if buffer not in live:
+        handle = buffer.__chandle__()
+        if handle not in chain:
             others.add(buffer)
             return load
-        if len(load.indices) != len(axes) or not all(
-            isinstance(i, tirx.Var) and i.same_as(a) for i, a in zip(load.indices, axes)
+        indices = elements(load.indices)
+        if len(indices) != len(axes) or not all(
+            isinstance(i, tirx.Var) and i.same_as(a) for i, a in zip(indices, axes)
         ):
             misread.append(buffer)
             return load
-        if buffer in values:
-            return values[buffer]
-        return load
+        return values.get(handle, load)
 
     value = mutate(block.value, [(ir.TensorLoad, on_load), (tirx.Var, on_var)])
     if misread:
@@ -182,12 +191,14 @@ def compose(block, axes, values, live):
 
 
 def cut_refusal(cut: Cut, members, written, index: FunctionIndex) -> str | None:
-    """Why the chain cannot end at ``cut`` (an inner buffer read elsewhere), or None."""
+    """Why the chain cannot end at ``cut`` (an inner buffer read elsewhere), or None.
+
+    ``written`` holds each buffer the chain writes with the number of members before the
+    first that writes it.
+    """
     inside = members[: cut.count]
     last = index.nests[inside[-1]]
-    for buffer in written:
-        if buffer.same_as(cut.out) or not _written_before(buffer, inside, index):
-            continue
+    for buffer in _written_inside(cut, written):
         if buffer in index.params or buffer not in index.local:
             return (
                 f"{buffer.name} is a function parameter, so it stays materialized and the chain "
@@ -204,16 +215,15 @@ def cut_refusal(cut: Cut, members, written, index: FunctionIndex) -> str | None:
     return None
 
 
-def _written_before(buffer, inside, index: FunctionIndex) -> bool:
-    return any(index.nests[p].block.body.buffer.same_as(buffer) for p in inside)
+def _written_inside(cut: Cut, written):
+    """The buffers the members before ``cut`` write, but for its output."""
+    return [b for b, at in written if at < cut.count and not b.same_as(cut.out)]
 
 
 def make_match(cut: Cut, members, written, core: Reduction, index, func_name) -> Match:
     inside = members[: cut.count]
     nests = [index.nests[p] for p in inside]
-    intermediates = tuple(
-        b for b in written if not b.same_as(cut.out) and _written_before(b, inside, index)
-    )
+    intermediates = tuple(_written_inside(cut, written))
     relu = [s for s in cut.steps if s.op == "relu"]
     relu_nan = None
     if relu:

@@ -39,7 +39,7 @@ from .stir import (
     compact_global,
     dim_names,
 )
-from .traversal import walk
+from .traversal import elements, walk
 
 
 @dataclass(frozen=True)
@@ -55,26 +55,28 @@ class Elementwise:
 def read_elementwise(nest: Nest, chain: Reduction, extents: Extents) -> Elementwise:
     """Check that ``nest`` is elementwise over the chain's output shape; Refused if not."""
     block = nest.block
-    if any(iv.iter_type != DATA_PAR for iv in block.iter_vars) or block.init is not None:
+    iter_vars = nest.iter_vars
+    if any(iv.iter_type != DATA_PAR for iv in iter_vars) or block.init is not None:
         raise Refused(f"block {block.name_hint} is a reduction, not an elementwise epilogue")
     shape = chain.out_shape
-    if len(block.iter_vars) != len(shape):
+    if len(iter_vars) != len(shape):
         raise Refused(
-            f"block {block.name_hint} has {len(block.iter_vars)} axes, expected {len(shape)} "
+            f"block {block.name_hint} has {len(iter_vars)} axes, expected {len(shape)} "
             f"(the axes of {chain.out.name})"
         )
     check_binding(nest, extents)
     store = block.body
     out = store.buffer
-    indices = tuple(store.indices)
+    indices = elements(store.indices)
+    variables = tuple(iv.var for iv in iter_vars)
     if (
         len(indices) != len(shape)
-        or not all(any(iv.var.same_as(e) for iv in block.iter_vars) for e in indices)
+        or not all(any(v.same_as(e) for v in variables) for e in indices)
         or len(set(indices)) != len(indices)
     ):
         raise Refused(f"output {out.name} is not indexed by the block's iterators, one per axis")
     check_shape(out, shape, dim_names(len(shape)), extents)
-    check_covers(block, indices, shape, extents)
+    check_covers(nest, indices, shape, extents)
     if dtype_of(out) != chain.dtype.out:
         raise Refused(f"output {out.name} is {dtype_of(out)}, the chain computes {chain.dtype.out}")
     reason = compact_global(out)
@@ -154,7 +156,10 @@ def unify(template, expr, binding: dict) -> dict | None:
     """``binding`` extended so that ``template`` spells ``expr``, or None if it does not."""
     if template == VALUE:
         if VALUE in binding:
-            return binding if tvm_ffi.structural_equal(binding[VALUE], expr) else None
+            # A node is equal to itself; an op reading its input twice reads one node twice.
+            bound = binding[VALUE]
+            same = bound.same_as(expr) or tvm_ffi.structural_equal(bound, expr)
+            return binding if same else None
         return {**binding, VALUE: expr}
     if isinstance(template, Const):
         value = const_value(expr)
@@ -222,6 +227,11 @@ class EpilogueParser:
     :data:`RULES` for its root), then parses the value it was applied to, down to the plain
     read of ``source``.  Every tensor an op reads is checked (a bias is an (n,) vector, a
     residual has the output's shape, a scale is a constant or a scalar).
+
+    One parser reads every prefix of a chain: what it found for an expression (its steps or
+    its refusal, whether it reads ``source``) is kept by the expression's node, and the
+    composed expression of a longer prefix holds the shorter one's node, so each prefix is
+    read from where the previous one ended, not from scratch.
     """
 
     def __init__(self, source, axes, chain: Reduction, extents: Extents, params):
@@ -229,8 +239,27 @@ class EpilogueParser:
         self.vi, self.vj = axes[-2], axes[-1]
         self.chain, self.extents = chain, extents
         self.params = params  # buffers a scalar scale may be read from
+        # Node handle -> (the node, kept alive so that its handle is not reused; the result).
+        self._parsed: dict[int, tuple] = {}
+        self._contains: dict[int, tuple] = {}
 
     def parse(self, expr) -> tuple[Step, ...]:
+        """The steps ``expr`` applies to ``source[axes]``; Refused saying what differs."""
+        handle = expr.__chandle__()
+        known = self._parsed.get(handle)
+        if known is None:
+            try:
+                known = (expr, self._parse(expr))
+                # Every parse ends at a read of source inside expr.
+                self._contains[handle] = (expr, True)
+            except Refused as refused:
+                known = (expr, refused)
+            self._parsed[handle] = known
+        if isinstance(known[1], Refused):
+            raise known[1]
+        return known[1]
+
+    def _parse(self, expr) -> tuple[Step, ...]:
         if isinstance(expr, ir.TensorLoad) and expr.source.same_as(self.source):
             if len(expr.indices) == len(self.axes) and all(
                 is_var(e, v) for e, v in zip(expr.indices, self.axes)
@@ -258,14 +287,18 @@ class EpilogueParser:
         raise Refused(f"computes {operation_text(expr)}, which is not an epilogue op of the family")
 
     def contains_source(self, expr) -> bool:
-        found = []
+        handle = expr.__chandle__()
+        known = self._contains.get(handle)
+        if known is None:
+            found = []
 
-        def on_load(load):
-            if load.source.same_as(self.source):
-                found.append(load)
+            def on_load(load):
+                if load.source.same_as(self.source):
+                    found.append(load)
 
-        walk(expr, ir.TensorLoad, on_load)
-        return bool(found)
+            walk(expr, ir.TensorLoad, on_load)
+            known = self._contains[handle] = (expr, bool(found))
+        return known[1]
 
     def _fixed_constants(self, op: str, binding) -> Step:
         """The Step of a spelling of ``op``, if its constants are the op's; else Refused."""

@@ -23,7 +23,7 @@ def stranded_epilogues(start: int, index: FunctionIndex, func_name: str):
         position = pending.pop(0)
         producer = index.nests[position]
         written = producer.block.body.buffer
-        for owner in index.owners.get(written, {}):
+        for owner in index.owners_of(written):
             # Nests are indexed in program order: an earlier user (an init) is not downstream.
             if owner <= position or owner in seen or not is_spatial(index.nests[owner].block):
                 continue

@@ -1,6 +1,6 @@
 """Reading TIR expressions: constants, dtypes and shapes, and the words reports use for them.
 
-Used by every other module of the matcher; imports none of them.
+Used by every other module of the matcher; imports only :mod:`.traversal`.
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ import re
 
 import tvm
 from tvm import ir, tirx
+
+from .traversal import elements
 
 INT_LITERAL = re.compile(r"T\.u?int[0-9]+\((-?[0-9]+)\)")
 
@@ -51,8 +53,14 @@ def operation_text(expr) -> str:
     return type(expr).__name__
 
 
+#: The constant node types, for the common case of :func:`const_value` (its node is one).
+_CONSTANTS = frozenset({tirx.IntImm, tirx.FloatImm})
+
+
 def const_value(expr):
     """The value of a numeric constant (also through casts), else None."""
+    if type(expr) in _CONSTANTS:
+        return expr.value
     if isinstance(expr, (int, float)):
         return expr
     while isinstance(expr, tirx.Cast):
@@ -89,7 +97,7 @@ def dtype_of(node) -> str:
 
 
 def shape_of(var) -> tuple:
-    return tuple(var.ty.shape)
+    return elements(var.ty.shape)
 
 
 def is_var(expr, var) -> bool:

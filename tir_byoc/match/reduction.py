@@ -11,6 +11,7 @@ leading iterators give each operand.  Called by :mod:`.scan`; reads :mod:`.stir`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import tvm
 from tvm import ir, tirx
@@ -60,7 +61,7 @@ class Reduction:
     init_nest: Nest | None = None  # the init as a block of its own (decompose_reduction)
     batch: Batch | None = None  # the batch dims; None for a 2-D product
 
-    @property
+    @cached_property
     def out_shape(self) -> tuple:
         """The output's shape: its batch dims, then (M, N)."""
         return (*shape_of(self.out)[:-2], self.m, self.n)
@@ -250,7 +251,7 @@ def check_reduction_buffers(
     w_dims = ((n, k), ("N", "K")) if layout == "dense" else ((k, n), ("K", "N"))
     check_trailing(w.source, *w_dims, extents, what="weight")
     if init.nest is not None:
-        check_covers(init.nest.block, init.indices, out_shape, extents)
+        check_covers(init.nest, init.indices, out_shape, extents)
 
     # Step 6. Buffers a C kernel can take: distinct, compact, in global memory.
     for buf in (out, x.source, w.source):

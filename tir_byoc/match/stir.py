@@ -12,6 +12,7 @@ Used by the matcher's analyses (:mod:`.reduction`, :mod:`.epilogue`, :mod:`.chai
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from tvm import ir, s_tir, sym, tirx
 from tvm.tirx.layout import TileLayout
@@ -67,7 +68,7 @@ def compact_global(var) -> str | None:
         return f"buffer {var.name} has a custom layout"
     if str(ty.storage_scope) not in ("global", ""):
         return f"buffer {var.name} lives in scope {ty.storage_scope!r}, not global memory"
-    strides = tuple(ty.strides)
+    strides = elements(ty.strides)
     if strides:
         shape = shape_of(var)
         expected = 1
@@ -82,6 +83,34 @@ def compact_global(var) -> str | None:
     return None
 
 
+class BufferSet:
+    """A set of buffers, by identity, as a ``set`` of buffer Vars is, but asked by handle.
+
+    Two reads of one buffer give two Python objects, which a ``set`` compares with ``==``:
+    an expression of TVM's, built and then asked whether both sides are the same node.
+    """
+
+    def __init__(self, buffers=()):
+        self._by_handle = {}
+        self.update(buffers)
+
+    def __contains__(self, buffer) -> bool:
+        return isinstance(buffer, ir.Var) and buffer.__chandle__() in self._by_handle
+
+    def __iter__(self):
+        return iter(self._by_handle.values())
+
+    def __len__(self) -> int:
+        return len(self._by_handle)
+
+    def add(self, buffer) -> None:
+        self._by_handle.setdefault(buffer.__chandle__(), buffer)
+
+    def update(self, buffers) -> None:
+        for buffer in buffers:
+            self.add(buffer)
+
+
 @dataclass(frozen=True)
 class Nest:
     """A leaf SBlock with the perfectly nested loops directly around it."""
@@ -93,9 +122,20 @@ class Nest:
     seq: int  # id of the enclosing statement list (-1 when not in a SeqStmt)
     index: int  # position in that list
 
-    @property
+    # Facts read from the FFI once: every read of a node's field is a call into it.
+    @cached_property
     def name(self) -> str:
         return self.block.name_hint
+
+    @cached_property
+    def iter_vars(self) -> tuple[tirx.IterVar, ...]:
+        """The block's iterators."""
+        return elements(self.block.iter_vars)
+
+    @cached_property
+    def out(self) -> ir.Var:
+        """The buffer the block stores to."""
+        return self.block.body.buffer
 
 
 def unwrap_nest(stmt):
@@ -131,9 +171,9 @@ class FunctionIndex:
     """
 
     def __init__(self, func: tirx.PrimFunc):
-        self.params = {p for p in func.params if is_buffer(p)}
-        self.local = set()  # buffers allocated inside the function
-        self.views = set()  # buffers declared over another's storage
+        self.params = BufferSet(p for p in elements(func.params) if is_buffer(p))
+        self.local = BufferSet()  # buffers allocated inside the function
+        self.views = BufferSet()  # buffers declared over another's storage
         self.nests: list[Nest] = []
         self.inner_blocks: list[s_tir.SBlock] = []  # blocks that are not single-store leaves
         self.sequences: dict[int, list[tirx.Stmt]] = {}
@@ -141,6 +181,7 @@ class FunctionIndex:
         # a buffer used once.
         self._noted: list[tuple[object, int, bool]] = []
         self._owners: dict[ir.Var, dict[int, int]] | None = None
+        self._owners_by_handle: dict[int, dict[int, int]] = {}  # the same, by buffer handle
         self._uses: dict[int, set[ir.Var]] = {}
         self._lifted_names = set() if not is_s_tir(func) else None
         self._visit(func.body, seq=-1, index=0)
@@ -198,6 +239,16 @@ class FunctionIndex:
             self._count()
         return self._owners
 
+    def owners_of(self, buffer) -> dict[int, int]:
+        """``owners[buffer]``, or {} for a buffer nothing uses.
+
+        Looked up by the buffer's handle: a buffer read from another node is another Python
+        object, which a dict keyed by buffers compares through an expression of ``==``.
+        """
+        if self._owners is None:
+            self._count()
+        return self._owners_by_handle.get(buffer.__chandle__(), {})
+
     @property
     def uses(self) -> dict[int, set[ir.Var]]:
         """Position of a nest -> the buffers it uses."""
@@ -207,40 +258,35 @@ class FunctionIndex:
 
     def _count(self):
         self._owners = {}
-        canonical = {}  # handle -> (one wrapper of the variable, whether it is a buffer)
+        found = {}  # handle -> [the variable (one object per variable), its counts, is a buffer]
 
-        def known(var):
+        def count(var, owner, walked):
             handle = var.__chandle__()
-            entry = canonical.get(handle)
+            entry = found.get(handle)
             if entry is None:
-                entry = canonical[handle] = (var, is_buffer(var))
-            return entry
+                entry = found[handle] = [var, None, is_buffer(var)]
+            if walked and not entry[2]:  # a walk counts buffers only
+                return
+            var, counts = entry[0], entry[1]
+            if counts is None:
+                counts = entry[1] = self._owners[var] = self._owners_by_handle[handle] = {}
+            counts[owner] = counts.get(owner, 0) + 1
+            if owner >= 0:
+                self._uses.setdefault(owner, set()).add(var)
 
         for node, owner, walked in self._noted:
-            if not walked:
-                self._count_var(known(node)[0], owner)
-                continue
-
-            def on_var(var, owner=owner):
-                var, buffer = known(var)
-                if buffer:
-                    self._count_var(var, owner)
-
-            walk(node, ir.Var, on_var)
-
-    def _count_var(self, var, owner):
-        counts = self._owners.setdefault(var, {})
-        counts[owner] = counts.get(owner, 0) + 1
-        if owner >= 0:
-            self._uses.setdefault(owner, set()).add(var)
+            if walked:
+                walk(node, ir.Var, lambda var, owner=owner: count(var, owner, True))
+            else:
+                count(node, owner, False)
 
     # Step 3. Queries.
     def only_used_by(self, buffer, *positions) -> bool:
-        return set(self.owners.get(buffer, {})) <= set(positions)
+        return set(self.owners_of(buffer)) <= set(positions)
 
     def other_users(self, buffer, *positions) -> list[str]:
         names = []
-        for owner in self.owners.get(buffer, {}):
+        for owner in self.owners_of(buffer):
             if owner in positions:
                 continue
             names.append(f"block {self.nests[owner].name}" if owner >= 0 else "other code")
@@ -271,21 +317,24 @@ def check_binding(nest: Nest, extents: Extents) -> None:
     block, realize = nest.block, nest.realize
     if const_value(realize.predicate) != 1:
         raise Refused(f"block {block.name_hint} has a predicate, so it skips part of its domain")
-    if len(nest.loops) != len(block.iter_vars):
+    iter_vars = nest.iter_vars
+    if len(nest.loops) != len(iter_vars):
         raise Refused(
-            f"block {block.name_hint} has {len(block.iter_vars)} iterators but "
+            f"block {block.name_hint} has {len(iter_vars)} iterators but "
             f"{len(nest.loops)} loops around it (the loop nest is scheduled or shared)"
         )
-    loop_by_var = {loop.loop_var: loop for loop in nest.loops}
+    # Variables by handle: the same variable read twice comes back as two Python objects.
+    loop_by_var = {loop.loop_var.__chandle__(): loop for loop in nest.loops}
     used = set()
-    for iter_var, value in zip(block.iter_vars, realize.iter_values):
-        loop = loop_by_var.get(value) if isinstance(value, tirx.Var) else None
-        if loop is None or value in used:
+    for iter_var, value in zip(iter_vars, elements(realize.iter_values)):
+        handle = value.__chandle__() if isinstance(value, tirx.Var) else None
+        loop = loop_by_var.get(handle)
+        if loop is None or handle in used:
             raise Refused(
                 f"iterator {iter_var.var.name} of block {block.name_hint} is bound to "
                 f"{value}, not to a loop of its own nest (split, fused or shared loops)"
             )
-        used.add(value)
+        used.add(handle)
         dom = iter_var.dom
         if not is_zero(dom.min) or not is_zero(loop.min):
             raise Refused(f"iterator {iter_var.var.name} does not start at 0")
@@ -318,13 +367,14 @@ def check_shape(buf, dims, names, extents: Extents, what="output"):
             )
 
 
-def check_covers(block, indices, dims, extents: Extents) -> None:
+def check_covers(nest: Nest, indices, dims, extents: Extents) -> None:
     """The block's iterators run over the whole output, as the kernel writes all of it."""
+    by_var = {iv.var.__chandle__(): iv for iv in reversed(nest.iter_vars)}  # the first wins
     for var, dim, name in zip(indices, dims, dim_names(len(dims))):
-        iter_var = next(iv for iv in block.iter_vars if iv.var.same_as(var))
-        if not extents.equal(iter_var.dom.extent, dim):
+        extent = by_var[var.__chandle__()].dom.extent
+        if not extents.equal(extent, dim):
             raise Refused(
-                f"block {block.name_hint} covers {expr_text(iter_var.dom.extent)} of "
+                f"block {nest.name} covers {expr_text(extent)} of "
                 f"{name} = {expr_text(dim)} (the kernel would write all of it)"
             )
 
