@@ -172,6 +172,8 @@ def unify(template, expr, binding: dict) -> dict | None:
         if not isinstance(expr, _BINARY[kind]):
             return None
         for a, b in ((expr.a, expr.b), (expr.b, expr.a)):
+            if not (_could_spell(template[1], a) and _could_spell(template[2], b)):
+                continue
             found = unify(template[1], a, binding)
             found = found and unify(template[2], b, found)
             if found:
@@ -180,14 +182,35 @@ def unify(template, expr, binding: dict) -> dict | None:
     if not isinstance(expr, tvm.ir.Call):
         return None
     name = getattr(expr.op, "name", None)
-    if kind == "pow":
-        if name != "tirx.pow" or len(expr.args) != 2:
-            return None
-        found = unify(template[1], expr.args[0], binding)
-        return found and unify(template[2], expr.args[1], found)
-    if name != template[1] or len(expr.args) != 1:
+    if name != ("tirx.pow" if kind == "pow" else template[1]):
         return None
-    return unify(template[2], expr.args[0], binding)
+    args = elements(expr.args)
+    if kind == "pow":
+        if len(args) != 2:
+            return None
+        found = unify(template[1], args[0], binding)
+        return found and unify(template[2], args[1], found)
+    if len(args) != 1:
+        return None
+    return unify(template[2], args[0], binding)
+
+
+def _could_spell(template, expr) -> bool:
+    """False when ``unify(template, expr, ...)`` fails on ``expr``'s node alone."""
+    if template == VALUE:
+        return True
+    if isinstance(template, Const):
+        return const_value(expr) is not None
+    if template[0] in _BINARY:
+        return isinstance(expr, _BINARY[template[0]])
+    return isinstance(expr, tvm.ir.Call)
+
+
+def _operands_could_spell(template, a, b) -> bool:
+    """False when a binary ``template`` cannot spell a node with operands ``a``, ``b``."""
+    return (_could_spell(template[1], a) and _could_spell(template[2], b)) or (
+        _could_spell(template[1], b) and _could_spell(template[2], a)
+    )
 
 
 def _root(template):
@@ -261,8 +284,9 @@ class EpilogueParser:
 
     def _parse(self, expr) -> tuple[Step, ...]:
         if isinstance(expr, ir.TensorLoad) and expr.source.same_as(self.source):
-            if len(expr.indices) == len(self.axes) and all(
-                is_var(e, v) for e, v in zip(expr.indices, self.axes)
+            indices = elements(expr.indices)
+            if len(indices) == len(self.axes) and all(
+                is_var(e, v) for e, v in zip(indices, self.axes)
             ):
                 return ()
             names = ", ".join(v.name for v in self.axes)
@@ -271,7 +295,12 @@ class EpilogueParser:
                 f"{self.source.name}[{names}] (indices are mixed up)"
             )
         root = root_operation(expr)
-        for op, spelling in _SPELLINGS_BY_ROOT.get(root, ()):
+        spellings = _SPELLINGS_BY_ROOT.get(root, ())
+        if spellings and isinstance(expr, tuple(_BINARY.values())):
+            # Read the operands once, and try only the spellings they could spell.
+            a, b = expr.a, expr.b
+            spellings = [(op, s) for op, s in spellings if _operands_could_spell(s, a, b)]
+        for op, spelling in spellings:
             binding = unify(spelling, expr, {})
             if binding is not None and self.contains_source(binding[VALUE]):
                 return (*self.parse(binding[VALUE]), self._fixed_constants(op, binding))
@@ -290,14 +319,10 @@ class EpilogueParser:
         handle = expr.__chandle__()
         known = self._contains.get(handle)
         if known is None:
-            found = []
-
-            def on_load(load):
-                if load.source.same_as(self.source):
-                    found.append(load)
-
-            walk(expr, ir.TensorLoad, on_load)
-            known = self._contains[handle] = (expr, bool(found))
+            loads = []
+            walk(expr, ir.TensorLoad, loads.append)
+            found = any(load.source.same_as(self.source) for load in loads)
+            known = self._contains[handle] = (expr, found)
         return known[1]
 
     def _fixed_constants(self, op: str, binding) -> Step:
@@ -323,10 +348,11 @@ class EpilogueParser:
         if const_value(expr) is not None:
             return "scalar"
         if isinstance(expr, ir.TensorLoad):
-            if all(const_value(i) is not None for i in expr.indices):
+            indices = elements(expr.indices)
+            if all(const_value(i) is not None for i in indices):
                 return "scalar"
-            if len(expr.indices) == len(self.axes) and all(
-                is_var(e, v) for e, v in zip(expr.indices, self.axes)
+            if len(indices) == len(self.axes) and all(
+                is_var(e, v) for e, v in zip(indices, self.axes)
             ):
                 return "full"
             return "vector"

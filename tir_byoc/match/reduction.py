@@ -43,7 +43,7 @@ from .stir import (
     dim_names,
     is_spatial,
 )
-from .traversal import walk
+from .traversal import elements, walk
 
 
 @dataclass(frozen=True)
@@ -95,16 +95,11 @@ def looks_like_gemm(block) -> bool:
     Anything else (a sum, a variance's ``(x - mean) * (x - mean)``, a product of computed
     values) is not a GEMM, so its refusal is not worth a user's attention.
     """
-    if not any(iv.iter_type == COMM_REDUCE for iv in block.iter_vars):
+    if not any(iv.iter_type == COMM_REDUCE for iv in elements(block.iter_vars)):
         return False
-    found = []
-
-    def on_product(product):
-        if is_element(product.a) and is_element(product.b):
-            found.append(product)
-
-    walk(block.body, tirx.Mul, on_product)
-    return bool(found)
+    products = []
+    walk(block.body, tirx.Mul, products.append)
+    return any(is_element(product.a) and is_element(product.b) for product in products)
 
 
 def unpack_operand(expr, acc_dtype):
@@ -138,8 +133,9 @@ def analyze_reduction(
 ) -> Reduction:
     """Read ``nest`` as ``Y[..., i, j] = sum_k X[..., i, k] * W`` (initialised in ``init_nest``)."""
     block = nest.block
-    spatial = [iv for iv in block.iter_vars if iv.iter_type == DATA_PAR]
-    reduce = [iv for iv in block.iter_vars if iv.iter_type == COMM_REDUCE]
+    iter_vars = nest.iter_vars
+    spatial = [iv for iv in iter_vars if iv.iter_type == DATA_PAR]
+    reduce = [iv for iv in iter_vars if iv.iter_type == COMM_REDUCE]
 
     # Step 1. Shape of the iteration space and of the loops around it.
     if len(reduce) != 1:
@@ -149,7 +145,7 @@ def analyze_reduction(
             f"block has {len(spatial)} spatial axes: a reduction to fewer than two axes is not "
             "a matrix product"
         )
-    if len(block.iter_vars) != len(spatial) + 1:
+    if len(iter_vars) != len(spatial) + 1:
         raise Refused(f"block {block.name_hint} has iterators that are neither spatial nor k")
     check_binding(nest, extents)
     if block.match_buffers or block.alloc_buffers:
@@ -158,9 +154,12 @@ def analyze_reduction(
     # Step 2. The update: C[..., i, j] = C[..., i, j] + A * B.
     store = block.body
     out = store.buffer
-    indices = tuple(store.indices)
+    indices = elements(store.indices)
+    spatial_vars = [(iv, iv.var) for iv in spatial]
     iters = [
-        next((iv for iv in spatial if is_var(e, iv.var)), None) if isinstance(e, tirx.Var) else None
+        next((iv for iv, var in spatial_vars if is_var(e, var)), None)
+        if isinstance(e, tirx.Var)
+        else None
         for e in indices
     ]
     if len(indices) != len(spatial) or None in iters or len({iv.var for iv in iters}) != len(iters):
@@ -312,7 +311,7 @@ def operand_strides(load, batch_vars, dims, extents: Extents, what: str) -> list
     for axis in reversed(range(len(shape) - 1)):
         strides[axis] = _times(strides[axis + 1], shape[axis + 1])
     found = {}
-    for axis, index in enumerate(list(load.indices)[:-2]):
+    for axis, index in enumerate(elements(load.indices)[:-2]):
         if is_zero(index):
             if not extents.equal(shape[axis], 1):
                 raise Refused(
@@ -385,15 +384,15 @@ def batch_of(batch_iters, x, w, mk, extents: Extents) -> Batch:
 def init_block(nest: Nest, out, rank: int, extents: Extents) -> Init:
     """The init of a reduction as a block of its own: ``out[..., i, j] = 0`` (or ``b[j]``)."""
     block = nest.block
-    if not is_spatial(block) or block.init is not None or len(block.iter_vars) != rank:
+    if not is_spatial(block) or block.init is not None or len(nest.iter_vars) != rank:
         raise Refused(
             f"the reduction has no init, and block {block.name_hint} before it is not a "
             f"{rank}-D elementwise init of {out.name}"
         )
     check_binding(nest, extents)
     store = block.body
-    iters = [iv.var for iv in block.iter_vars]
-    indices = tuple(store.indices)
+    iters = [iv.var for iv in nest.iter_vars]
+    indices = elements(store.indices)
     if (
         len(indices) != rank
         or not all(isinstance(e, tirx.Var) and any(e.same_as(i) for i in iters) for e in indices)
@@ -409,8 +408,8 @@ def check_init(init: Init, out) -> None:
     if (
         not isinstance(store, tirx.BufferStore)
         or not store.buffer.same_as(out)
-        or len(store.indices) != len(init.indices)
-        or not all(a.same_as(b) for a, b in zip(store.indices, init.indices))
+        or len(elements(store.indices)) != len(init.indices)
+        or not all(a.same_as(b) for a, b in zip(elements(store.indices), init.indices))
     ):
         names = ", ".join(v.name for v in init.indices)
         raise Refused(f"the init does not write {out.name}[{names}]")
@@ -422,7 +421,7 @@ def check_init(init: Init, out) -> None:
 
 def bias_vector(load, row, col, n, out_dtype, extents: Extents):
     """The buffer of a bias read ``b[j]`` or ``b[0, j]`` (``row``, ``col`` = i, j); else refused."""
-    buf, indices = load.source, list(load.indices)
+    buf, indices = load.source, list(elements(load.indices))
     shape = shape_of(buf)
     if len(shape) == 2 and len(indices) == 2 and is_var(indices[0], row):
         raise Refused(f"bias {buf.name} has a full (M, N) shape; the pattern needs (N,) or (1, N)")
@@ -455,8 +454,8 @@ def split_accumulate(value, out, indices):
         if (
             isinstance(acc, ir.TensorLoad)
             and acc.source.same_as(out)
-            and len(acc.indices) == len(indices)
-            and all(a.same_as(b) for a, b in zip(acc.indices, indices))
+            and len(elements(acc.indices)) == len(indices)
+            and all(a.same_as(b) for a, b in zip(elements(acc.indices), indices))
         ):
             return other
     names = ", ".join(v.name for v in indices)
@@ -465,7 +464,7 @@ def split_accumulate(value, out, indices):
 
 def operand_role(load, vi, vj, vk) -> str | None:
     """'x' for [..., i, k], 'nk' for [..., j, k], 'kn' for [..., k, j]; None otherwise."""
-    indices = list(load.indices)
+    indices = elements(load.indices)
     if len(indices) < 2:
         return None
     first, second = indices[-2:]

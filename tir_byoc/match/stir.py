@@ -156,7 +156,7 @@ def is_s_tir(func: tirx.PrimFunc) -> bool:
 
 
 def is_spatial(block) -> bool:
-    return all(iv.iter_type == DATA_PAR for iv in block.iter_vars)
+    return all(iv.iter_type == DATA_PAR for iv in elements(block.iter_vars))
 
 
 class FunctionIndex:
@@ -259,26 +259,25 @@ class FunctionIndex:
     def _count(self):
         self._owners = {}
         found = {}  # handle -> [the variable (one object per variable), its counts, is a buffer]
-
-        def count(var, owner, walked):
-            handle = var.__chandle__()
-            entry = found.get(handle)
-            if entry is None:
-                entry = found[handle] = [var, None, is_buffer(var)]
-            if walked and not entry[2]:  # a walk counts buffers only
-                return
-            var, counts = entry[0], entry[1]
-            if counts is None:
-                counts = entry[1] = self._owners[var] = self._owners_by_handle[handle] = {}
-            counts[owner] = counts.get(owner, 0) + 1
-            if owner >= 0:
-                self._uses.setdefault(owner, set()).add(var)
-
         for node, owner, walked in self._noted:
-            if walked:
-                walk(node, ir.Var, lambda var, owner=owner: count(var, owner, True))
+            if walked:  # a walk counts buffers only
+                variables = []
+                walk(node, ir.Var, variables.append)  # a builtin callback: no Python frame
             else:
-                count(node, owner, False)
+                variables = (node,)
+            for var in variables:
+                handle = var.__chandle__()
+                entry = found.get(handle)
+                if entry is None:
+                    entry = found[handle] = [var, None, is_buffer(var)]
+                if walked and not entry[2]:
+                    continue
+                var, counts = entry[0], entry[1]
+                if counts is None:
+                    counts = entry[1] = self._owners[var] = self._owners_by_handle[handle] = {}
+                counts[owner] = counts.get(owner, 0) + 1
+                if owner >= 0:
+                    self._uses.setdefault(owner, set()).add(var)
 
     # Step 3. Queries.
     def only_used_by(self, buffer, *positions) -> bool:

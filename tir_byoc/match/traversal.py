@@ -15,6 +15,8 @@ Used by every other module of the matcher that walks IR; imports none of them.
 
 from __future__ import annotations
 
+from itertools import repeat
+
 import tvm_ffi
 
 _STRUCTURAL_WALK = tvm_ffi.get_global_func("ffi.StructuralWalk")
@@ -51,4 +53,5 @@ def mutate(node, callbacks):
 def elements(array) -> tuple:
     """``tuple(array)`` for an FFI array, a third of the cost: iterating one from Python checks
     and normalises every index on its way to ``ffi.ArrayGetItem``."""
-    return tuple(_ARRAY_GET_ITEM(array, i) for i in range(_ARRAY_SIZE(array)))
+    size = _ARRAY_SIZE(array)
+    return tuple(map(_ARRAY_GET_ITEM, repeat(array, size), range(size)))
