@@ -52,6 +52,7 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
     written = [core.out]  # the buffers the chain writes, in order
     written_handles = {core.out.__chandle__()}
     written_at = [0]  # for each, how many members come before the first that writes it
+    owners = set(index.owners_of(core.out))  # the nests (and -1, other code) using them
     read = {core.x, core.w} | ({core.bias} if core.bias is not None else set())
     values: dict = {}  # buffer's handle -> its value, an expression of the product core.out[axes]
     axes, parser = None, None
@@ -60,7 +61,7 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
     # Step 1. Compose the elementwise blocks that follow, noting each cut.
     while len(members) - len(positions) < MAX_EPILOGUE_BLOCKS:
         live = set(written)
-        users = {o for b in written for o in index.owners_of(b) if o not in members}
+        users = owners.difference(members)
         if not users:
             break
         try:
@@ -84,6 +85,7 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
             written.append(block.out)
             written_handles.add(block.out.__chandle__())
             written_at.append(len(members) - 1)
+            owners.update(index.owners_of(block.out))
         if parser is None:  # one parser reads every prefix: it keeps what it has read
             parser = EpilogueParser(core.out, axes, core, extents, index.params)
         try:

@@ -55,23 +55,23 @@ class Elementwise:
 def read_elementwise(nest: Nest, chain: Reduction, extents: Extents) -> Elementwise:
     """Check that ``nest`` is elementwise over the chain's output shape; Refused if not."""
     block = nest.block
-    iter_vars = nest.iter_vars
-    if any(iv.iter_type != DATA_PAR for iv in iter_vars) or block.init is not None:
+    iterators = nest.iterators
+    if any(it.iter_type != DATA_PAR for it in iterators) or block.init is not None:
         raise Refused(f"block {block.name_hint} is a reduction, not an elementwise epilogue")
     shape = chain.out_shape
-    if len(iter_vars) != len(shape):
+    if len(iterators) != len(shape):
         raise Refused(
-            f"block {block.name_hint} has {len(iter_vars)} axes, expected {len(shape)} "
+            f"block {block.name_hint} has {len(iterators)} axes, expected {len(shape)} "
             f"(the axes of {chain.out.name})"
         )
     check_binding(nest, extents)
     store = block.body
     out = store.buffer
     indices = elements(store.indices)
-    variables = tuple(iv.var for iv in iter_vars)
+    variables = {it.handle for it in iterators}
     if (
         len(indices) != len(shape)
-        or not all(any(v.same_as(e) for v in variables) for e in indices)
+        or not all(e.__chandle__() in variables for e in indices)
         or len(set(indices)) != len(indices)
     ):
         raise Refused(f"output {out.name} is not indexed by the block's iterators, one per axis")

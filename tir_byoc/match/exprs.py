@@ -53,14 +53,23 @@ def operation_text(expr) -> str:
     return type(expr).__name__
 
 
-#: The constant node types, for the common case of :func:`const_value` (its node is one).
+#: Node types :func:`const_value` reads at once: constants, and types that are never one
+#: (neither a number, a cast nor a constant; filled as they are met).
 _CONSTANTS = frozenset({tirx.IntImm, tirx.FloatImm})
+_NEVER_CONSTANT: set[type] = set()
+_MAYBE_CONSTANT = (int, float, tirx.Cast, tirx.FloatImm, tirx.IntImm)
 
 
 def const_value(expr):
     """The value of a numeric constant (also through casts), else None."""
-    if type(expr) in _CONSTANTS:
+    kind = type(expr)
+    if kind in _CONSTANTS:
         return expr.value
+    if kind in _NEVER_CONSTANT:  # an isinstance test that fails costs an ABC lookup
+        return None
+    if not issubclass(kind, _MAYBE_CONSTANT):
+        _NEVER_CONSTANT.add(kind)
+        return None
     if isinstance(expr, (int, float)):
         return expr
     while isinstance(expr, tirx.Cast):

@@ -11,7 +11,6 @@ leading iterators give each operand.  Called by :mod:`.scan`; reads :mod:`.stir`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 import tvm
 from tvm import ir, tirx
@@ -41,6 +40,7 @@ from .stir import (
     check_shape,
     compact_global,
     dim_names,
+    fact,
     is_spatial,
 )
 from .traversal import elements, walk
@@ -61,7 +61,7 @@ class Reduction:
     init_nest: Nest | None = None  # the init as a block of its own (decompose_reduction)
     batch: Batch | None = None  # the batch dims; None for a 2-D product
 
-    @cached_property
+    @fact
     def out_shape(self) -> tuple:
         """The output's shape: its batch dims, then (M, N)."""
         return (*shape_of(self.out)[:-2], self.m, self.n)
@@ -133,9 +133,9 @@ def analyze_reduction(
 ) -> Reduction:
     """Read ``nest`` as ``Y[..., i, j] = sum_k X[..., i, k] * W`` (initialised in ``init_nest``)."""
     block = nest.block
-    iter_vars = nest.iter_vars
-    spatial = [iv for iv in iter_vars if iv.iter_type == DATA_PAR]
-    reduce = [iv for iv in iter_vars if iv.iter_type == COMM_REDUCE]
+    iterators = nest.iterators
+    spatial = [it for it in iterators if it.iter_type == DATA_PAR]
+    reduce = [it for it in iterators if it.iter_type == COMM_REDUCE]
 
     # Step 1. Shape of the iteration space and of the loops around it.
     if len(reduce) != 1:
@@ -145,7 +145,7 @@ def analyze_reduction(
             f"block has {len(spatial)} spatial axes: a reduction to fewer than two axes is not "
             "a matrix product"
         )
-    if len(iter_vars) != len(spatial) + 1:
+    if len(iterators) != len(spatial) + 1:
         raise Refused(f"block {block.name_hint} has iterators that are neither spatial nor k")
     check_binding(nest, extents)
     if block.match_buffers or block.alloc_buffers:
@@ -155,11 +155,8 @@ def analyze_reduction(
     store = block.body
     out = store.buffer
     indices = elements(store.indices)
-    spatial_vars = [(iv, iv.var) for iv in spatial]
     iters = [
-        next((iv for iv, var in spatial_vars if is_var(e, var)), None)
-        if isinstance(e, tirx.Var)
-        else None
+        next((it for it in spatial if is_var(e, it.var)), None) if isinstance(e, tirx.Var) else None
         for e in indices
     ]
     if len(indices) != len(spatial) or None in iters or len({iv.var for iv in iters}) != len(iters):
@@ -242,8 +239,8 @@ def check_reduction_buffers(
     """Steps 5 to 8 of :func:`analyze_reduction`, once the operand roles are known."""
     batch_iters, iter_i, iter_j, iter_k = iters
     # Step 5. Extents: the loops cover the whole output and the whole K.
-    m, n, k = iter_i.dom.extent, iter_j.dom.extent, iter_k.dom.extent
-    counts = tuple(iv.dom.extent for iv in batch_iters)
+    m, n, k = iter_i.extent, iter_j.extent, iter_k.extent
+    counts = tuple(it.extent for it in batch_iters)
     out_shape = (*counts, m, n)
     check_shape(out, out_shape, dim_names(len(out_shape)), extents)
     check_trailing(x.source, (m, k), ("M", "K"), extents, what="input")
@@ -274,7 +271,7 @@ def check_reduction_buffers(
 
 def check_trailing(buf, dims, names, extents: Extents, what):
     """``buf``'s last two dims are ``dims`` (its leading dims are batch dims, read elsewhere)."""
-    shape = shape_of(buf)
+    shape = extents.shape(buf)
     if len(shape) < 2:
         raise Refused(f"{what} {buf.name} has {len(shape)} dimensions, expected at least 2")
     leading = tuple(f"B{d}" for d in range(len(shape) - 2))
@@ -306,12 +303,13 @@ def operand_strides(load, batch_vars, dims, extents: Extents, what: str) -> list
     most once, over the whole dim), or 0 on a dim of extent 1 (a broadcast).
     """
     buf = load.source
-    shape = shape_of(buf)
+    shape = extents.shape(buf)
+    leading = elements(load.indices)[:-2]
     strides = [tirx.IntImm("int64", 1)] * len(shape)
-    for axis in reversed(range(len(shape) - 1)):
+    for axis in reversed(range(len(shape) - 1) if leading else ()):  # none read without
         strides[axis] = _times(strides[axis + 1], shape[axis + 1])
     found = {}
-    for axis, index in enumerate(elements(load.indices)[:-2]):
+    for axis, index in enumerate(leading):
         if is_zero(index):
             if not extents.equal(shape[axis], 1):
                 raise Refused(
@@ -334,7 +332,7 @@ def operand_strides(load, batch_vars, dims, extents: Extents, what: str) -> list
                 "range"
             )
         found[position] = strides[axis]
-    return [found.get(p, tirx.IntImm("int64", 0)) for p in range(len(batch_vars))]
+    return [found[p] if p in found else tirx.IntImm("int64", 0) for p in range(len(batch_vars))]
 
 
 def batch_of(batch_iters, x, w, mk, extents: Extents) -> Batch:
@@ -347,8 +345,8 @@ def batch_of(batch_iters, x, w, mk, extents: Extents) -> Batch:
     matrices and the product is one 2-D call.  Otherwise it is ``batched``.
     """
     m, k = mk
-    batch_vars = [iv.var for iv in batch_iters]
-    dims = tuple(iv.dom.extent for iv in batch_iters)
+    batch_vars = [it.var for it in batch_iters]
+    dims = tuple(it.extent for it in batch_iters)
     x_strides = operand_strides(x, batch_vars, dims, extents, "input")
     w_strides = operand_strides(w, batch_vars, dims, extents, "weight")
     merged = []
@@ -384,14 +382,14 @@ def batch_of(batch_iters, x, w, mk, extents: Extents) -> Batch:
 def init_block(nest: Nest, out, rank: int, extents: Extents) -> Init:
     """The init of a reduction as a block of its own: ``out[..., i, j] = 0`` (or ``b[j]``)."""
     block = nest.block
-    if not is_spatial(block) or block.init is not None or len(nest.iter_vars) != rank:
+    if not is_spatial(block) or block.init is not None or len(nest.iterators) != rank:
         raise Refused(
             f"the reduction has no init, and block {block.name_hint} before it is not a "
             f"{rank}-D elementwise init of {out.name}"
         )
     check_binding(nest, extents)
     store = block.body
-    iters = [iv.var for iv in nest.iter_vars]
+    iters = [it.var for it in nest.iterators]
     indices = elements(store.indices)
     if (
         len(indices) != rank

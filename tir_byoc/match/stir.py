@@ -11,9 +11,11 @@ Used by the matcher's analyses (:mod:`.reduction`, :mod:`.epilogue`, :mod:`.chai
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from functools import cached_property
+from typing import NamedTuple
 
+import tvm
 from tvm import ir, s_tir, sym, tirx
 from tvm.tirx.layout import TileLayout
 
@@ -37,10 +39,22 @@ COMM_REDUCE = 2
 
 
 class Extents:
-    """Proves extents equal: integers directly, symbolic ones with the arithmetic analyzer."""
+    """Proves extents equal: integers directly, symbolic ones with the arithmetic analyzer.
+
+    Also reads buffers' shapes, once per buffer: a GEMM's checks read each operand's shape
+    three times.
+    """
 
     def __init__(self):
         self._analyzer = None
+        self._shapes: dict[int, tuple] = {}  # buffer handle -> (its shape, the buffer)
+
+    def shape(self, buffer) -> tuple:
+        """``shape_of(buffer)``."""
+        known = self._shapes.get(buffer.__chandle__())
+        if known is None:
+            known = self._shapes[buffer.__chandle__()] = (shape_of(buffer), buffer)
+        return known[0]
 
     def equal(self, a, b) -> bool:
         a_value, b_value = const_value(a), const_value(b)
@@ -83,6 +97,24 @@ def compact_global(var) -> str | None:
     return None
 
 
+class fact:
+    """``functools.cached_property`` without its lock (Python 3.11 takes one on every first
+    read, several microseconds): a fact of an immutable record, computed on first read."""
+
+    def __init__(self, compute):
+        self.compute = compute
+        self.__doc__ = compute.__doc__
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, record, owner=None):
+        if record is None:
+            return self
+        value = record.__dict__[self.name] = self.compute(record)
+        return value
+
+
 class BufferSet:
     """A set of buffers, by identity, as a ``set`` of buffer Vars is, but asked by handle.
 
@@ -111,6 +143,21 @@ class BufferSet:
             self.add(buffer)
 
 
+class Iterator(NamedTuple):
+    """A block iterator, its fields read once."""
+
+    var: tirx.Var
+    handle: int  # the variable's handle, to find it by
+    iter_type: int  # DATA_PAR, COMM_REDUCE, ...
+    min: tvm.ir.PrimExpr
+    extent: tvm.ir.PrimExpr
+
+
+def read_iterator(iter_var) -> Iterator:
+    var, dom = iter_var.var, iter_var.dom
+    return Iterator(var, var.__chandle__(), iter_var.iter_type, dom.min, dom.extent)
+
+
 @dataclass(frozen=True)
 class Nest:
     """A leaf SBlock with the perfectly nested loops directly around it."""
@@ -123,16 +170,16 @@ class Nest:
     index: int  # position in that list
 
     # Facts read from the FFI once: every read of a node's field is a call into it.
-    @cached_property
+    @fact
     def name(self) -> str:
         return self.block.name_hint
 
-    @cached_property
-    def iter_vars(self) -> tuple[tirx.IterVar, ...]:
+    @fact
+    def iterators(self) -> tuple[Iterator, ...]:
         """The block's iterators."""
-        return elements(self.block.iter_vars)
+        return tuple(map(read_iterator, elements(self.block.iter_vars)))
 
-    @cached_property
+    @fact
     def out(self) -> ir.Var:
         """The buffer the block stores to."""
         return self.block.body.buffer
@@ -316,31 +363,30 @@ def check_binding(nest: Nest, extents: Extents) -> None:
     block, realize = nest.block, nest.realize
     if const_value(realize.predicate) != 1:
         raise Refused(f"block {block.name_hint} has a predicate, so it skips part of its domain")
-    iter_vars = nest.iter_vars
-    if len(nest.loops) != len(iter_vars):
+    iterators = nest.iterators
+    if len(nest.loops) != len(iterators):
         raise Refused(
-            f"block {block.name_hint} has {len(iter_vars)} iterators but "
+            f"block {block.name_hint} has {len(iterators)} iterators but "
             f"{len(nest.loops)} loops around it (the loop nest is scheduled or shared)"
         )
     # Variables by handle: the same variable read twice comes back as two Python objects.
     loop_by_var = {loop.loop_var.__chandle__(): loop for loop in nest.loops}
     used = set()
-    for iter_var, value in zip(iter_vars, elements(realize.iter_values)):
+    for iterator, value in zip(iterators, elements(realize.iter_values)):
         handle = value.__chandle__() if isinstance(value, tirx.Var) else None
         loop = loop_by_var.get(handle)
         if loop is None or handle in used:
             raise Refused(
-                f"iterator {iter_var.var.name} of block {block.name_hint} is bound to "
+                f"iterator {iterator.var.name} of block {block.name_hint} is bound to "
                 f"{value}, not to a loop of its own nest (split, fused or shared loops)"
             )
         used.add(handle)
-        dom = iter_var.dom
-        if not is_zero(dom.min) or not is_zero(loop.min):
-            raise Refused(f"iterator {iter_var.var.name} does not start at 0")
-        if not extents.equal(loop.extent, dom.extent):
+        if not is_zero(iterator.min) or not is_zero(loop.min):
+            raise Refused(f"iterator {iterator.var.name} does not start at 0")
+        if not extents.equal(loop.extent, iterator.extent):
             raise Refused(
                 f"loop {loop.loop_var.name} runs over {expr_text(loop.extent)} iterations, "
-                f"but iterator {iter_var.var.name} spans {expr_text(dom.extent)}"
+                f"but iterator {iterator.var.name} spans {expr_text(iterator.extent)}"
             )
         if loop.kind == tirx.ForKind.THREAD_BINDING or (
             loop.step is not None and const_value(loop.step) != 1
@@ -348,13 +394,14 @@ def check_binding(nest: Nest, extents: Extents) -> None:
             raise Refused(f"loop {loop.loop_var.name} is thread-bound or strided")
 
 
+@functools.cache
 def dim_names(rank: int) -> tuple[str, ...]:
     """Names of an output's dims in reports: the batch dims B0, B1, ..., then M and N."""
     return (*(f"B{d}" for d in range(rank - 2)), "M", "N")
 
 
 def check_shape(buf, dims, names, extents: Extents, what="output"):
-    shape = shape_of(buf)
+    shape = extents.shape(buf)
     if len(shape) != len(dims):
         raise Refused(f"{what} {buf.name} has {len(shape)} dimensions, expected {len(dims)}")
     for axis, (actual, expected, name) in enumerate(zip(shape, dims, names)):
@@ -368,9 +415,9 @@ def check_shape(buf, dims, names, extents: Extents, what="output"):
 
 def check_covers(nest: Nest, indices, dims, extents: Extents) -> None:
     """The block's iterators run over the whole output, as the kernel writes all of it."""
-    by_var = {iv.var.__chandle__(): iv for iv in reversed(nest.iter_vars)}  # the first wins
+    by_var = {it.handle: it for it in reversed(nest.iterators)}  # the first wins
     for var, dim, name in zip(indices, dims, dim_names(len(dims))):
-        extent = by_var[var.__chandle__()].dom.extent
+        extent = by_var[var.__chandle__()].extent
         if not extents.equal(extent, dim):
             raise Refused(
                 f"block {nest.name} covers {expr_text(extent)} of "
