@@ -169,6 +169,16 @@ def compose(block, axes, values, live):
         return rename.get(var.__chandle__(), var)
 
     def on_load(load, mutator):
+        handle = load.source.__chandle__()
+        if handle in values:
+            # A read of a buffer the chain computed, at the block's own axes, is replaced
+            # whole: renaming its indices first would make a node only to drop it.
+            indices = elements(load.indices)
+            if len(indices) == len(axes) and all(
+                isinstance(i, tirx.Var) and rename.get(i.__chandle__(), i).same_as(a)
+                for i, a in zip(indices, axes)
+            ):
+                return values[handle]
         load = mutator.default_mutate(load)
         buffer = load.source
         handle = buffer.__chandle__()

@@ -172,8 +172,6 @@ def unify(template, expr, binding: dict) -> dict | None:
         if not isinstance(expr, _BINARY[kind]):
             return None
         for a, b in ((expr.a, expr.b), (expr.b, expr.a)):
-            if not (_could_spell(template[1], a) and _could_spell(template[2], b)):
-                continue
             found = unify(template[1], a, binding)
             found = found and unify(template[2], b, found)
             if found:
@@ -296,10 +294,6 @@ class EpilogueParser:
             )
         root = root_operation(expr)
         spellings = _SPELLINGS_BY_ROOT.get(root, ())
-        if spellings and isinstance(expr, tuple(_BINARY.values())):
-            # Read the operands once, and try only the spellings they could spell.
-            a, b = expr.a, expr.b
-            spellings = [(op, s) for op, s in spellings if _operands_could_spell(s, a, b)]
         for op, spelling in spellings:
             binding = unify(spelling, expr, {})
             if binding is not None and self.contains_source(binding[VALUE]):

@@ -12,7 +12,7 @@ from tvm import s_tir, tirx
 from .records import Rejection
 from .reduction import looks_like_gemm
 from .stir import FunctionIndex, is_spatial
-from .traversal import walk
+from .traversal import contains
 
 
 def stranded_epilogues(start: int, index: FunctionIndex, func_name: str):
@@ -49,9 +49,7 @@ def unreadable_candidates(index: FunctionIndex, func_name: str) -> list[Rejectio
     """Multiply-reduce blocks whose body is not one store (an if, several statements, ...)."""
     rejections = []
     for block in index.inner_blocks:
-        nested = []
-        walk(block.body, s_tir.SBlock, nested.append)
-        if nested or not looks_like_gemm(block):
+        if contains(block.body, s_tir.SBlock) or not looks_like_gemm(block):
             continue
         body = next(
             (w for kind, w in STATEMENT_WORDS.items() if isinstance(block.body, kind)),

@@ -1,6 +1,6 @@
 """Structural walks and mutations of TVM IR, without the per-call setup of the public API.
 
-Entry points: :func:`walk` and :func:`mutate`, the matcher's only ways into
+Entry points: :func:`walk`, :func:`contains` and :func:`mutate`, the matcher's only ways into
 ``tvm_ffi.structural_walk`` / ``tvm_ffi.structural_mutate``, and :func:`elements`, which
 reads an FFI array.  They call the same FFI
 functions (``ffi.StructuralWalk``, ``ffi.StructuralMutate``) with the same callback tables,
@@ -24,6 +24,7 @@ _STRUCTURAL_MUTATE = tvm_ffi.get_global_func("ffi.StructuralMutate")
 _ARRAY_SIZE = tvm_ffi.get_global_func("ffi.ArraySize")
 _ARRAY_GET_ITEM = tvm_ffi.get_global_func("ffi.ArrayGetItem")
 _POSTORDER = int(tvm_ffi.WalkOrder.POSTORDER)
+_PREORDER = int(tvm_ffi.WalkOrder.PREORDER)
 
 #: FFI object class -> its type index, filled on first use of each class.
 _TYPE_INDEX: dict[type, int] = {}
@@ -41,6 +42,17 @@ def walk(node, node_type: type, callback) -> None:
     """``tvm_ffi.structural_walk(node, (node_type, callback))``: ``callback(value)`` on every
     node of ``node_type`` (or a subclass) under ``node``, children first."""
     _STRUCTURAL_WALK(node, [(type_index(node_type), callback)], [], _POSTORDER)
+
+
+def contains(node, node_type: type) -> bool:
+    """Whether a node of ``node_type`` (or a subclass) is under ``node``: a walk parents first
+    that stops at the first one."""
+    found = _STRUCTURAL_WALK(node, [(type_index(node_type), _interrupt)], [], _PREORDER)
+    return found is not None
+
+
+def _interrupt(_node):
+    return tvm_ffi.VisitInterrupt()
 
 
 def mutate(node, callbacks):
