@@ -149,3 +149,61 @@ def test_a_rule_that_raises_leaves_the_function_and_records_the_error(monkeypatc
     assert dict(report.failures) == {"main": "RuntimeError: rule broke"}
     assert dict(report.unscheduled) == {"main": "RuntimeError: rule broke"}
     tvm.ir.assert_structural_equal(report.module["main"], add_transpose)
+
+
+def _rms_norm(rows: int, width: int = 768) -> tirx.PrimFunc:
+    """LLaMA's RMSNorm as torch.export decomposes it (mean of the squares, + eps, rsqrt, times
+    x, times the weight), lowered and fused: the PrimFunc that holds the reduction."""
+    from tvm import relax
+    from tvm.script import relax as R
+
+    x = relax.Var("x", R.Tensor((1, rows, width), "float32"))
+    square = relax.Var("square", R.Tensor((1, rows, width), "float32"))
+    weight = relax.Var("weight", R.Tensor((width,), "float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x, square, weight]):
+        with builder.dataflow():
+            mean = builder.emit(R.mean(square, axis=[-1], keepdims=True))
+            scale = builder.emit(R.rsqrt(R.add(mean, R.const(1e-6, "float32"))))
+            out = builder.emit_output(R.multiply(weight, R.multiply(x, scale)))
+        builder.emit_func_output(out)
+    passes = [
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
+    mod = tvm.transform.Sequential(passes)(builder.get())
+    (func,) = [f for g, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]
+    assert [p.name for p in func.params][:3] == ["square", "x", "weight"]
+    return func.with_attr("global_symbol", "main")
+
+
+def test_a_schedule_that_repeats_a_whole_reduction_is_declined():
+    """dlight's Reduction schedules a one-token RMSNorm so that the sum over the row runs again
+    for each output element; the default schedule takes the next rule instead."""
+    func = _rms_norm(rows=1)
+    with TARGET:
+        by_dlight = tvm.s_tir.dlight.cpu.Reduction().apply(func, TARGET, False)
+    assert by_dlight is not None
+    assert "runs whole for each of the 768 iterations" in schedules.recomputed_reduction(
+        by_dlight.mod["main"]
+    )
+    report = schedules.default_schedule(tvm.IRModule({"main": func}), TARGET)
+    assert report.rules["main"] == "RowReduction"
+    assert schedules.recomputed_reduction(report.module["main"]) is None
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 1, 768)).astype("float32")
+    weight = rng.standard_normal(768).astype("float32")
+    args = [x * x, x, weight]  # the fused function's parameter order
+    expected = weight * (x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6))
+    out = tvm.runtime.tensor(np.zeros_like(x))
+    built = tvm.compile(report.module, target=TARGET)
+    built["main"](*[tvm.runtime.tensor(a) for a in args], out)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_schedule_that_reduces_each_row_once_is_kept():
+    report = schedules.default_schedule(tvm.IRModule({"main": _rms_norm(rows=128)}), TARGET)
+    assert report.rules["main"] == "Reduction"
+    assert schedules.recomputed_reduction(report.module["main"]) is None
