@@ -305,9 +305,11 @@ def operand_strides(load, batch_vars, dims, extents: Extents, what: str) -> list
     buf = load.source
     shape = extents.shape(buf)
     leading = elements(load.indices)[:-2]
-    strides = [tirx.IntImm("int64", 1)] * len(shape)
-    for axis in reversed(range(len(shape) - 1) if leading else ()):  # none read without
-        strides[axis] = _times(strides[axis + 1], shape[axis + 1])
+    strides = []  # by axis, read only with leading indices
+    if leading:
+        strides = [tirx.IntImm("int64", 1)] * len(shape)
+        for axis in reversed(range(len(shape) - 1)):
+            strides[axis] = _times(strides[axis + 1], shape[axis + 1])
     found = {}
     for axis, index in enumerate(leading):
         if is_zero(index):
@@ -403,11 +405,12 @@ def init_block(nest: Nest, out, rank: int, extents: Extents) -> Init:
 def check_init(init: Init, out) -> None:
     """The init writes ``out[..., i, j]`` with 0 or with a plain read (a bias, checked later)."""
     store = init.store
+    indices = elements(store.indices) if isinstance(store, tirx.BufferStore) else ()
     if (
         not isinstance(store, tirx.BufferStore)
         or not store.buffer.same_as(out)
-        or len(elements(store.indices)) != len(init.indices)
-        or not all(a.same_as(b) for a, b in zip(elements(store.indices), init.indices))
+        or len(indices) != len(init.indices)
+        or not all(a.same_as(b) for a, b in zip(indices, init.indices))
     ):
         names = ", ".join(v.name for v in init.indices)
         raise Refused(f"the init does not write {out.name}[{names}]")
@@ -449,13 +452,12 @@ def bias_vector(load, row, col, n, out_dtype, extents: Extents):
 
 def split_accumulate(value, out, indices):
     for acc, other in ((value.a, value.b), (value.b, value.a)):
-        if (
-            isinstance(acc, ir.TensorLoad)
-            and acc.source.same_as(out)
-            and len(elements(acc.indices)) == len(indices)
-            and all(a.same_as(b) for a, b in zip(elements(acc.indices), indices))
-        ):
-            return other
+        if isinstance(acc, ir.TensorLoad) and acc.source.same_as(out):
+            acc_indices = elements(acc.indices)
+            if len(acc_indices) == len(indices) and all(
+                a.same_as(b) for a, b in zip(acc_indices, indices)
+            ):
+                return other
     names = ", ".join(v.name for v in indices)
     raise Refused(f"the update does not add to {out.name}[{names}] itself")
 
