@@ -18,6 +18,9 @@ from tvm.script import relax as R
 import tir_byoc
 from tir_byoc import toolchain
 from tir_byoc.epilogues import OPS
+from tir_byoc.match import scan_function
+from tir_byoc.match.epilogue import EpilogueParser
+from tir_byoc.patterns import describe
 from tir_byoc.rewrite import intrinsic_calls
 
 M, K, N = 8, 4, 6
@@ -149,6 +152,27 @@ def test_erf_and_tanh_gelu_are_told_apart():
         (rejection,) = tir_byoc.explain(func)
         assert rejection.reason.startswith(f"{op}: a constant is ")
         assert rejection.nearest == f"dense_{op}"
+
+
+@pytest.mark.parametrize("pattern", ["dense_bias_gelu", "dense_scale_bias_gelu_tanh_add"])
+def test_each_prefix_of_a_chain_is_read_from_where_the_previous_one_ended(monkeypatch, pattern):
+    # Every block's composed expression holds the previous block's node: the parser reads
+    # each node once, however many prefixes (and gelu's two reads of its input) hold it.
+    read = []
+    parse = EpilogueParser._parse
+
+    def counting(self, expr):
+        read.append(expr.__chandle__())
+        return parse(self, expr)
+
+    monkeypatch.setattr(EpilogueParser, "_parse", counting)
+    func = describe(pattern)
+    (match,) = scan_function(pattern, func).matches
+    assert match.pattern == pattern
+    assert len(read) == len(set(read))
+    # One node per block at least (the last read first), and the load of the product.
+    blocks = len(match.blocks) - 1
+    assert blocks + 1 <= len(read) <= 2 * blocks + 1
 
 
 # -- near misses name what differs --------------------------------------------------------
