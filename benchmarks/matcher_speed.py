@@ -3,7 +3,13 @@
 Entry point: ``python benchmarks/run.py --matcher`` (or this file).  Target: under 1 ms per
 PrimFunc, about 1 s per 1,000.  Times :func:`tir_byoc.match.scan_function` alone (the
 matcher) and :func:`tir_byoc.scan` (matcher plus choosing intrinsics, and for Relax modules
-the transpose fold), medians of repeated runs.
+the transpose fold), medians of repeated runs; then each PrimFunc alone, best of several
+passes, for the median and the slowest PrimFunc of each module.
+
+The modules: the seed MLP, a Linear-GELU-Linear-add-LayerNorm block, BERT-, GPT-2- and
+LLaMA-like models (two layers of the base widths, from :func:`models.build`, random weights)
+exported with torch and lowered the way :func:`tir_byoc.build_model` lowers them, and the
+synthetic modules built from the patterns' own descriptions and decoys.
 """
 
 from __future__ import annotations
@@ -13,13 +19,23 @@ import sys
 import time
 
 import tvm
+from models import build
 from tvm import relax, tirx
 from tvm.relax.frontend import nn
 
 import tir_byoc
 from tir_byoc.demo import lowered_mlp
+from tir_byoc.frontend import import_torch
 from tir_byoc.match import scan_function
+from tir_byoc.model import LOWERING
 from tir_byoc.patterns import PATTERNS
+
+#: The real models (names of :func:`models.build`) and how they are built: layers, batch,
+#: sequence length.
+REAL_MODELS = {"bert": "BERT-like", "gpt2": "GPT-2-like", "llama": "LLaMA-like"}
+REAL_SHAPE = {"layers": 2, "batch": 1, "sequence": 16}
+#: Passes over a module's PrimFuncs for the per-PrimFunc times (each keeps its best).
+PASSES = 20
 
 
 def lowered(model: nn.Module, shape) -> tvm.IRModule:
@@ -44,6 +60,13 @@ class Block(nn.Module):
 
     def forward(self, x):
         return self.norm(x + self.down(nn.gelu(self.up(x))))
+
+
+def lowered_torch(name: str) -> tvm.IRModule:
+    """A real model (:data:`REAL_MODELS`) exported and lowered as ``build_model`` does."""
+    model, x = build(name, **REAL_SHAPE)
+    mod, _ = import_torch(model, (x,))
+    return tvm.transform.Sequential([make_pass() for make_pass in LOWERING])(mod)
 
 
 def synthetic(count: int = 1000) -> tvm.IRModule:
@@ -77,22 +100,54 @@ def time_scans(mod: tvm.IRModule, repeats: int = 5) -> tuple[float, float, int]:
     return statistics.median(matcher) * per, statistics.median(full) * per, len(funcs)
 
 
+def time_each(mod: tvm.IRModule, passes: int = PASSES) -> dict[str, float]:
+    """PrimFunc name -> ms of :func:`scan_function` on it alone, best of ``passes`` passes."""
+    funcs = [(g.name_hint, f) for g, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]
+    best = dict.fromkeys((name for name, _ in funcs), float("inf"))
+    for _ in range(passes):
+        for name, func in funcs:
+            start = time.perf_counter()
+            scan_function(name, func)
+            best[name] = min(best[name], (time.perf_counter() - start) * 1e3)
+    return best
+
+
 def main() -> int:
     cases = {
         "seed MLP (Relax)": lowered_mlp(),
         "MLP block, Relax (Linear-GELU-Linear-add-LayerNorm)": lowered(Block(), (8, 256)),
-        "synthetic module of 1,000 PrimFuncs": synthetic(1000),
-        "synthetic module of 2,000 PrimFuncs (linear: same ms/func)": synthetic(2000),
     }
+    for name, label in REAL_MODELS.items():
+        cases[f"{label} ({REAL_SHAPE['layers']} layers, torch.export, Relax)"] = lowered_torch(name)
+    cases["synthetic module of 1,000 PrimFuncs"] = synthetic(1000)
+    cases["synthetic module of 2,000 PrimFuncs (linear: same ms/func)"] = synthetic(2000)
     print(f"| {'module':<58} | PrimFuncs | matcher ms/func | scan ms/func | scan total ms |")
     print(f"|{'-' * 60}|-----------|-----------------|--------------|---------------|")
+    each = {}
     for name, mod in cases.items():
         scan_function("warm-up", tir_byoc.describe("dense"))
         matcher, full, count = time_scans(mod)
         print(
             f"| {name:<58} | {count:9d} | {matcher:15.3f} | {full:12.3f} | {full * count:13.1f} |"
         )
+        if not name.startswith("synthetic module of 2,000"):  # the 1,000 one's PrimFuncs again
+            each[name] = time_each(mod, PASSES if count < 100 else 3)
+    print(f"\nEach PrimFunc alone, best of {PASSES} passes (3 for the synthetic module), ms:\n")
+    print(f"| {'module':<58} | median | worst | worst PrimFunc |")
+    print(f"|{'-' * 60}|--------|-------|----------------|")
+    for name, times in each.items():
+        worst = max(times, key=times.get)
+        print(
+            f"| {name:<58} | {statistics.median(times.values()):6.3f} | {times[worst]:5.3f} | "
+            f"{described(cases[name], worst)} |"
+        )
     return 0
+
+
+def described(mod: tvm.IRModule, name: str) -> str:
+    """``name``, and the pattern it matches if it matches one (synthetic PrimFuncs are f0, ...)."""
+    matches = scan_function(name, mod[name]).matches
+    return f"{name} ({matches[0].pattern})" if matches else name
 
 
 if __name__ == "__main__":
