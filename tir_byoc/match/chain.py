@@ -14,7 +14,7 @@ it reads, and the shorter cuts are kept for a backend that takes only a prefix. 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from tvm import ir, tirx
 
@@ -107,8 +107,10 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
         elif not valid and cut_refused is None:
             cut_refused = Refused(reason)
     best = valid[0]
-    matches = [make_match(cut, members, chain_written, core, index, func_name) for cut in valid]
-    match = replace(matches[0], shorter=tuple(matches[1:]))
+    shorter = tuple(
+        make_match(cut, members, chain_written, core, index, func_name) for cut in valid[1:]
+    )
+    match = make_match(best, members, chain_written, core, index, func_name, shorter)
     # Step 3. Why the blocks after the chain stay TVM code: the blocks composed past its end
     # (a longer cut could not end the chain, or what they compute is not an epilogue), or the
     # next user, which could not be composed.
@@ -232,7 +234,7 @@ def _written_inside(cut: Cut, written):
     return [b for b, at in written if at < cut.count and not b.same_as(cut.out)]
 
 
-def make_match(cut: Cut, members, written, core: Reduction, index, func_name) -> Match:
+def make_match(cut: Cut, members, written, core: Reduction, index, func_name, shorter=()) -> Match:
     inside = members[: cut.count]
     nests = [index.nests[p] for p in inside]
     intermediates = tuple(_written_inside(cut, written))
@@ -260,6 +262,7 @@ def make_match(cut: Cut, members, written, core: Reduction, index, func_name) ->
         relu_nan=relu_nan,
         batch=core.batch,
         epilogue=cut.steps,
+        shorter=shorter,
     )
 
 
