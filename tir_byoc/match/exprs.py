@@ -55,7 +55,7 @@ def operation_text(expr) -> str:
 
 #: Node types :func:`const_value` reads at once: constants, and types that are never one
 #: (neither a number, a cast nor a constant; filled as they are met).
-_CONSTANTS = frozenset({tirx.IntImm, tirx.FloatImm})
+CONSTANT_TYPES = frozenset({tirx.IntImm, tirx.FloatImm})
 _NEVER_CONSTANT: set[type] = set()
 _MAYBE_CONSTANT = (int, float, tirx.Cast, tirx.FloatImm, tirx.IntImm)
 
@@ -63,7 +63,7 @@ _MAYBE_CONSTANT = (int, float, tirx.Cast, tirx.FloatImm, tirx.IntImm)
 def const_value(expr):
     """The value of a numeric constant (also through casts), else None."""
     kind = type(expr)
-    if kind in _CONSTANTS:
+    if kind in CONSTANT_TYPES:
         return expr.value
     if kind in _NEVER_CONSTANT:  # an isinstance test that fails costs an ABC lookup
         return None

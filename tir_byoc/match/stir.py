@@ -21,6 +21,7 @@ from tvm.tirx.layout import TileLayout
 
 from ..plain_loops import lift_nest, perfect_loops
 from .exprs import (
+    CONSTANT_TYPES,
     const_value,
     dtype_of,
     expr_text,
@@ -33,6 +34,7 @@ from .records import Refused
 from .traversal import elements, walk
 
 DATA_PAR = 0
+_THREAD_BINDING = tirx.ForKind.THREAD_BINDING
 
 
 COMM_REDUCE = 2
@@ -57,6 +59,8 @@ class Extents:
         return known[0]
 
     def equal(self, a, b) -> bool:
+        if type(a) in CONSTANT_TYPES and type(b) in CONSTANT_TYPES:  # the common case, at once
+            return a.value == b.value
         a_value, b_value = const_value(a), const_value(b)
         if a_value is not None or b_value is not None:
             return a_value is not None and a_value == b_value
@@ -388,9 +392,7 @@ def check_binding(nest: Nest, extents: Extents) -> None:
                 f"loop {loop.loop_var.name} runs over {expr_text(loop.extent)} iterations, "
                 f"but iterator {iterator.var.name} spans {expr_text(iterator.extent)}"
             )
-        if loop.kind == tirx.ForKind.THREAD_BINDING or (
-            loop.step is not None and const_value(loop.step) != 1
-        ):
+        if loop.kind == _THREAD_BINDING or (loop.step is not None and const_value(loop.step) != 1):
             raise Refused(f"loop {loop.loop_var.name} is thread-bound or strided")
 
 
