@@ -6,10 +6,11 @@ the reduction one at a time (:func:`next_user`: past statements that leave the c
 buffers alone) and composes each into one expression of the product ``Y[..., i, j]``, the
 reads of earlier blocks' buffers replaced by what those blocks computed: an op that Relax
 spells over several blocks (gelu: five, reading its input twice) is one expression, and
-:mod:`.epilogue` reads it.  Every block whose expression is a whole epilogue is a place the
-chain may end (a **cut**); the chain ends at the last cut whose other buffers nothing outside
-it reads, and the shorter cuts are kept for a backend that takes only a prefix.  Called by
-:mod:`.scan`.
+:mod:`.epilogue` reads it: one parser reads every prefix, and since each prefix's expression
+holds the previous one's node, from where the previous one ended.  Every block whose
+expression is a whole epilogue is a place the chain may end (a **cut**); the chain ends at
+the last cut whose other buffers nothing outside it reads, and the shorter cuts are kept for
+a backend that takes only a prefix.  Called by :mod:`.scan`.
 """
 
 from __future__ import annotations
