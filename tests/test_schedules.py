@@ -153,9 +153,11 @@ def test_a_rule_that_raises_leaves_the_function_and_records_the_error(monkeypatc
 
 def _rms_norm(rows: int, width: int = 768) -> tirx.PrimFunc:
     """LLaMA's RMSNorm as torch.export decomposes it (mean of the squares, + eps, rsqrt, times
-    x, times the weight), lowered and fused: the PrimFunc that holds the reduction."""
+    x, times the weight), lowered as build_model lowers it: the PrimFunc with the reduction."""
     from tvm import relax
     from tvm.script import relax as R
+
+    from tir_byoc.model import LOWERING
 
     x = relax.Var("x", R.Tensor((1, rows, width), "float32"))
     square = relax.Var("square", R.Tensor((1, rows, width), "float32"))
@@ -167,13 +169,7 @@ def _rms_norm(rows: int, width: int = 768) -> tirx.PrimFunc:
             scale = builder.emit(R.rsqrt(R.add(mean, R.const(1e-6, "float32"))))
             out = builder.emit_output(R.multiply(weight, R.multiply(x, scale)))
         builder.emit_func_output(out)
-    passes = [
-        relax.transform.LegalizeOps(),
-        relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FuseOps(),
-        relax.transform.FuseTIR(),
-    ]
-    mod = tvm.transform.Sequential(passes)(builder.get())
+    mod = tvm.transform.Sequential([make_pass() for make_pass in LOWERING])(builder.get())
     (func,) = [f for g, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]
     assert [p.name for p in func.params][:3] == ["square", "x", "weight"]
     return func.with_attr("global_symbol", "main")
