@@ -260,10 +260,10 @@ def pack_constant_weights(mod, rewritten, rewrite, registry: Registry):
             size = int(block.shape[0])
             gemm = registry[f"{intrinsic.backend}.{GEMM_ENTRY}"]
             param = _block_param(match.w, size)
-            packings.append((Packing(match, gemm, param, size, form), index, pack))
+            packings.append((Packing(match, gemm, param, size, form), index, pack, block))
         if not packings:
             continue
-        variant = rewrite(before, offloaded, {p.match: p for p, _, _ in packings})
+        variant = rewrite(before, offloaded, {p.match: p for p, *_ in packings})
         variants.append((gvar, variant, packings, constant, sites))
     if not variants:
         return mod, report
@@ -274,14 +274,17 @@ def pack_constant_weights(mod, rewritten, rewrite, registry: Registry):
     mod = builder.get()
     replacements: dict[relax.Var, relax.Expr] = {}
     for packed_gvar, (gvar, _, packings, constant, sites) in zip(added, variants):
-        for fvar, binding in constant:
+        for site, (fvar, binding) in enumerate(constant):
             fields = list(binding.value.args[1].fields)
-            for packing, index, pack in packings:
-                _, block = _pack_call(pack, packing.match, fields[index].value, packing.form)
+            for packing, index, pack, sample_block in packings:
+                if site == 0:  # the sample the form was chosen on: its block is made
+                    block = sample_block
+                else:
+                    _, block = _pack_call(pack, packing.match, fields[index].value, packing.form)
                 fields[index] = relax.const(block, "uint8")
             call = relax.op.call_tir(packed_gvar, relax.Tuple(fields), list(binding.value.ty_args))
             replacements[binding.var] = relax.BlockBuilder().normalize(call)
-            forms = ", ".join(PACK_FORMS[p.form] for p, _, _ in packings)
+            forms = ", ".join(PACK_FORMS[p.form] for p, *_ in packings)
             report.packed.append(
                 f"{fvar.name_hint}: {binding.var.name} -> {packed_gvar.name_hint} ({forms})"
             )
