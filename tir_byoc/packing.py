@@ -200,6 +200,142 @@ def _call_sites(mod: tvm.IRModule, gvar: ir.GlobalVar):
     return sites
 
 
+@dataclass
+class PackedVariant:
+    """The packed variant of one offloaded PrimFunc, before it joins the module.
+
+    Attributes
+    ----------
+    gvar : tvm.ir.GlobalVar
+        The plain PrimFunc's global var.
+    func : tvm.tirx.PrimFunc
+        The packed variant (a uint8 block parameter where each packed weight was).
+    packings : list of (Packing, int, callable, tvm.runtime.Tensor)
+        Per packed weight: the packing, the weight's parameter index, the backend's pack
+        function, and the block made from the first constant call site's weight.
+    constant, sites : list of (GlobalVar, relax.VarBinding)
+        The call sites passing constants for every packed weight, and all call sites.
+    """
+
+    gvar: ir.GlobalVar
+    func: tirx.PrimFunc
+    packings: list
+    constant: list
+    sites: list
+
+    def blocks(self) -> dict[int, tvm.runtime.Tensor]:
+        """The first constant call site's blocks, by the packed variant's parameter index."""
+        return {index: block for _, index, _, block in self.packings}
+
+    @property
+    def forms(self) -> tuple[str, ...]:
+        return tuple(PACK_FORMS[p.form] for p, *_ in self.packings)
+
+
+def packed_variant(
+    mod, gvar, before, after, offloaded, rewrite, registry: Registry, report: PackReport
+) -> PackedVariant | None:
+    """The packed variant of one offloaded PrimFunc of ``mod``, or None (why, in ``report``).
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        The Relax module whose ``R.call_tir`` sites call ``gvar``.
+    gvar : tvm.ir.GlobalVar
+    before, after : tvm.tirx.PrimFunc
+        The PrimFunc before and after its rewrite.
+    offloaded : list of (Match, Intrinsic)
+        What the rewrite offloaded in ``before``.
+    rewrite, registry
+        As for :func:`pack_constant_weights`.
+    report : PackReport
+        Gets a line for each weight left plain.
+    """
+    sites = _call_sites(mod, gvar)
+    # Step 1. The GEMMs whose weight may be packed, and the weight's position.
+    chosen = []
+    for match, intrinsic in offloaded:
+        reason = unpackable(match, intrinsic, registry)
+        if reason is None:
+            others = _readers(after, match.w) - {_call_name(after, match)}
+            if others:
+                reason = f"{match.w.name} is also read by {', '.join(sorted(others))}"
+        if reason is not None:
+            report.kept.append(f"{gvar.name_hint}: {', '.join(match.blocks)}: {reason}")
+            continue
+        chosen.append((match, intrinsic, list(before.params).index(match.w)))
+    if not chosen or not sites:
+        return None
+    constant = [
+        (fvar, binding)
+        for fvar, binding in sites
+        if all(isinstance(binding.value.args[1].fields[i], ir.Constant) for *_, i in chosen)
+    ]
+    if not constant:
+        report.kept.append(f"{gvar.name_hint}: the weights are not constants of the model")
+        return None
+    # Step 2. The form of each weight, chosen on the first constant call site's weight.
+    packings = []
+    for match, intrinsic, index in chosen:
+        pack = _pack_function(registry.backend(intrinsic.backend).name, registry)
+        sample = constant[0][1].value.args[1].fields[index].value
+        form, block = _pack_call(pack, match, sample)
+        if block is None:
+            every = "" if const_value(match.rows) is not None else ", for every M,"
+            report.kept.append(
+                f"{gvar.name_hint}: {', '.join(match.blocks)}: {intrinsic.backend} runs "
+                f"this call{every} as fast with the plain weight as with a packed one"
+            )
+            continue
+        size = int(block.shape[0])
+        gemm = registry[f"{intrinsic.backend}.{GEMM_ENTRY}"]
+        param = _block_param(match.w, size)
+        packings.append((Packing(match, gemm, param, size, form), index, pack, block))
+    if not packings:
+        return None
+    # Step 3. The PrimFunc with a block parameter per packed weight.
+    func = rewrite(before, offloaded, {p.match: p for p, *_ in packings})
+    return PackedVariant(gvar, func, packings, constant, sites)
+
+
+def install_packed(mod, variants: list[PackedVariant], report: PackReport) -> tvm.IRModule:
+    """``mod`` with ``variants`` added and each constant call site calling its variant.
+
+    Every constant call site gets its weights packed in the variant's forms (the first reuses
+    the blocks the forms were chosen on); a plain PrimFunc none of whose sites is left is
+    removed.
+    """
+    if not variants:
+        return mod
+    # The variants join the module (typed global vars, from a block builder).
+    builder = relax.BlockBuilder(mod)
+    added = [builder.add_func(v.func, f"{v.gvar.name_hint}_packed") for v in variants]
+    mod = builder.get()
+    replacements: dict[relax.Var, relax.Expr] = {}
+    for packed_gvar, variant in zip(added, variants):
+        for site, (fvar, binding) in enumerate(variant.constant):
+            fields = list(binding.value.args[1].fields)
+            for packing, index, pack, sample_block in variant.packings:
+                if site == 0:  # the sample the form was chosen on: its block is made
+                    block = sample_block
+                else:
+                    _, block = _pack_call(pack, packing.match, fields[index].value, packing.form)
+                fields[index] = relax.const(block, "uint8")
+            call = relax.op.call_tir(packed_gvar, relax.Tuple(fields), list(binding.value.ty_args))
+            replacements[binding.var] = relax.BlockBuilder().normalize(call)
+            report.packed.append(
+                f"{fvar.name_hint}: {binding.var.name} -> {packed_gvar.name_hint} "
+                f"({', '.join(variant.forms)})"
+            )
+    mod = _replace_calls(mod, replacements)
+    for variant in variants:
+        if len(variant.constant) == len(variant.sites):
+            del mod[variant.gvar.name_hint]  # every call now takes the packed variant
+    for line in report.packed:
+        logger.info("packed: %s", line)
+    return mod
+
+
 def pack_constant_weights(mod, rewritten, rewrite, registry: Registry):
     """Pack the constant weights of the offloaded PrimFuncs of a Relax module.
 
@@ -218,83 +354,11 @@ def pack_constant_weights(mod, rewritten, rewrite, registry: Registry):
     (tvm.IRModule, PackReport)
     """
     report = PackReport()
-    variants = []  # (name, packed PrimFunc, its packings, the constant call sites, all sites)
-    for gvar, before, offloaded in rewritten:
-        after = mod[gvar]
-        sites = _call_sites(mod, gvar)
-        # Step 1. The GEMMs whose weight may be packed, and the weight's position.
-        chosen = []
-        for match, intrinsic in offloaded:
-            reason = unpackable(match, intrinsic, registry)
-            if reason is None:
-                others = _readers(after, match.w) - {_call_name(after, match)}
-                if others:
-                    reason = f"{match.w.name} is also read by {', '.join(sorted(others))}"
-            if reason is not None:
-                report.kept.append(f"{gvar.name_hint}: {', '.join(match.blocks)}: {reason}")
-                continue
-            chosen.append((match, intrinsic, list(before.params).index(match.w)))
-        if not chosen or not sites:
-            continue
-        constant = [
-            (fvar, binding)
-            for fvar, binding in sites
-            if all(isinstance(binding.value.args[1].fields[i], ir.Constant) for *_, i in chosen)
-        ]
-        if not constant:
-            report.kept.append(f"{gvar.name_hint}: the weights are not constants of the model")
-            continue
-        # Step 2. The packed variant of the PrimFunc, with a block parameter per weight.
-        packings = []
-        for match, intrinsic, index in chosen:
-            pack = _pack_function(registry.backend(intrinsic.backend).name, registry)
-            sample = constant[0][1].value.args[1].fields[index].value
-            form, block = _pack_call(pack, match, sample)
-            if block is None:
-                every = "" if const_value(match.rows) is not None else ", for every M,"
-                report.kept.append(
-                    f"{gvar.name_hint}: {', '.join(match.blocks)}: {intrinsic.backend} runs "
-                    f"this call{every} as fast with the plain weight as with a packed one"
-                )
-                continue
-            size = int(block.shape[0])
-            gemm = registry[f"{intrinsic.backend}.{GEMM_ENTRY}"]
-            param = _block_param(match.w, size)
-            packings.append((Packing(match, gemm, param, size, form), index, pack, block))
-        if not packings:
-            continue
-        variant = rewrite(before, offloaded, {p.match: p for p, *_ in packings})
-        variants.append((gvar, variant, packings, constant, sites))
-    if not variants:
-        return mod, report
-    # Step 3. The variants join the module (typed global vars, from a block builder); each
-    # constant call site calls its variant with its weights packed.
-    builder = relax.BlockBuilder(mod)
-    added = [builder.add_func(v, f"{g.name_hint}_packed") for g, v, *_ in variants]
-    mod = builder.get()
-    replacements: dict[relax.Var, relax.Expr] = {}
-    for packed_gvar, (gvar, _, packings, constant, sites) in zip(added, variants):
-        for site, (fvar, binding) in enumerate(constant):
-            fields = list(binding.value.args[1].fields)
-            for packing, index, pack, sample_block in packings:
-                if site == 0:  # the sample the form was chosen on: its block is made
-                    block = sample_block
-                else:
-                    _, block = _pack_call(pack, packing.match, fields[index].value, packing.form)
-                fields[index] = relax.const(block, "uint8")
-            call = relax.op.call_tir(packed_gvar, relax.Tuple(fields), list(binding.value.ty_args))
-            replacements[binding.var] = relax.BlockBuilder().normalize(call)
-            forms = ", ".join(PACK_FORMS[p.form] for p, *_ in packings)
-            report.packed.append(
-                f"{fvar.name_hint}: {binding.var.name} -> {packed_gvar.name_hint} ({forms})"
-            )
-    mod = _replace_calls(mod, replacements)
-    for gvar, _, _, constant, sites in variants:
-        if len(constant) == len(sites):
-            del mod[gvar.name_hint]  # every call now takes the packed variant
-    for line in report.packed:
-        logger.info("packed: %s", line)
-    return mod, report
+    variants = [
+        packed_variant(mod, gvar, before, mod[gvar], offloaded, rewrite, registry, report)
+        for gvar, before, offloaded in rewritten
+    ]
+    return install_packed(mod, [v for v in variants if v is not None], report), report
 
 
 def _call_name(func: tirx.PrimFunc, match: Match) -> str:
@@ -337,7 +401,10 @@ __all__ = [
     "PACKED_WEIGHT_FLAG",
     "PACK_FORMS",
     "PackReport",
+    "PackedVariant",
     "Packing",
+    "install_packed",
     "pack_constant_weights",
+    "packed_variant",
     "unpackable",
 ]
