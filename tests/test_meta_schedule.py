@@ -6,19 +6,13 @@ minutes on a 2-core machine; longer tuning runs belong in benchmarks/.  No timin
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 import tvm
 import tvm_ffi
+from rpc_servers import rpc_tracker_and_server
 from tvm import relax, s_tir, tirx
 from tvm.s_tir import meta_schedule as ms
 from tvm.script import tirx as T
@@ -232,6 +226,7 @@ def test_mixed_function_chain_offloaded_rest_tuned_with_local_runner(tmp_path, c
         str(tmp_path),
         4,
         offload="always",
+        fold_transposes=False,  # the transposes are then the only functions left to tune
         num_trials_per_iter=2,
         strategy=small_strategy(),
         cost_model="random",
@@ -259,76 +254,6 @@ def test_mixed_function_chain_offloaded_rest_tuned_with_local_runner(tmp_path, c
     )
     progress = capsys.readouterr().err
     assert "[tir_byoc] dense_relu_exp@offload: 1 trials (0 failed), best " in progress
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """Stop a process started by this test, with its own process group (server workers)."""
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
-
-
-def _wait_for_server(tracker_port: int, key: str, processes, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for process in processes:
-            if process.poll() is not None:
-                raise RuntimeError(f"{process.args} exited with {process.returncode}")
-        with contextlib.suppress(OSError):
-            socket.create_connection(("127.0.0.1", tracker_port), timeout=1).close()
-            summary = tvm.rpc.connect_tracker("127.0.0.1", tracker_port).summary()
-            if summary["queue_info"].get(key, {}).get("free", 0) > 0:
-                return
-        time.sleep(0.5)
-    raise TimeoutError(f"no RPC server registered as {key!r} within {timeout} s")
-
-
-@contextlib.contextmanager
-def rpc_tracker_and_server(key: str):
-    """A TVM RPC tracker and one server on 127.0.0.1, stopped on exit; yields the port."""
-    processes = []
-
-    def start(*args):
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, "-m", *args, "--host", "127.0.0.1", "--silent"],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        )
-
-    try:
-        tracker_port, server_port = _free_port(), _free_port()
-        start(
-            "tvm.exec.rpc_tracker", "--port", str(tracker_port), "--port-end", str(tracker_port + 1)
-        )
-        start(
-            "tvm.exec.rpc_server",
-            "--port",
-            str(server_port),
-            "--port-end",
-            str(server_port + 1),
-            "--tracker",
-            f"127.0.0.1:{tracker_port}",
-            "--key",
-            key,
-        )
-        _wait_for_server(tracker_port, key, processes)
-        yield tracker_port
-    finally:
-        for process in reversed(processes):
-            _stop(process)
 
 
 @T.prim_func(s_tir=True)
@@ -448,6 +373,9 @@ def test_mlp_relax_flow_keeps_the_faster_variant_per_layer(tmp_path):
         calls = intrinsic_calls(tuned[name])
         assert calls == ({intrinsic: 1} if layer.choice == "offload" else {})
         assert tuned[name].attrs["tirx.is_scheduled"]
+    # The layers read the weights as given: the transposes were folded, so not tuned.
+    assert not [n for n in report.functions if n.name.startswith("transpose")]
+    assert "transpose" not in str(tuned["forward"])
     result, expected = run_mlp(tuned)
     np.testing.assert_allclose(result, expected, rtol=1e-4, atol=1e-4)
 
@@ -459,6 +387,7 @@ def test_mlp_layers_offloaded_whole_are_not_tuned(tmp_path):
         str(tmp_path),
         4,
         offload="always",
+        fold_transposes=False,  # the transposes are then the only functions left to tune
         num_trials_per_iter=2,
         strategy=small_strategy(),
         cost_model="random",

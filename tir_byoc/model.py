@@ -145,8 +145,8 @@ def build_model(
         tunes every PrimFunc with this many trials in all, measuring offloaded and TVM
         variants of each chain (``offload="choice"`` of
         :func:`tir_byoc.meta_schedule.tune_relax`; ``"never"`` with ``offload=False``), and
-        prints its progress on stderr.  Weights are not packed, nor transposes folded, on
-        this path.
+        prints its progress on stderr.  Constant weights are packed, and the offloaded
+        variant measured packed; transposes are not folded on this path.
     work_dir : str or os.PathLike
         With ``tune_trials``: MetaSchedule's database, logs and report.
     tune_options : dict, optional

@@ -57,6 +57,13 @@ class TuneOptions:
         Where intrinsics are looked up.
     progress : bool or text stream
         True: progress lines and the report on stderr; False: silent; or where they go.
+    fold_transposes : bool
+        Relax modules, unless ``offload="never"``: GEMMs on a transposed or broadcast copy of
+        a weight read the weight itself, and the copies are not tuned (as
+        :func:`tir_byoc.offload` does; :mod:`tir_byoc.relax_fold`).
+    pack_weights : bool
+        Relax modules: an offloaded function whose weights are constants is measured, and
+        built, with them packed (:mod:`tir_byoc.meta_schedule.packed`).
     """
 
     # MetaSchedule's ms.tune.tune_tasks.
@@ -78,6 +85,8 @@ class TuneOptions:
     backends: Iterable[str] | str | None = None
     registry: Registry = REGISTRY
     progress: bool | TextIO = True
+    fold_transposes: bool = True
+    pack_weights: bool = True
 
     def __post_init__(self):
         check_mode(self.offload)

@@ -17,9 +17,9 @@ from tvm import s_tir, tirx
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.postproc import PyPostproc
 
-from ..match import is_s_tir
+from ..match import Match, is_s_tir
 from ..planning import plan
-from ..registry import REGISTRY, Registry
+from ..registry import REGISTRY, Intrinsic, Registry
 from ..rewrite import RewriteError, rewrite_function
 from .rule import block_choices, logger, only_function
 
@@ -96,12 +96,17 @@ class OffloadPostproc(PyPostproc):
 
     def _rewrite(self, func: tirx.PrimFunc) -> tirx.PrimFunc:
         """``func`` with its chosen chains offloaded; CandidateRejected if one cannot be."""
+        return rewrite_function(func, self.offloaded(func))
+
+    def offloaded(self, func: tirx.PrimFunc) -> list[tuple[Match, Intrinsic]]:
+        """The chains of ``func`` to offload, each with its intrinsic; CandidateRejected if a
+        chain chosen for offload cannot be."""
         if not is_s_tir(func):
-            return func
+            return []
         # Step 1. What the rule chose, and what the matcher finds now.
         choices = block_choices(func)
         if choices and "offload" not in choices.values():
-            return func  # every chain was left to TVM: nothing to match
+            return []  # every chain was left to TVM: nothing to match
         found = plan(func, backends=self.backends, registry=self.registry)
         chosen = {b for b, choice in choices.items() if choice == "offload"}
         # Step 2. Each match is offloaded if chosen (or, unmarked, if it has an intrinsic).
@@ -128,7 +133,7 @@ class OffloadPostproc(PyPostproc):
                 f"blocks {', '.join(lost)} were chosen for offload but do not match any more: "
                 f"{detail}"
             )
-        return rewrite_function(func, planned)
+        return planned
 
     def clone(self) -> OffloadPostproc:
         return OffloadPostproc(self.backends, self.registry, self.rejections)

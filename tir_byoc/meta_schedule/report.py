@@ -32,7 +32,13 @@ class FunctionReport:
     best_ms : float or None
         Latency of the chosen candidate.
     best_offload_ms, best_native_ms : float or None
-        Best latency measured for each variant (what the choice compared).
+        Best latency measured for each variant by the search.
+    best_packed_ms : float or None
+        The best offloaded candidate measured again with its constant weights packed; when
+        set, it is the offloaded time the choice compared.
+    packed : tuple of str
+        The forms of the weights packed in the final function (``"transposed"``,
+        ``"library"``); empty if none was.
     intrinsics : tuple of str
         Intrinsics the final function calls.
     note : str
@@ -45,6 +51,8 @@ class FunctionReport:
     best_ms: float | None = None
     best_offload_ms: float | None = None
     best_native_ms: float | None = None
+    best_packed_ms: float | None = None
+    packed: tuple[str, ...] = ()
     intrinsics: tuple[str, ...] = ()
     note: str = ""
 
@@ -54,13 +62,21 @@ class FunctionReport:
             parts.append(f"{self.trials} trials")
         if self.best_ms is not None:
             parts.append(f"best {self.best_ms:.4f} ms")
+        offload = self.best_offload_ms
+        if offload is not None and self.best_packed_ms is not None:
+            offload = self.best_packed_ms
         compared = [
             f"{label} {ms_:.4f} ms"
-            for label, ms_ in (("offload", self.best_offload_ms), ("native", self.best_native_ms))
+            for label, ms_ in (("offload", offload), ("native", self.best_native_ms))
             if ms_ is not None
         ]
         if len(compared) == 2:
             parts.append("measured " + " vs ".join(compared))
+        if self.best_packed_ms is not None:
+            plain = "" if self.best_offload_ms is None else f", {self.best_offload_ms:.4f} ms plain"
+            parts.append(f"offload measured packed ({', '.join(self.packed)}{plain})")
+        elif self.packed:
+            parts.append(f"weights packed ({', '.join(self.packed)})")
         if self.intrinsics:
             parts.append("calls " + ", ".join(self.intrinsics))
         if self.note:
@@ -103,6 +119,9 @@ def load_report(work_dir: str | os.PathLike) -> TuningReport:
         )
     data = json.loads(path.read_text())
     functions = tuple(
-        FunctionReport(**{**f, "intrinsics": tuple(f["intrinsics"])}) for f in data["functions"]
+        FunctionReport(
+            **{**f, "intrinsics": tuple(f["intrinsics"]), "packed": tuple(f.get("packed", ()))}
+        )
+        for f in data["functions"]
     )
     return TuningReport(functions, data.get("rejected", {}))

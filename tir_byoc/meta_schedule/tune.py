@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 import tvm
@@ -26,10 +27,12 @@ from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 
 from .. import toolchain
 from ..offload import apply
+from ..packing import PackedVariant, PackReport, install_packed, packed_variant
 from ..registry import REGISTRY, Registry
-from ..rewrite import intrinsic_calls
+from ..rewrite import RewriteError, intrinsic_calls, rewrite_function
 from .options import TuneOptions
-from .postproc import OffloadPostproc, Rejections
+from .packed import measure_packed
+from .postproc import CandidateRejected, OffloadPostproc, Rejections
 from .progress import FAILED_RUN, Progress, mean_seconds
 from .report import REPORT_FILE, FunctionReport, TuningReport
 from .rule import cpu_target, logger, only_function
@@ -67,6 +70,21 @@ def apply_record(
     tvm.tirx.PrimFunc or None
         None when the database has no valid record for ``func``.
     """
+    replayed = _replay(database, func, target, backends, registry)
+    if replayed is None:
+        return None
+    before, offloaded = replayed
+    try:
+        return rewrite_function(before, offloaded)
+    except RewriteError as reason:
+        raise RuntimeError(
+            f"tir_byoc.meta_schedule: the best record of {before.attrs['global_symbol']} "
+            f"does not offload any more: {reason}"
+        ) from None
+
+
+def _replay(database, func, target, backends, registry):
+    """The best record of ``func`` replayed, and the chains to offload in it; or None."""
     target = cpu_target(target)
     workload = _normalize_mod(func)
     record = database.query_tuning_record(workload, target, "main")
@@ -76,15 +94,15 @@ def apply_record(
     # offload itself is not a traced instruction (see offload_space).
     sch = s_tir.Schedule(workload)
     record.trace.apply_to_schedule(sch, remove_postproc=False)
-    # Step 2. The postproc again, as on the measured candidate.
-    postproc = OffloadPostproc(backends, registry)
-    if not postproc.apply(sch):
-        reasons = "; ".join(postproc.rejections.counts)
+    before = only_function(sch.mod)[1]
+    # Step 2. What the postproc offloaded in the measured candidate.
+    try:
+        return before, OffloadPostproc(backends, registry).offloaded(before)
+    except CandidateRejected as reason:
         raise RuntimeError(
             f"tir_byoc.meta_schedule: the best record of "
-            f"{only_function(workload)[0].name_hint} does not offload any more: {reasons}"
-        )
-    return only_function(sch.mod)[1]
+            f"{only_function(workload)[0].name_hint} does not offload any more: {reason}"
+        ) from None
 
 
 # --------------------------------------------------------------------------------------
@@ -196,8 +214,12 @@ def _best_ms(database, task: Task, target) -> float | None:
     return seconds * 1e3 if seconds < FAILED_RUN else None
 
 
-def _decide(name, tasks, functions, database, target, counter, options, planned) -> FunctionReport:
-    """Replay the faster variant's best record into ``functions[name]``; report the choice."""
+def _decide(name, tasks, functions, database, target, counter, options, planned, packs):
+    """Replay the faster variant's best record into ``functions[name]``; report the choice.
+
+    With ``packs`` (Relax modules), the offloaded variant of a function whose weights are
+    constants is measured again with them packed, and that time is what the choice compares.
+    """
     best = {t.variant: _best_ms(database, t, target) for t in tasks}
     measured = {v: ms_ for v, ms_ in best.items() if ms_ is not None}
     trials = sum(counter.trials.get(t.name, 0) for t in tasks)
@@ -207,17 +229,42 @@ def _decide(name, tasks, functions, database, target, counter, options, planned)
         logger.warning("%s: %s", name, note)
         functions[name] = apply(planned)
         intrinsics = _called_intrinsics(functions[name])
-        return FunctionReport(
-            name, "offload" if intrinsics else "none", trials, intrinsics=intrinsics, note=note
+        forms = (
+            packs.pack_untuned(name, original, planned) if packs is not None and intrinsics else ()
         )
+        return FunctionReport(
+            name,
+            "offload" if intrinsics else "none",
+            trials,
+            intrinsics=intrinsics,
+            packed=forms,
+            note=note,
+        )
+    replayed = {}
+
+    def replay(variant):
+        if variant not in replayed:
+            task = next(t for t in tasks if t.variant == variant)
+            replayed[variant] = _replay(
+                database, task.workload, target, options.backends, options.registry
+            )
+        return replayed[variant]
+
+    # The offloaded variant with its weights packed, where they can be.
+    variant, packed_ms, note = None, None, ""
+    if packs is not None and "offload" in measured:
+        task = next(t for t in tasks if t.variant == "offload")
+        variant, packed_ms, note = packs.measure(name, task.name, *replay("offload"))
+        if packed_ms is not None:
+            measured["offload"] = packed_ms
+        else:
+            variant = None  # not measured packed: kept plain, as measured
     winner = min(measured, key=measured.get)
-    task = next(t for t in tasks if t.variant == winner)
-    scheduled = apply_record(
-        database, task.workload, target, backends=options.backends, registry=options.registry
-    )
-    functions[name] = tirx.PrimFunc(
-        scheduled.params, scheduled.body, scheduled.ret_type, attrs=original.attrs
-    ).with_attr("tirx.is_scheduled", True)
+    before, offloaded = replay(winner)
+    scheduled = rewrite_function(before, offloaded)
+    functions[name] = _scheduled(scheduled, original)
+    if winner == "offload" and variant is not None:
+        packs.chosen.append(replace(variant, func=_scheduled(variant.func, original)))
     return FunctionReport(
         name,
         choice="none" if winner == "plain" else winner,
@@ -225,8 +272,79 @@ def _decide(name, tasks, functions, database, target, counter, options, planned)
         best_ms=measured[winner],
         best_offload_ms=best.get("offload"),
         best_native_ms=best.get("native"),
+        best_packed_ms=packed_ms,
+        packed=variant.forms if variant is not None and winner == "offload" else (),
         intrinsics=_called_intrinsics(scheduled),
+        note=note,
     )
+
+
+def _scheduled(func: tirx.PrimFunc, original: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` (a replayed record) under ``original``'s attributes, marked scheduled."""
+    return tirx.PrimFunc(func.params, func.body, func.ret_type, attrs=original.attrs).with_attr(
+        "tirx.is_scheduled", True
+    )
+
+
+class _Packs:
+    """The packed variants of one Relax module's tuned functions: measured, then chosen.
+
+    ``measure`` gives a function's best offloaded record its packed variant
+    (:func:`tir_byoc.packing.packed_variant`, which chooses each weight's form by timing) and
+    measures it (:func:`~.packed.measure_packed`); functions sharing a task and forms share
+    the measurement.  ``chosen`` collects the variants of functions offload won, for
+    :func:`tir_byoc.packing.install_packed`.
+    """
+
+    def __init__(self, mod: tvm.IRModule, target, options: TuneOptions):
+        self.mod = mod
+        self.target = target
+        self.options = options
+        self.report = PackReport()
+        self.chosen: list[PackedVariant] = []
+        self._measured: dict[tuple[str, tuple[str, ...]], tuple[float | None, str]] = {}
+
+    def _variant(self, name, before, offloaded) -> PackedVariant | None:
+        return packed_variant(
+            self.mod,
+            self.mod.get_global_var(name),
+            before,
+            rewrite_function(before, offloaded),
+            offloaded,
+            rewrite_function,
+            self.options.registry,
+            self.report,
+        )
+
+    def measure(self, name, task_name, before, offloaded):
+        """(variant or None, its latency in ms or None, a note for the report)."""
+        kept = len(self.report.kept)
+        variant = self._variant(name, before, offloaded)
+        if variant is None:  # the report's lines name the function; the caller's does too
+            why = [line.removeprefix(f"{name}: ") for line in self.report.kept[kept:]]
+            return None, None, "; ".join(why)
+        key = (task_name, variant.forms)
+        if key not in self._measured:
+            self._measured[key] = measure_packed(
+                variant.func,
+                variant.blocks(),
+                self.target,
+                self.options.builder,
+                self.options.runner,
+            )
+        packed_ms, why = self._measured[key]
+        if packed_ms is None:
+            logger.warning("%s: weights left plain: %s", name, why)
+        return variant, packed_ms, why
+
+    def pack_untuned(self, name, before, planned) -> tuple[str, ...]:
+        """Pack the weights of a function offloaded whole without tuning; the forms packed."""
+        offloaded = [pair for function in planned.functions for pair in planned.offloaded(function)]
+        variant = self._variant(name, before, offloaded)
+        if variant is None:
+            return ()
+        self.chosen.append(variant)
+        return variant.forms
 
 
 # --------------------------------------------------------------------------------------
@@ -234,8 +352,13 @@ def _decide(name, tasks, functions, database, target, counter, options, planned)
 # --------------------------------------------------------------------------------------
 
 
-def _tune_functions(functions, target, work_dir, max_trials_global, options: TuneOptions):
-    """The core of :func:`tune_tir` and :func:`tune_relax`: named PrimFuncs in, tuned out."""
+def _tune_functions(
+    functions, target, work_dir, max_trials_global, options: TuneOptions, packs=None
+):
+    """The core of :func:`tune_tir` and :func:`tune_relax`: named PrimFuncs in, tuned out.
+
+    ``packs`` (a :class:`_Packs`, for a Relax module) measures and collects packed variants.
+    """
     target = cpu_target(target)
     os.makedirs(work_dir, exist_ok=True)
     functions = dict(functions)
@@ -243,12 +366,19 @@ def _tune_functions(functions, target, work_dir, max_trials_global, options: Tun
     tasks, untuned, plans = plan_tasks(functions, options)
     reports = {}
     for name, reason in untuned.items():
-        choice = "unchanged"
+        choice, forms = "unchanged", ()
         if reason == "whole function offloaded":
+            before = functions[name]
             functions[name] = apply(plans[name])
             choice = "offload-untuned"
+            if packs is not None:  # not measured, as in tir_byoc.offload: packed by timing
+                forms = packs.pack_untuned(name, before, plans[name])
         reports[name] = FunctionReport(
-            name, choice, intrinsics=_called_intrinsics(functions[name]), note=reason
+            name,
+            choice,
+            intrinsics=_called_intrinsics(functions[name]),
+            packed=forms,
+            note=reason,
         )
     # Step 2. Tune every task in one search; then keep the faster variant per function.
     rejections = Rejections()
@@ -260,7 +390,7 @@ def _tune_functions(functions, target, work_dir, max_trials_global, options: Tun
             mine = [t for t in tasks if name in t.members]
             if mine:
                 reports[name] = _decide(
-                    name, mine, functions, database, target, counter, options, plans[name]
+                    name, mine, functions, database, target, counter, options, plans[name], packs
                 )
     # Step 3. Load the libraries the result calls, so that tvm.compile resolves them here.
     registry = options.registry
@@ -332,7 +462,10 @@ def tune_relax(mod, target, work_dir: str, max_trials_global: int, **options):
     -------
     tvm.IRModule
         The Relax module with its PrimFuncs scheduled and offloaded, ready for
-        ``tvm.compile(mod, target)`` and the Relax VM.
+        ``tvm.compile(mod, target)`` and the Relax VM.  Unless ``offload="never"``, GEMMs on a
+        transposed or broadcast copy of a weight read the weight itself, and the copies are
+        gone (``fold_transposes``); constant weights of offloaded chains are packed where the
+        packed call was measured faster (``pack_weights``; :mod:`~.packed`).
     """
     from tvm import relax
 
@@ -353,14 +486,36 @@ def tune_relax(mod, target, work_dir: str, max_trials_global: int, **options):
 
 
 def _tune_module(mod, target, work_dir, max_trials_global, options: TuneOptions) -> tvm.IRModule:
+    from tvm import relax
+
+    is_relax = any(isinstance(f, relax.Function) for f in mod.functions.values())
+    if is_relax and options.fold_transposes and options.offload != "never":
+        mod = _fold_weight_copies(mod, options)
     primfuncs = {
         gvar.name_hint: func
         for gvar, func in mod.functions_items()
         if isinstance(func, tirx.PrimFunc)
     }
-    tuned = _tune_functions(primfuncs, target, work_dir, max_trials_global, options)
+    packs = _Packs(mod, cpu_target(target), options) if is_relax and options.pack_weights else None
+    tuned = _tune_functions(primfuncs, target, work_dir, max_trials_global, options, packs)
     result = mod.clone()
     for gvar, _ in mod.functions_items():
         if gvar.name_hint in tuned:
             result.update_func(gvar, tuned[gvar.name_hint])
+    if packs is not None:
+        result = install_packed(result, packs.chosen, packs.report)
     return result
+
+
+def _fold_weight_copies(mod: tvm.IRModule, options: TuneOptions) -> tvm.IRModule:
+    """``mod`` with GEMMs on copied weights reading the weights (as :func:`tir_byoc.offload`
+    folds them), and the copies no longer called removed, so that they are not tuned."""
+    from tvm import relax
+
+    from ..planning import plan
+
+    folded = plan(mod, backends=options.backends, registry=options.registry).module
+    if folded.same_as(mod):
+        return mod
+    entries = [g.name_hint for g, f in folded.functions_items() if isinstance(f, relax.Function)]
+    return relax.transform.DeadCodeElimination(entries)(folded)
