@@ -9,6 +9,7 @@ import sys
 import time
 
 import tvm
+from tvm.s_tir import meta_schedule as ms
 
 
 def _free_port() -> int:
@@ -79,3 +80,16 @@ def rpc_tracker_and_server(key: str):
     finally:
         for process in reversed(processes):
             _stop(process)
+
+
+@contextlib.contextmanager
+def rpc_runner(key: str):
+    """A one-worker ``RPCRunner`` on a tracker and server of :func:`rpc_tracker_and_server`."""
+    with rpc_tracker_and_server(key) as tracker_port:
+        config = ms.runner.RPCConfig(
+            tracker_host="127.0.0.1",
+            tracker_port=tracker_port,
+            tracker_key=key,
+            session_timeout_sec=60,
+        )
+        yield ms.runner.RPCRunner(config, max_workers=1)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
-from rpc_servers import rpc_tracker_and_server
+from rpc_servers import rpc_runner
 from tvm import relax, s_tir, tirx
 from tvm.s_tir import meta_schedule as ms
 from tvm.script import tirx as T
@@ -302,14 +302,7 @@ def test_a_batched_chain_is_offloaded_and_measured_in_the_runner_process(tmp_pat
 
 
 def test_rpc_runner_measures_both_variants_on_localhost(tmp_path, capsys):
-    key = "tir_byoc_test"
-    with rpc_tracker_and_server(key) as tracker_port:
-        config = ms.runner.RPCConfig(
-            tracker_host="127.0.0.1",
-            tracker_port=tracker_port,
-            tracker_key=key,
-            session_timeout_sec=60,
-        )
+    with rpc_runner("tir_byoc_test") as runner:
         tuned = tms.tune_tir(
             dense_relu_exp,
             TARGET,
@@ -318,7 +311,7 @@ def test_rpc_runner_measures_both_variants_on_localhost(tmp_path, capsys):
             num_trials_per_iter=2,
             strategy=small_strategy(),
             cost_model="random",
-            runner=ms.runner.RPCRunner(config, max_workers=1),
+            runner=runner,
             progress=False,
             seed=0,
         )

@@ -9,7 +9,7 @@ named (``TIR_BYOC_ONEDNN_PACK=library``) so that a pack is always made.
 import numpy as np
 import pytest
 import tvm
-from rpc_servers import rpc_tracker_and_server
+from rpc_servers import rpc_runner
 from tvm import relax, tirx
 from tvm.s_tir import meta_schedule as ms
 from tvm.script import relax as R
@@ -17,6 +17,7 @@ from tvm.script import relax as R
 from tir_byoc import meta_schedule as tms
 from tir_byoc import toolchain
 from tir_byoc.meta_schedule import packed as packed_measure
+from tir_byoc.model import LOWERING
 from tir_byoc.rewrite import intrinsic_calls
 
 pytestmark = pytest.mark.skipif(
@@ -50,13 +51,7 @@ def _lowered():
             whole = builder.emit(R.nn.gelu(R.add(whole, relax.const(BIAS))))
             out = builder.emit_output(relax.Tuple([tail, whole]))
         builder.emit_func_output(out)
-    passes = [
-        relax.transform.LegalizeOps(),
-        relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FuseOps(),
-        relax.transform.FuseTIR(),
-    ]
-    return tvm.transform.Sequential(passes)(builder.get())
+    return tvm.transform.Sequential([p() for p in LOWERING])(builder.get())
 
 
 def _expected():
@@ -138,15 +133,7 @@ def test_pack_weights_false_measures_and_builds_the_plain_call(tmp_path):
 
 
 def test_an_rpc_runner_is_given_the_blocks_on_the_remote_device(tmp_path):
-    key = "tir_byoc_packed"
-    with rpc_tracker_and_server(key) as tracker_port:
-        config = ms.runner.RPCConfig(
-            tracker_host="127.0.0.1",
-            tracker_port=tracker_port,
-            tracker_key=key,
-            session_timeout_sec=60,
-        )
-        runner = ms.runner.RPCRunner(config, max_workers=1)
+    with rpc_runner("tir_byoc_packed") as runner:
         tuned = _tune(tmp_path, "always", runner=runner)
     tail = tms.load_report(tmp_path)[TAIL]
     assert tail.best_packed_ms is not None and tail.packed == ("library",), tail

@@ -23,6 +23,7 @@ from tvm.script import relax as R
 
 import tir_byoc
 from tir_byoc import toolchain
+from tir_byoc.model import LOWERING
 from tir_byoc.packing import PACKED_WEIGHT_FLAG
 
 pytestmark = pytest.mark.skipif(
@@ -65,13 +66,7 @@ def _lowered(weights, m=M):
                 outputs.append(builder.emit(R.nn.gelu(R.add(R.matmul(x, w), relax.const(BIAS)))))
             out = builder.emit_output(relax.Tuple(outputs) if len(outputs) > 1 else outputs[0])
         builder.emit_func_output(out)
-    passes = [
-        relax.transform.LegalizeOps(),
-        relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FuseOps(),
-        relax.transform.FuseTIR(),
-    ]
-    return tvm.transform.Sequential(passes)(builder.get())
+    return tvm.transform.Sequential([p() for p in LOWERING])(builder.get())
 
 
 def _run(mod, *arrays):
