@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 from direct import MLP_LAYERS, RESULTS, compute_direct, layer_specs, measure_direct
 from timing import slow_note, time_python, time_tvm
-from workloads import DTYPES, Workload, arrays, expected, ir_module, prim_func, target
+from workloads import DTYPES, Workload, arrays, expected, ir_module, target
 
 
 @dataclass(frozen=True)
@@ -190,32 +190,41 @@ def layer_tir_byoc(backend: str, workload, dtype, settings) -> Measured:
     return ms, "; ".join(n for n in notes if n)
 
 
-def _constant_weight_module(workload: Workload, signature: str, weight):
-    """A Relax ``main`` calling the workload's PrimFunc with ``weight`` as a constant of the
-    model (what ``from_exported_program`` makes of a Linear's weight): every operand but W is
-    a parameter."""
+def _constant_weight_module(workload: Workload, signature: str, operands) -> tuple:
+    """(module, inputs): a Relax ``main`` computing the workload with its weights (W, and the
+    first call's weight in a workload of two calls) bound as constants of the model, which is
+    what ``from_exported_program`` makes of a Linear's weight; and the operands it still takes.
+    """
+    import tvm
     from tvm import relax
 
-    func = prim_func(workload, signature)
-    *operands, out = func.params
+    mod = ir_module(workload, signature)
+    if workload.tail_from is None:  # one PrimFunc: a Relax main calling it
+        func = mod["main"]
+        *params, out = func.params
 
-    def tensor_type(param):
-        return relax.TensorType([int(e) for e in param.ty.shape], str(param.ty.dtype.dtype))
+        def tensor_type(param):
+            return relax.TensorType([int(e) for e in param.ty.shape], str(param.ty.dtype.dtype))
 
-    params = [relax.Var(p.name, tensor_type(p)) for i, p in enumerate(operands) if i != 1]
-    builder = relax.BlockBuilder()
-    with builder.function("main", params):
-        with builder.dataflow():
-            gv = builder.add_func(func.without_attr("global_symbol"), workload.pattern)
-            args = [params[0], relax.const(weight), *params[1:]]
-            result = builder.emit_output(relax.op.call_tir(gv, relax.Tuple(args), tensor_type(out)))
-        builder.emit_func_output(result)
-    return builder.get()
+        variables = [relax.Var(p.name, tensor_type(p)) for p in params]
+        builder = relax.BlockBuilder()
+        with builder.function("main", variables):
+            with builder.dataflow():
+                gv = builder.add_func(func.without_attr("global_symbol"), workload.pattern)
+                call = relax.op.call_tir(gv, relax.Tuple(variables), tensor_type(out))
+                result = builder.emit_output(call)
+            builder.emit_func_output(result)
+        mod = builder.get()
+    weights = [1] + ([len(operands) - 1] if workload.tail_from is not None else [])
+    names = [p.name for p in mod["main"].params]
+    bound = {names[i]: tvm.runtime.tensor(operands[i]) for i in weights}
+    inputs = [a for i, a in enumerate(operands) if i not in weights]
+    return relax.transform.BindParams("main", bound)(mod), inputs
 
 
 def layer_tir_byoc_constant(workload, dtype, settings) -> Measured:
-    """tir_byoc + oneDNN with the weight a constant of a Relax model, so that the offload may
-    pack it once (issue 15); the note says whether it did."""
+    """tir_byoc + oneDNN with the weights constants of a Relax model, so that the offload may
+    pack them once (issue 15); the note says whether it did."""
     import tvm
     from tvm import relax
 
@@ -223,22 +232,20 @@ def layer_tir_byoc_constant(workload, dtype, settings) -> Measured:
 
     signature = DTYPES[dtype]
     operands, _ = arrays(workload, signature)
-    weight = operands[1]
-    offloaded = tir_byoc.offload(
-        _constant_weight_module(workload, signature, weight), backends=["onednn"]
-    )
+    module, given = _constant_weight_module(workload, signature, operands)
+    offloaded = tir_byoc.offload(module, backends=["onednn"])
     packed = sorted(g.name_hint for g in offloaded.functions if g.name_hint.endswith("_packed"))
     built = tvm.compile(offloaded, target=target())
     vm = relax.VirtualMachine(built, tvm.cpu())
-    inputs = [tvm.runtime.tensor(a) for i, a in enumerate(operands) if i != 1]
+    inputs = [tvm.runtime.tensor(a) for a in given]
     agrees, checked = _verified(workload, operands, lambda: vm["main"](*inputs).numpy())
     if not agrees:
         return None, checked
     ms = time_tvm(vm, "main", inputs, settings.budget)
     how = (
-        f"weight packed once ({', '.join(packed)})"
+        f"weights packed once ({', '.join(packed)})"
         if packed
-        else "weight left plain: no packed form timed 5 % faster (see tir_byoc.packing)"
+        else "weights left plain: no packed form timed 5 % faster (see tir_byoc.packing)"
     )
     return ms, "; ".join(n for n in (how, checked) if n)
 
