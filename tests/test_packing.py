@@ -20,6 +20,7 @@ import tvm_ffi
 from backend_checks import library
 from tvm import ir, relax, tirx
 from tvm.script import relax as R
+from tvm.script import tirx as T
 
 import tir_byoc
 from tir_byoc import toolchain
@@ -138,6 +139,84 @@ def test_backends_that_do_not_pack_keep_the_plain_path():
     assert not tir_byoc.REGISTRY.backend("ref").packs
     offloaded = tir_byoc.offload(_lowered(WEIGHTS[:1]), backends="ref")
     assert _names(offloaded) == ["fused_matmul_add_gelu"]
+
+
+@T.prim_func(private=True, s_tir=True)
+def _dense_scaled_by_a_parameter(
+    X: T.Buffer((M, K), "float32"),
+    W: T.Buffer((N, K), "float32"),
+    s: T.Buffer((1,), "float32"),
+    Z: T.Buffer((M, N), "float32"),
+):
+    Y = T.sblock_alloc_buffer((M, N))
+    for i, j, k in T.grid(M, N, K):
+        with T.sblock("dense"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                Y[vi, vj] = T.float32(0)
+            Y[vi, vj] = Y[vi, vj] + X[vi, vk] * W[vj, vk]
+    for i, j in T.grid(M, N):
+        with T.sblock("scale"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            Z[vi, vj] = Y[vi, vj] * s[0]
+
+
+@T.prim_func(private=True, s_tir=True)
+def _dense_on_a_weight_it_computes(
+    X: T.Buffer((M, K), "float32"), Wt: T.Buffer((K, N), "float32"), Z: T.Buffer((M, N), "float32")
+):
+    W = T.sblock_alloc_buffer((N, K))
+    for j, k in T.grid(N, K):
+        with T.sblock("transpose"):
+            vj, vk = T.axis.remap("SS", [j, k])
+            W[vj, vk] = Wt[vk, vj]
+    for i, j, k in T.grid(M, N, K):
+        with T.sblock("dense"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                Z[vi, vj] = T.float32(0)
+            Z[vi, vj] = Z[vi, vj] + X[vi, vk] * W[vj, vk]
+
+
+def _called_with_a_constant(func, weight, *others):
+    """A Relax ``main(x, *others)`` calling ``func(x, weight, *others)``, the weight constant."""
+    x = relax.Var("x", R.Tensor((M, K), "float32"))
+    params = [x, *(relax.Var(f"p{i}", R.Tensor(a.shape, "float32")) for i, a in enumerate(others))]
+    builder = relax.BlockBuilder()
+    with builder.function("main", params):
+        with builder.dataflow():
+            gv = builder.add_func(func, "layer")
+            args = relax.Tuple([x, relax.const(weight), *params[1:]])
+            out = builder.emit_output(relax.op.call_tir(gv, args, R.Tensor((M, N), "float32")))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+def test_a_scale_by_a_parameter_is_offloaded_with_its_weight_plain(caplog):
+    """Found by the packing property: the pack builds the primitive with the epilogue's
+    constants, and a scale read from a parameter is not one (packing raised a TypeError)."""
+    scale = np.array([0.375], "float32")
+    mod = _called_with_a_constant(_dense_scaled_by_a_parameter, WEIGHTS[0].T.copy(), scale)
+    with caplog.at_level(logging.INFO, logger="tir_byoc"):
+        offloaded = tir_byoc.offload(mod, backends="onednn")
+    assert _names(offloaded) == ["layer"]
+    kept = [r.getMessage() for r in caplog.records if r.getMessage().startswith("not packed: ")]
+    assert any("a scale by a parameter" in line for line in kept), kept
+    (result,) = _run(offloaded, X, scale)
+    np.testing.assert_allclose(result, X @ WEIGHTS[0] * scale[0], rtol=1e-5, atol=1e-4)
+
+
+def test_a_weight_the_function_computes_is_not_packed(caplog):
+    """Found by the packing property: a GEMM reading a buffer its function computes from the
+    constant has no weight parameter to pack (packing raised a ValueError)."""
+    mod = _called_with_a_constant(_dense_on_a_weight_it_computes, WEIGHTS[0])
+    with caplog.at_level(logging.INFO, logger="tir_byoc"):
+        offloaded = tir_byoc.offload(mod, backends="onednn")
+    assert _names(offloaded) == ["layer"]
+    kept = [r.getMessage() for r in caplog.records if r.getMessage().startswith("not packed: ")]
+    assert any("W is computed in the function, not passed to it" in line for line in kept), kept
+    (result,) = _run(offloaded, X)
+    np.testing.assert_allclose(result, X @ WEIGHTS[0], rtol=1e-5, atol=1e-4)
 
 
 def _gemm_arguments(lib, w, y, x, m, flags):

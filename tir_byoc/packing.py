@@ -91,8 +91,8 @@ def unpackable(match: Match, intrinsic: Intrinsic, registry: Registry) -> str | 
         return "a batched weight is not packed"
     if any(const_value(e) is None for e in (match.n, match.k)):
         return "N or K is symbolic: a pack is made for one weight shape"
-    if match.tensors and any(s.op == "scale" and not _static(s) for s in match.epilogue):
-        return "a scale by a parameter"
+    if any(s.op == "scale" and not _static(s) for s in match.epilogue):
+        return "a scale by a parameter (a pack is made for one epilogue, known at build time)"
     return None
 
 
@@ -252,18 +252,9 @@ def packed_variant(
         Gets a line for each weight left plain.
     """
     sites = _call_sites(mod, gvar)
+    name = gvar.name_hint
     # Step 1. The GEMMs whose weight may be packed, and the weight's position.
-    chosen = []
-    for match, intrinsic in offloaded:
-        reason = unpackable(match, intrinsic, registry)
-        if reason is None:
-            others = _readers(after, match.w) - {_call_name(after, match)}
-            if others:
-                reason = f"{match.w.name} is also read by {', '.join(sorted(others))}"
-        if reason is not None:
-            report.kept.append(f"{gvar.name_hint}: {', '.join(match.blocks)}: {reason}")
-            continue
-        chosen.append((match, intrinsic, list(before.params).index(match.w)))
+    chosen = packable(name, before, after, offloaded, registry, report)
     if not chosen or not sites:
         return None
     constant = [
@@ -272,18 +263,54 @@ def packed_variant(
         if all(isinstance(binding.value.args[1].fields[i], ir.Constant) for *_, i in chosen)
     ]
     if not constant:
-        report.kept.append(f"{gvar.name_hint}: the weights are not constants of the model")
+        report.kept.append(f"{name}: the weights are not constants of the model")
         return None
     # Step 2. The form of each weight, chosen on the first constant call site's weight.
+    fields = constant[0][1].value.args[1].fields
+    packings = make_packings(name, chosen, lambda i: fields[i].value, registry, report)
+    if not packings:
+        return None
+    # Step 3. The PrimFunc with a block parameter per packed weight.
+    func = rewrite(before, offloaded, {p.match: p for p, *_ in packings})
+    return PackedVariant(gvar, func, packings, constant, sites)
+
+
+def packable(name, before, after, offloaded, registry: Registry, report: PackReport) -> list:
+    """The offloaded GEMMs of one PrimFunc whose weight may be packed: (match, intrinsic, the
+    weight's parameter index in ``before``); a line in ``report`` for each other one."""
+    chosen, params = [], list(before.params)
+    for match, intrinsic in offloaded:
+        reason = unpackable(match, intrinsic, registry)
+        if reason is None and not any(match.w.same_as(p) for p in params):
+            reason = f"{match.w.name} is computed in the function, not passed to it"
+        if reason is None:
+            others = _readers(after, match.w) - {_call_name(after, match)}
+            if others:
+                reason = f"{match.w.name} is also read by {', '.join(sorted(others))}"
+        if reason is not None:
+            report.kept.append(f"{name}: {', '.join(match.blocks)}: {reason}")
+            continue
+        chosen.append(
+            (match, intrinsic, next(i for i, p in enumerate(params) if match.w.same_as(p)))
+        )
+    return chosen
+
+
+def make_packings(name, chosen, weight, registry: Registry, report: PackReport) -> list:
+    """Each weight of ``chosen`` (:func:`packable`) packed in the form its backend chooses.
+
+    ``weight(index)`` is the tensor a weight's form is chosen on and its block made from.
+    Returns (Packing, parameter index, pack function, block) per weight packed; a line in
+    ``report`` for each weight the backend leaves plain.
+    """
     packings = []
     for match, intrinsic, index in chosen:
         pack = _pack_function(registry.backend(intrinsic.backend).name, registry)
-        sample = constant[0][1].value.args[1].fields[index].value
-        form, block = _pack_call(pack, match, sample)
+        form, block = _pack_call(pack, match, weight(index))
         if block is None:
             every = "" if const_value(match.rows) is not None else ", for every M,"
             report.kept.append(
-                f"{gvar.name_hint}: {', '.join(match.blocks)}: {intrinsic.backend} runs "
+                f"{name}: {', '.join(match.blocks)}: {intrinsic.backend} runs "
                 f"this call{every} as fast with the plain weight as with a packed one"
             )
             continue
@@ -291,11 +318,14 @@ def packed_variant(
         gemm = registry[f"{intrinsic.backend}.{GEMM_ENTRY}"]
         param = _block_param(match.w, size)
         packings.append((Packing(match, gemm, param, size, form), index, pack, block))
-    if not packings:
-        return None
-    # Step 3. The PrimFunc with a block parameter per packed weight.
-    func = rewrite(before, offloaded, {p.match: p for p, *_ in packings})
-    return PackedVariant(gvar, func, packings, constant, sites)
+    return packings
+
+
+def pack_in_form(packing: Packing, pack, weight: tvm.runtime.Tensor) -> tvm.runtime.Tensor:
+    """``weight`` (another weight of ``packing``'s shape) packed in ``packing``'s form by the
+    backend's ``pack`` function (:func:`make_packings` returns both)."""
+    _, block = _pack_call(pack, packing.match, weight, packing.form)
+    return block
 
 
 def install_packed(mod, variants: list[PackedVariant], report: PackReport) -> tvm.IRModule:
@@ -319,7 +349,7 @@ def install_packed(mod, variants: list[PackedVariant], report: PackReport) -> tv
                 if site == 0:  # the sample the form was chosen on: its block is made
                     block = sample_block
                 else:
-                    _, block = _pack_call(pack, packing.match, fields[index].value, packing.form)
+                    block = pack_in_form(packing, pack, fields[index].value)
                 fields[index] = relax.const(block, "uint8")
             call = relax.op.call_tir(packed_gvar, relax.Tuple(fields), list(binding.value.ty_args))
             replacements[binding.var] = relax.BlockBuilder().normalize(call)
@@ -404,7 +434,10 @@ __all__ = [
     "PackedVariant",
     "Packing",
     "install_packed",
+    "make_packings",
     "pack_constant_weights",
+    "pack_in_form",
+    "packable",
     "packed_variant",
     "unpackable",
 ]
