@@ -354,7 +354,8 @@ def test_a_wrong_result_is_reported_and_the_oracle_is_float64(bench):
 def test_the_constant_weight_column_passes_the_weight_as_a_relax_constant(bench):
     (workload,) = bench.workloads.select(["64x800->500 +bias+relu"])
     operands, _ = bench.workloads.arrays(workload, "float32")
-    mod = bench.implementations._constant_weight_module(workload, "float32", operands[1])
+    mod, given = bench.implementations._constant_weight_module(workload, "float32", operands)
+    assert len(given) == len(operands) - 1
     main = mod["main"]
     assert [p.name for p in main.params] == ["X", "b"]
     (call,) = [b.value for b in main.body.blocks[0].bindings]
