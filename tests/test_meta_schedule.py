@@ -215,6 +215,52 @@ def test_bad_options_say_what_was_expected(tmp_path):
 
 
 # --------------------------------------------------------------------------------------
+# The cost model
+# --------------------------------------------------------------------------------------
+
+
+@T.prim_func(s_tir=True)
+def dense_only(
+    X: T.Buffer((32, 64), "float32"),
+    W: T.Buffer((48, 64), "float32"),
+    Z: T.Buffer((32, 48), "float32"),
+):
+    for i, j, k in T.grid(32, 48, 64):
+        with T.sblock("dense"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                Z[vi, vj] = T.float32(0)
+            Z[vi, vj] = Z[vi, vj] + X[vi, vk] * W[vj, vk]
+
+
+def test_cost_model_scores_every_candidate_when_some_are_wholly_offloaded():
+    # A wholly offloaded candidate stores nothing, so PerStoreFeature gives it no row; once
+    # the XGBoost model was trained, MetaSchedule's own extractor made predict raise
+    # TypeError (float ids in PackSum) on a batch of such candidates, and return too few
+    # scores for a batch ending with one.
+    from tir_byoc.meta_schedule.features import cost_model
+
+    native = as_module(dense_only)
+    offloaded = tvm.IRModule({"main": tir_byoc.offload(native["main"], backends="ref")})
+    context = ms.TuneContext(mod=native, target=TARGET, task_name="dense_only").clone()
+
+    def candidate(mod):
+        return ms.MeasureCandidate(
+            s_tir.Schedule(mod), ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+        )
+
+    model = cost_model(1)
+    model.num_warmup_samples = 0  # use the trained model from the first update on
+    batch = [candidate(native), candidate(offloaded)] * 4
+    results = [ms.runner.RunnerResult([1e-3 * (i + 1)], None) for i in range(len(batch))]
+    model.update(context, batch, results)
+    for candidates in ([offloaded], [native, offloaded], [offloaded, native, offloaded]):
+        scores = model.predict(context, [candidate(m) for m in candidates])
+        assert scores.shape == (len(candidates),)
+        assert np.isfinite(scores).all()
+
+
+# --------------------------------------------------------------------------------------
 # Tuning
 # --------------------------------------------------------------------------------------
 

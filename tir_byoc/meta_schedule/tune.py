@@ -30,6 +30,7 @@ from ..offload import apply
 from ..packing import PackedVariant, PackReport, install_packed, packed_variant
 from ..registry import REGISTRY, Registry
 from ..rewrite import RewriteError, intrinsic_calls, rewrite_function
+from .features import cost_model
 from .options import TuneOptions
 from .packed import measure_packed
 from .postproc import CandidateRejected, OffloadPostproc, Rejections
@@ -188,7 +189,12 @@ def _run_search(tasks, target, work_dir, max_trials_global, options: TuneOptions
             builder=builder,
             runner=options.runner,
             database=database,
-            cost_model=options.cost_model,
+            # "xgb" on features that give an offloaded candidate a row (features.py).
+            cost_model=(
+                cost_model(contexts[0].num_threads)
+                if isinstance(options.cost_model, str) and options.cost_model == "xgb"
+                else options.cost_model
+            ),
             measure_callbacks=[*callbacks, counter],
             task_scheduler=options.task_scheduler,
             module_equality=options.module_equality,
