@@ -54,6 +54,18 @@ def offload(func):
     return tir_byoc.offload(func, registry=PROPERTY_REGISTRY)
 
 
+#: A chain whose scale multiplies the product's rounding errors by more than this (a factor
+#: of 1000, a divisor of 0.001: ChainSpec.gain) is compared normwise, as large inputs are.
+GAIN_LIMIT = 16.0
+
+
+def normwise(program: Program, magnitude: float = 1.0) -> bool:
+    """Whether ``program``'s results are compared normwise (see
+    :mod:`tir_byoc.testing.equivalence`): its inputs are drawn large, or a chain's scale
+    multiplies the rounding errors of its sum beyond :data:`GAIN_LIMIT`."""
+    return magnitude > 1 or any(c.gain > GAIN_LIMIT for c in program.spec.chains)
+
+
 #: The active profile's name (registered in conftest.py): ``$HYPOTHESIS_PROFILE``, else ``ci``.
 PROFILE_NAME = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 PROFILE = settings.get_profile(PROFILE_NAME)

@@ -12,7 +12,7 @@ NaN must then come out exactly where the original puts it, infinities with their
 import numpy as np
 import pytest
 import tvm
-from harness import PROPERTY_REGISTRY, offload, profile, reported
+from harness import PROPERTY_REGISTRY, normwise, offload, profile, reported
 from hypothesis import event, given, note
 from hypothesis import strategies as st
 
@@ -27,11 +27,6 @@ from tir_byoc.testing.spellings import ACTIVATION_SPELLINGS
 
 #: How an example's float inputs are drawn: (magnitude, share of NaN and infinities).
 INPUTS = {"normal": (1.0, 0.0), "x100": (100.0, 0.0), "x1e4": (1e4, 0.0), "special": (1.0, 0.1)}
-
-#: A chain whose scale multiplies the product's rounding errors by more than this (a factor
-#: of 1000, a divisor of 0.001: ChainSpec.gain) is compared normwise, as large inputs are.
-GAIN_LIMIT = 16.0
-
 
 def _calls(func) -> int:
     return sum(intrinsic_calls(func).values())
@@ -59,8 +54,8 @@ def test_offloaded_function_computes_the_same_results(program, seed, inputs):
         for form in {PATTERNS[m.pattern].batch for m in planned}:
             event(f"offloaded a chain of batch form {form}")
         magnitude, special = INPUTS[inputs]
-        normwise = magnitude > 1 or any(c.gain > GAIN_LIMIT for c in program.spec.chains)
-        event(f"inputs {inputs}{', compared normwise' if normwise else ''}")
+        compared_normwise = normwise(program, magnitude)
+        event(f"inputs {inputs}{', compared normwise' if compared_normwise else ''}")
         try:
             assert_equivalent(
                 program.func,
@@ -69,7 +64,7 @@ def test_offloaded_function_computes_the_same_results(program, seed, inputs):
                 seed=seed,
                 magnitude=magnitude,
                 special=special,
-                normwise=normwise,
+                normwise=compared_normwise,
             )
         except AssertionError:
             note(f"the offloaded function:\n{to_tvmscript(rewritten)}")
