@@ -191,6 +191,17 @@ def test_primitive_cache_is_a_bounded_lru():
         lib.tir_byoc_onednn_set_cache_capacity(256)
 
 
+def test_an_op_is_fused_only_where_onednn_computes_it_as_the_tir_does():
+    # The table's conditions (constants oneDNN builds in, an exact reciprocal, clip's NaN
+    # value), then the check on this machine; tensor ops are binary post-ops, not asked here.
+    assert not onednn.fuses("div", (3.0,))  # z * (1/3) is not z / 3
+    assert not onednn.fuses("gelu", (0.6,))  # not the constant oneDNN's gelu uses
+    assert not onednn.fuses("clip", (0.0, 6.0, 6.0))  # oneDNN's clip maps NaN to lo
+    assert not onednn.fuses("add")
+    with pytest.raises(ValueError, match=r"'softmax' is not an epilogue op \(expected one of"):
+        onednn.fuses("softmax")
+
+
 def test_status_codes_at_entry():
     lib = library("onednn")
     x = np.zeros((2, 3), "float32")

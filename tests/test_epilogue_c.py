@@ -90,6 +90,10 @@ CHAINS: dict[str, tuple[Op, ...]] = {
     "clip_nan_stays": (clip(0.0, 6.0, NAN),),
     "bias,clip_nan_to_lo,add": (Op("bias"), clip(-1.0, 1.0, -1.0), Op("add")),
     "gelu_tanh,add": (Op("gelu_tanh"), Op("add")),
+    # A gelu followed by ops that map NaN to a number: where oneDNN's gelu is guarded
+    # (AVX-512), its NaN for +inf must be caught before the relu or clip hides it.
+    "bias,gelu,relu": (Op("bias"), Op("gelu"), Op("relu")),
+    "gelu,clip_nan_to_lo": (Op("gelu"), clip(0.0, 6.0, 0.0)),
     "bias,leaky_relu0": (Op("bias"), Op("leaky_relu", (0.0,))),
     "scale,bias,relu,mul": (Op("scale"), Op("bias"), Op("relu"), Op("mul")),
     "eight_ops": (

@@ -297,6 +297,27 @@ def test_a_pack_only_serves_the_call_it_was_made_for(form):
     assert gemm(*_gemm_arguments(lib, weight, y, X, M, PACKED_WEIGHT_FLAG)) == 6
 
 
+@pytest.mark.parametrize("form", FORMS)
+def test_a_packed_call_whose_gelu_meets_infinities_computes_what_the_tir_does(form):
+    # On AVX-512 oneDNN's fused erf GELU gives NaN for +inf and inf past 1.7e38; the call
+    # then computes again from the block, unpacked, with the GELU in C (Fusion::guarded).
+    lib = library("onednn")
+    gemm = lib.tir_byoc_onednn_gemm
+    gemm.restype = ctypes.c_int32
+    weight = WEIGHTS[0]
+    x = X.copy()
+    for row, value in enumerate((np.inf, -np.inf, np.nan, 3e38, 1.8e38, -3e38)):
+        x[row] = 0.0
+        x[row, 0] = value  # z[row] = value * weight[0]: exact, as a single product
+    z = (x.astype(np.float64) @ weight.astype(np.float64)).astype(np.float32)
+    want = tir_byoc.epilogues.reference("gelu", z, (np.sqrt(0.5),))
+    y = np.zeros((M, N), np.float32)
+    assert gemm(*_gemm_arguments(lib, _pack(lib, weight, M, form), y, x, M, PACKED_WEIGHT_FLAG)) == 0
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(y), np.isinf(want))
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)
+
+
 def test_an_exported_packed_library_gives_the_same_results_in_a_fresh_process(tmp_path):
     lowered = _lowered(WEIGHTS[:1])
     packed = tir_byoc.offload(lowered, backends="onednn")

@@ -66,7 +66,8 @@
  *     scale by a scalar parameter passes the parameter's value here); unused ones are 0;
  *   - t0..t3 are the ops' tensors, taken in op order: the (n,) bias vector, or a residual or
  *     gate tensor with y's shape, compact (for a batched call, y's compact batch layout);
- *     unused ones are NULL.
+ *     unused ones are NULL.  None shares memory with y, which the product is written to
+ *     first (the matcher stops a chain before an op that reads its own output).
  *
  * The entry point returns TIR_BYOC_EEPILOGUE for an op code it does not implement (a
  * backend declares its ops when it registers; tir_byoc never sends others).  `dtypes` may

@@ -33,6 +33,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -111,16 +112,29 @@ struct PostOp {
 };
 
 /* The part of an epilogue a primitive computes: the bias argument, which oneDNN adds before
- * any post-op, then `count` post-ops.  It computes the first ops() ops of the epilogue. */
+ * any post-op, then `count` post-ops.  It computes the first ops() ops of the epilogue.
+ * Post-op `guarded` (if >= 0; always the last) agrees with C only where it gives a finite
+ * value (Verdict::kWhereFinite): a call whose product has an infinity or a NaN after it is
+ * computed again with the fusion cut there (Call). */
 struct Fusion {
   bool bias = false;
   int32_t count = 0;
+  int32_t guarded = -1;
   PostOp post[TIR_BYOC_MAX_OPS];
 
   int ops() const { return static_cast<int>(bias) + count; }
 
+  /* The first `count` post-ops (ops() = bias + count), none of them guarded. */
+  Fusion Prefix(int32_t keep) const {
+    Fusion prefix = *this;
+    prefix.count = std::min(count, keep);
+    prefix.guarded = -1;
+    return prefix;
+  }
+
   bool operator==(const Fusion &o) const {
-    return bias == o.bias && count == o.count && std::equal(post, post + count, o.post);
+    return bias == o.bias && count == o.count && guarded == o.guarded &&
+           std::equal(post, post + count, o.post);
   }
 };
 
@@ -254,6 +268,7 @@ std::shared_ptr<const Entry> Create(const Key &key, const Dtypes &dtypes) {
       entry.implementation = desc.impl_info_str();
       if (entry.fusion.count > 0 && entry.implementation.rfind("ref", 0) == 0) continue;
       if (key.packed) entry.weights = desc.weights_desc();
+      if (entry.fusion.guarded >= entry.fusion.count) entry.fusion.guarded = -1;
       entry.primitive = dnnl::matmul(desc);
       entry.id = next_entry_id++;
       return std::make_shared<const Entry>(std::move(entry));
@@ -431,14 +446,23 @@ void ApplyEpilogue(const Dtypes &dtypes, void *y, const void *bias, int64_t m, i
 
 constexpr tir_byoc_batch kNoBatch = {{1, 1}, {0, 0}, {0, 0}};
 
+/* How a post-op compares with tir_byoc_op_row on this machine (Check, below): everywhere,
+ * wherever it gives a finite value (it may give an infinity or NaN where C does not), or not. */
+enum class Verdict { kNo, kExact, kWhereFinite };
+
+Verdict Check(const tir_byoc_op &op, const PostOp &post);
+
 /* What the primitive of a family call fuses: floating point only (see the file comment for
- * integers), and a relu only if it maps NaN to 0. */
+ * integers), and a relu only if it maps NaN to 0 and agrees with C everywhere here (Check). */
 Fusion FamilyFusion(const Dtypes &dtypes, bool bias, bool relu, bool keep_nan) {
   Fusion fusion;
   if (dtypes.integer) return fusion;
   fusion.bias = bias;
-  if (relu && !keep_nan)
-    fusion.post[fusion.count++] = {dnnl::algorithm::eltwise_relu, 0.0f, 0.0f, PostOp::kEltwise};
+  const PostOp post{dnnl::algorithm::eltwise_relu, 0.0f, 0.0f, PostOp::kEltwise};
+  tir_byoc_op op{};
+  op.code = TIR_BYOC_OP_RELU;
+  if (relu && !keep_nan && Check(op, post) == Verdict::kExact)
+    fusion.post[fusion.count++] = post;
   return fusion;
 }
 
@@ -518,10 +542,108 @@ int32_t BatchedGemm(const void *x, const void *w, const void *bias, void *y, int
  *
  * The gelus are fused only with the constants oneDNN builds in (sqrt(1/2); sqrt(2/pi) and
  * 0.044715), clip only with lo <= hi.  A div by a c whose reciprocal is inexact is not the
- * same op (z * (1/3) is 1 ulp off z / 3 for a third of all z), so it runs in C.  The ops agree
- * on every kernel measured; a kernel oneDNN implements only by reference code is never given
- * post-ops (Create).
+ * same op (z * (1/3) is 1 ulp off z / 3 for a third of all z), so it runs in C.  A kernel
+ * oneDNN implements only by reference code is never given post-ops (Create).
+ *
+ * The table holds for the kernels measured, not for every CPU: on AVX-512 (Intel Xeon with
+ * AMX, oneDNN's brgemm kernels) eltwise_gelu_erf gives NaN for +inf and inf for 3e38, where C
+ * gives inf and 3e38 (it computes 0.5 * z * (1 + erf), which overflows).  So each eltwise
+ * post-op is also checked on the machine it runs on (Check, below) before it is fused:
+ *
+ * - agreeing everywhere, it is fused;
+ * - agreeing wherever oneDNN's value is finite (the gelu above), it is fused and guarded, as
+ *   the last op fused: a call whose output holds an infinity or a NaN after the primitive
+ *   (one scan of it, before any later op could map one to a finite value) is computed again
+ *   with the fusion cut before the op and the rest in C, so the result is C's.  A model's
+ *   outputs are finite, so it pays only the scan;
+ * - otherwise it runs in C.
  */
+
+/* ------------------------------------------------------------------------------------------
+ * The check of an eltwise post-op on this machine: once per process and op (code and
+ * constants), a matmul whose product is z exactly (z in X's first column, zeros after it, W
+ * all ones) runs the post-op over the values of the table above (the specials and 801 points
+ * of [-10, 10]) at three shapes (K x N = 1 x 16, 8 x 64, 96 x 256: the tails and the bodies
+ * of the vector loops, oneDNN's gemm and brgemm kernels), and every output is compared with
+ * tir_byoc_op_row as the table compares them.  A shape oneDNN gives only a reference kernel
+ * is not counted; an op no shape checked is not fused.
+ */
+std::vector<float> ProbeValues() {
+  std::vector<float> values{NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 3e38f, -3e38f, 1.7e38f,
+                            -1.7e38f, 1e30f, -1e30f, 1e-30f, -1e-30f, 100.0f, -100.0f,
+                            89.0f, -89.0f, 88.0f, -88.0f, 20.0f, -20.0f};
+  for (int i = 0; i <= 800; ++i) values.push_back(-10.0f + 0.025f * static_cast<float>(i));
+  return values;
+}
+
+bool Close(float got, float want) {
+  if (std::isnan(want)) return std::isnan(got);
+  if (std::isinf(want)) return got == want;
+  return std::isfinite(got) && std::fabs(got - want) <= 1e-5f * std::fabs(want) + 1e-6f;
+}
+
+Verdict Probe(const tir_byoc_op &op, const PostOp &post) {
+  static const std::vector<float> values = ProbeValues();
+  const int64_t m = static_cast<int64_t>(values.size());
+  static const int64_t kShapes[][2] = {{1, 16}, {8, 64}, {96, 256}};
+  int checked = 0;
+  bool where_finite = false;  // a disagreement seen, each where oneDNN's value is not finite
+  for (const auto &shape : kShapes) {
+    const int64_t k = shape[0], n = shape[1];
+    std::vector<float> x(m * k, 0.0f), w(k * n, 1.0f), y(m * n, 0.0f), want(n);
+    for (int64_t i = 0; i < m; ++i) x[i * k] = values[i];
+    dnnl::memory::desc src({m, k}, dt::f32, dims{k, 1}), weights({k, n}, dt::f32, dims{n, 1}),
+        dst({m, n}, dt::f32, dims{n, 1});
+    dnnl::post_ops ops;
+    ops.append_eltwise(post.algorithm, post.alpha, post.beta);
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(ops);
+    dnnl::matmul::primitive_desc desc;
+    try {
+      desc = dnnl::matmul::primitive_desc(Engine(), src, weights, dst, attr);
+    } catch (const dnnl::error &) {
+      continue;  // not implemented for this shape: Create drops it there too
+    }
+    if (std::string(desc.impl_info_str()).rfind("ref", 0) == 0) continue;
+    dnnl::memory src_m(src, Engine(), x.data()), weights_m(weights, Engine(), w.data()),
+        dst_m(dst, Engine(), y.data());
+    dnnl::matmul(desc).execute(
+        Stream(), {{DNNL_ARG_SRC, src_m}, {DNNL_ARG_WEIGHTS, weights_m}, {DNNL_ARG_DST, dst_m}});
+    Stream().wait();
+    for (int64_t i = 0; i < m; ++i) {
+      std::fill(want.begin(), want.end(), values[i]);
+      tir_byoc_op_row(&op, want.data(), i, n);
+      for (int64_t j = 0; j < n; ++j) {
+        if (Close(y[i * n + j], want[j])) continue;
+        if (std::isfinite(y[i * n + j])) return Verdict::kNo;
+        where_finite = true;
+      }
+    }
+    ++checked;
+  }
+  if (checked == 0) return Verdict::kNo;
+  return where_finite ? Verdict::kWhereFinite : Verdict::kExact;
+}
+
+/* How `post` compares with tir_byoc_op_row on this machine (Probe, once per op and
+ * constants; a failure to check is a no). */
+Verdict Check(const tir_byoc_op &op, const PostOp &post) {
+  static std::mutex mutex;
+  static std::map<std::vector<uint32_t>, Verdict> verdicts;
+  const std::vector<uint32_t> key{static_cast<uint32_t>(op.code), Bits(post.alpha),
+                                  Bits(post.beta), Bits(static_cast<float>(op.c[2]))};
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = verdicts.find(key);
+  if (found != verdicts.end()) return found->second;
+  Verdict verdict = Verdict::kNo;
+  try {
+    verdict = Probe(op, post);
+  } catch (...) {
+    verdict = Verdict::kNo;
+  }
+  verdicts.emplace(key, verdict);
+  return verdict;
+}
 
 /* True if z * (1 / c) == z / c for every float z: c is a power of two whose reciprocal is a
  * normal float. */
@@ -589,10 +711,19 @@ Fusion Plan(const tir_byoc_epilogue &epilogue) {
   for (int i = 0; i < epilogue.count; ++i) {
     if (i == 0 && epilogue.op[0].code == TIR_BYOC_OP_BIAS)
       fusion.bias = true;
-    else if (PostOpOf(epilogue.op[i], &post))
-      fusion.post[fusion.count++] = post;
-    else
+    else if (!PostOpOf(epilogue.op[i], &post))
       break;
+    else if (post.operand != PostOp::kEltwise)
+      fusion.post[fusion.count++] = post;
+    else if (Verdict verdict = Check(epilogue.op[i], post); verdict == Verdict::kNo)
+      break;
+    else if (verdict == Verdict::kExact)
+      fusion.post[fusion.count++] = post;
+    else {  // the last op fused: its output is scanned before any later op could hide a NaN
+      fusion.guarded = fusion.count;
+      fusion.post[fusion.count++] = post;
+      break;
+    }
   }
   return fusion;
 }
@@ -665,6 +796,37 @@ bool PackFits(const PackHeader *header, const dnnl::memory::desc &weights) {
          header->bytes == weights.get_size();
 }
 
+/* True if none of the `count` floats at y is an infinity or a NaN.  Branch-free, so it
+ * vectorises: it runs over every output of a guarded call. */
+bool AllFinite(const float *y, int64_t count) {
+  uint32_t special = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, y + i, sizeof bits);
+    special |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return special == 0;
+}
+
+/* The weight in `block` (laid out as `entry` reads it) in the plain layout of `plain`. */
+std::vector<float> Unpack(const Entry &entry, const void *block, const Key &plain) {
+  std::vector<float> weight(static_cast<size_t>(plain.k * plain.n));
+  dnnl::memory from(entry.weights, Engine(), const_cast<void *>(block));
+  dnnl::memory to(PlainWeights(plain, dt::f32), Engine(), weight.data());
+  dnnl::reorder(from, to).execute(Stream(), from, to);
+  Stream().wait();
+  return weight;
+}
+
+/* Run `entry` for `call` with the weight `w`: the product and the fused prefix. */
+int32_t Run(const Entry &entry, const tir_byoc_call &call, const void *w) {
+  const Fusion &fused = entry.fusion;
+  const void *operands[TIR_BYOC_MAX_OPS];
+  for (int i = 0; i < fused.count; ++i) operands[i] = call.epilogue.op[fused.bias + i].tensor;
+  const void *bias = fused.bias ? call.epilogue.op[0].tensor : nullptr;
+  return Execute(entry, call.x, w, bias, operands, call.y);
+}
+
 /* A whole gemm call (TIR_BYOC_DEFINE_GEMM below has checked the layout, shape, batch, pointers
  * and epilogue): one primitive for the product and the fused prefix, then the rest in C. */
 int32_t Call(const tir_byoc_call *call) {
@@ -691,6 +853,7 @@ int32_t Call(const tir_byoc_call *call) {
     // Step 2. The product and the fused prefix of the epilogue, in one primitive.
     const tir_byoc_batch &key_batch = count == 1 ? kNoBatch : call->batch;
     Key key{m, n, k, TIR_BYOC_SIG_F32, call->layout, key_batch, Plan(epilogue)};
+    const Key plain = key;
     const void *w = call->w;
     const PackHeader *header = static_cast<const PackHeader *>(w);
     if (packed) {
@@ -702,14 +865,27 @@ int32_t Call(const tir_byoc_call *call) {
       if (!PackFits(header, entry->weights)) return TIR_BYOC_EPACKED;
       w = header + 1;
     }
-    const Fusion &fused = entry->fusion;
-    const void *operands[TIR_BYOC_MAX_OPS];
-    for (int i = 0; i < fused.count; ++i) operands[i] = epilogue.op[fused.bias + i].tensor;
-    const void *bias = fused.bias ? epilogue.op[0].tensor : nullptr;
-    int32_t status = Execute(*entry, call->x, w, bias, operands, y);
+    // Step 3. Run it.  A guarded post-op (the last fused) may differ from C only where its
+    // output is an infinity or a NaN, so such an output is computed again (step 4).
+    std::shared_ptr<const Entry> ran = entry;
+    int32_t status = Run(*entry, *call, w);
     if (status != TIR_BYOC_OK) return status;
-    // Step 3. The ops after the fused prefix, in C.
-    tir_byoc_run_epilogue(&epilogue, fused.ops(), y, rows, n);
+    if (entry->fusion.guarded >= 0 && !AllFinite(y, rows * n)) {
+      // Step 4. The fusion cut before the guarded op, on the plain weight (a block
+      // unpacked); the inputs are as they were, as no epilogue tensor shares the output's
+      // memory (tir_byoc.h).
+      Key cut = plain;
+      cut.fusion = entry->fusion.Prefix(entry->fusion.guarded);
+      std::vector<float> unpacked;
+      if (packed) {
+        unpacked = Unpack(*entry, w, plain);
+        w = unpacked.data();
+      }
+      ran = Cache().Get(cut, dtypes);
+      if ((status = Run(*ran, *call, w)) != TIR_BYOC_OK) return status;
+    }
+    // Step 5. The ops after the fused prefix, in C.
+    tir_byoc_run_epilogue(&epilogue, ran->fusion.ops(), y, rows, n);
   } catch (...) {
     return TIR_BYOC_EBACKEND;
   }
@@ -927,6 +1103,28 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_pack(const void *w, int64_t m
 
 /* Cache introspection for tests and benchmarks: out[0..3] = size, capacity, hits, misses. */
 extern "C" TIR_BYOC_EXPORT void tir_byoc_onednn_cache_info(int64_t *out) { Cache().Info(out); }
+
+/* How the gemm entry point computes the op `code` with constants c0..c2 (not a tensor op) on
+ * this machine: 1 as a post-op of its primitive, 2 as a guarded one (Fusion::guarded), 0 in C
+ * after the primitive (PostOpOf, then Check); for reports and tests. */
+extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_fuses(int32_t code, double c0, double c1,
+                                                        double c2) {
+  tir_byoc_op op{};
+  op.code = code;
+  op.c[0] = c0;
+  op.c[1] = c1;
+  op.c[2] = c2;
+  PostOp post;
+  if (tir_byoc_op_has_tensor(code) || !PostOpOf(op, &post)) return 0;
+  switch (Check(op, post)) {
+    case Verdict::kExact:
+      return 1;
+    case Verdict::kWhereFinite:
+      return 2;
+    default:
+      return 0;
+  }
+}
 
 /* Change the cache bound (0 disables caching); evicts the least recently used entries. */
 extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_set_cache_capacity(int64_t capacity) {

@@ -10,6 +10,7 @@ on CPUs whose instructions make oneDNN exact for them (see :func:`cpu_supports`)
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from .. import threads
 from ..match import Match
 from ..registry import REGISTRY, RELU_NAN_BOTH, Backend, LinkSpec
 from ..signature import DtypeSignature
-from ..toolchain import intrinsics_dir
+from ..epilogues import OPS
+from ..toolchain import intrinsics_dir, load_backend
 from .wheels import installed_file
 
 PRIORITY = 200
@@ -70,6 +72,28 @@ def cpu_supports(signature: DtypeSignature) -> str | None:
     return None
 
 
+def fuses(op: str, constants: tuple[float, ...] | None = None) -> bool:
+    """Whether the gemm entry point computes the epilogue op ``op`` inside oneDNN's primitive
+    on this machine (else it runs in C after the primitive, with the same result).
+
+    An op is fused when oneDNN computes it as TVM's TIR does (the table in
+    ``intrinsics/onednn/matmul.cpp``) and this machine's kernels pass the library's check of
+    it on NaN, infinities, huge values and a sweep of [-10, 10].  An op that agrees wherever
+    its value is finite is fused and guarded: on AVX-512 oneDNN's erf GELU gives NaN for +inf
+    and overflows past 1.7e38, so a call whose output holds an infinity or a NaN is computed
+    again with the GELU in C.  ``constants`` default to the op's example
+    (:data:`tir_byoc.epilogues.OPS`).  Compiles and loads the library if needed.
+    """
+    if op not in OPS:
+        raise ValueError(f"{op!r} is not an epilogue op (expected one of {list(OPS)})")
+    values = [*(OPS[op].example if constants is None else constants), 0.0, 0.0, 0.0][:3]
+    library = ctypes.CDLL(str(load_backend("onednn")))
+    function = library.tir_byoc_onednn_fuses
+    function.argtypes = [ctypes.c_int32, ctypes.c_double, ctypes.c_double, ctypes.c_double]
+    function.restype = ctypes.c_int32
+    return function(OPS[op].code, *values) in (1, 2)  # 2: fused and guarded
+
+
 def _check(match: Match) -> str | None:
     return cpu_supports(match.dtype)
 
@@ -89,4 +113,4 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["DTYPE_CPU_FLAGS", "INSTALL", "PRIORITY", "cpu_flags", "cpu_supports", "locate"]
+__all__ = ["DTYPE_CPU_FLAGS", "INSTALL", "PRIORITY", "cpu_flags", "cpu_supports", "fuses", "locate"]
