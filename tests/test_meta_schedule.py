@@ -302,6 +302,46 @@ def test_mixed_function_chain_offloaded_rest_tuned_with_local_runner(tmp_path, c
     assert "[tir_byoc] dense_relu_exp@offload: 1 trials (0 failed), best " in progress
 
 
+def test_an_offload_record_that_no_longer_offloads_leaves_the_native_one(tmp_path, monkeypatch):
+    # A database tuned where a backend served the chain, replayed where none does: the
+    # offloaded record, though faster, cannot be rebuilt as measured, so the native record
+    # is built, with why.
+    from tir_byoc.meta_schedule import tune as tune_module
+
+    replay = tune_module._replay
+
+    def replay_without_the_backend(database, func, *args):
+        if str(func["main"].attrs[tms.VARIANT_ATTR]) == "offload":
+            raise RuntimeError("the best record of main does not offload any more: gone")
+        return replay(database, func, *args)
+
+    best_ms = tune_module._best_ms
+
+    def offload_measured_faster(database, task, target):
+        measured = best_ms(database, task, target)
+        return measured if task.variant != "offload" or measured is None else 1e-6
+
+    monkeypatch.setattr(tune_module, "_replay", replay_without_the_backend)
+    monkeypatch.setattr(tune_module, "_best_ms", offload_measured_faster)
+    tuned = tms.tune_tir(
+        dense_relu_exp,
+        TARGET,
+        str(tmp_path),
+        4,
+        num_trials_per_iter=2,
+        strategy=ms.search_strategy.ReplayTrace(),
+        cost_model="random",
+        progress=False,
+        seed=0,
+    )
+    report = tms.load_report(tmp_path)["dense_relu_exp"]
+    assert report.best_offload_ms is not None and report.best_native_ms is not None
+    assert report.choice == "native" and "does not offload any more: gone" in report.note
+    assert intrinsic_calls(tuned) == {}
+    result, expected = run_dense_relu_exp(tuned)
+    np.testing.assert_allclose(result, expected, rtol=1e-4, atol=1e-5)
+
+
 @T.prim_func(s_tir=True)
 def attention_then_exp(
     Q: T.Buffer((4, 16, 8), "float32"),

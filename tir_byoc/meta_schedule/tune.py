@@ -256,11 +256,21 @@ def _decide(name, tasks, functions, database, target, counter, options, planned,
             )
         return replayed[variant]
 
-    # The offloaded variant with its weights packed, where they can be.
+    # An offloaded record that no longer offloads (a database tuned with a backend that is
+    # gone) leaves the native one, when there is one.
     variant, packed_ms, note = None, None, ""
+    if "offload" in measured and len(measured) > 1:
+        try:
+            replay("offload")
+        except RuntimeError as error:
+            note = f"offload not chosen: {error}"
+            logger.warning("%s: %s", name, note)
+            del measured["offload"]
+    # The offloaded variant with its weights packed, where they can be.
     if packs is not None and "offload" in measured:
         task = next(t for t in tasks if t.variant == "offload")
-        variant, packed_ms, note = packs.measure(name, task.name, *replay("offload"))
+        variant, packed_ms, pack_note = packs.measure(name, task.name, *replay("offload"))
+        note = note or pack_note
         if packed_ms is not None:
             measured["offload"] = packed_ms
         else:
