@@ -343,6 +343,62 @@ def test_an_offload_record_that_no_longer_offloads_leaves_the_native_one(tmp_pat
 
 
 @T.prim_func(s_tir=True)
+def large_dense(
+    X: T.Buffer((128, 256), "float32"),
+    W: T.Buffer((256, 256), "float32"),
+    Z: T.Buffer((128, 256), "float32"),
+):
+    for i, j, k in T.grid(128, 256, 256):
+        with T.sblock("dense"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                Z[vi, vj] = T.float32(0)
+            Z[vi, vj] = Z[vi, vj] + X[vi, vk] * W[vj, vk]
+
+
+@T.prim_func(s_tir=True)
+def exp_only(A: T.Buffer((128, 256), "float32"), B: T.Buffer((128, 256), "float32")):
+    for i, j in T.grid(128, 256):
+        with T.sblock("exp"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            B[vi, vj] = T.exp(A[vi, vj])
+
+
+def test_a_native_variant_far_behind_gets_no_more_trials_and_the_rest_gets_the_budget(
+    tmp_path, capsys
+):
+    module = tvm.IRModule(
+        {
+            "large_dense": large_dense.with_attr("global_symbol", "large_dense"),
+            "exp_only": exp_only.with_attr("global_symbol", "exp_only"),
+        }
+    )
+    tms.tune_tir(
+        module,
+        TARGET,
+        str(tmp_path),
+        12,
+        backends="onednn",
+        num_trials_per_iter=2,
+        strategy=ms.search_strategy.ReplayTrace(),
+        cost_model="random",
+        seed=0,
+    )
+    progress = capsys.readouterr().err
+    report = tms.load_report(tmp_path)
+    dense, exp = report["large_dense"], report["exp_only"]
+    # A randomly scheduled 128x256x256 GEMM is far behind oneDNN: after its first round of
+    # two trials the native variant stops, and the other trials go elsewhere.
+    assert dense.best_native_ms > 2 * dense.best_offload_ms, dense
+    assert "large_dense@native: no more trials" in progress
+    assert "large_dense@native: 2 trials" in progress
+    assert "large_dense@native: 4 trials" not in progress
+    assert dense.choice == "offload" and exp.trials >= 6, report
+    with pytest.raises(ValueError, match=r"native_cutoff=0\.5; expected a number >= 1"):
+        tms.tune_tir(module, TARGET, str(tmp_path), 4, native_cutoff=0.5)
+
+
+@T.prim_func(s_tir=True)
 def attention_then_exp(
     Q: T.Buffer((4, 16, 8), "float32"),
     K: T.Buffer((4, 16, 8), "float32"),

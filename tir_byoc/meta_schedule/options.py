@@ -64,6 +64,11 @@ class TuneOptions:
     pack_weights : bool
         Relax modules: an offloaded function whose weights are constants is measured, and
         built, with them packed (:mod:`tir_byoc.meta_schedule.packed`).
+    native_cutoff : float or None
+        ``offload="choice"``: after a first round of ``num_trials_per_iter`` trials per
+        variant, a native variant slower than this many times its offloaded variant gets no
+        more trials; the budget goes to the rest of the module.  None: both variants are
+        tuned to the end, as MetaSchedule's scheduler shares the budget.
     """
 
     # MetaSchedule's ms.tune.tune_tasks.
@@ -87,9 +92,16 @@ class TuneOptions:
     progress: bool | TextIO = True
     fold_transposes: bool = True
     pack_weights: bool = True
+    native_cutoff: float | None = 2.0
 
     def __post_init__(self):
         check_mode(self.offload)
+        if self.native_cutoff is not None and not self.native_cutoff >= 1.0:
+            raise ValueError(
+                f"tir_byoc.meta_schedule: native_cutoff={self.native_cutoff!r}; expected a "
+                "number >= 1 (how many times slower than offloaded a native variant may be) "
+                "or None"
+            )
 
     @classmethod
     def from_kwargs(cls, options: dict) -> TuneOptions:

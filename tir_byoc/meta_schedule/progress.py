@@ -57,6 +57,11 @@ class Progress(PyMeasureCallback):
         if self.display and len(measure_candidates):
             self._print(task)
 
+    def note(self, line: str) -> None:
+        """Print ``line`` as the progress lines are printed (if they are)."""
+        if self.display:
+            print(f"[tir_byoc] {line}", file=self.stream or sys.stderr, flush=True)
+
     def _print(self, task: str) -> None:
         seconds, choice = self.best.get(task, (float("inf"), "none"))
         best = f"{seconds * 1e3:.4f} ms" if seconds != float("inf") else "none yet"

@@ -34,6 +34,7 @@ class Task:
     workload: tvm.IRModule
     variant: str  # "offload", "native", or "plain" for functions without a served chain
     members: list[str]
+    whole: bool = False  # an offload variant with no block left to TVM: one candidate
 
 
 def _leaf_blocks(func: tirx.PrimFunc) -> set[str]:
@@ -48,6 +49,12 @@ def _leaf_blocks(func: tirx.PrimFunc) -> set[str]:
     return names
 
 
+def _whole(func: tirx.PrimFunc, matches: list[Choice]) -> bool:
+    """Whether the served chains of ``func`` are all of its computations."""
+    served = {b for m in matches if m.intrinsic is not None for b in m.blocks}
+    return bool(served) and _leaf_blocks(func) <= served
+
+
 def _variants(func: tirx.PrimFunc, matches: list[Choice], offload: str) -> tuple[str, ...] | str:
     """The variants to tune ``func`` in, or why it gets no task."""
     if not is_s_tir(func):
@@ -58,7 +65,7 @@ def _variants(func: tirx.PrimFunc, matches: list[Choice], offload: str) -> tuple
     if not served or offload == "never":
         return ("native",) if served else ("plain",)
     if offload == "always":
-        return "whole function offloaded" if _leaf_blocks(func) <= served else ("offload",)
+        return "whole function offloaded" if _whole(func, matches) else ("offload",)
     return ("offload", "native")
 
 
@@ -90,5 +97,6 @@ def plan_tasks(
             if variant != "plain":  # each variant is its own workload in the database
                 workload = _normalize_mod(base["main"].with_attr(VARIANT_ATTR, variant))
             task_name = name if variant == "plain" else f"{name}@{variant}"
-            tasks.append(Task(task_name, key, workload, variant, [name]))
+            whole = variant == "offload" and _whole(func, plans[name].choices)
+            tasks.append(Task(task_name, key, workload, variant, [name], whole))
     return tasks, untuned, plans

@@ -149,7 +149,15 @@ def _task_loggers(work_dir: str, names: list[str]):
 
 
 def _run_search(tasks, target, work_dir, max_trials_global, options: TuneOptions, rejections):
-    """Tune ``tasks`` in one search; returns the database and the trial counter."""
+    """Tune ``tasks``; returns the database and the trial counter.
+
+    With ``options.native_cutoff``, the functions tuned in both variants get a first round
+    (``num_trials_per_iter`` trials per variant) in a search of their own; a native variant
+    then slower than ``native_cutoff`` times its offloaded variant gets no more trials, and
+    the rest of the budget goes to every other task in a second search.  MetaSchedule's
+    gradient scheduler would otherwise give most of the budget to those native variants, the
+    slowest tasks of a model, whose tuning cannot change the choice.
+    """
     # Step 1. MetaSchedule's callbacks, plus ours (which also counts trials for the report).
     progress = options.progress
     counter = Progress(progress is not False, None if isinstance(progress, bool) else progress)
@@ -160,46 +168,103 @@ def _run_search(tasks, target, work_dir, max_trials_global, options: TuneOptions
         callbacks = [callbacks]
     database = _database(options, work_dir)
     builder = options.builder if options.builder is not None else candidate_builder()
-    # Step 2. One context per task, with the rule told which variant it tunes; then tune.
+    # "xgb" on features that give an offloaded candidate a row (features.py); one model for
+    # both searches, so that the second learns from the first.
+    model = options.cost_model
+    if isinstance(model, str) and model == "xgb":
+        model = cost_model(ms.TuneContext(num_threads=options.num_tuning_cores).num_threads)
     rule_mode = {"offload": "always", "native": "never", "plain": "never"}
-    seeds = ms.utils.fork_seed(options.seed, n=len(tasks))
+    per_task = options.max_trials_per_task or max_trials_global
     with _task_loggers(work_dir, [t.name for t in tasks]) as loggers:
-        contexts = [
-            ms.TuneContext(
-                mod=task.workload,
-                target=target,
-                space_generator=design_space(
-                    target, rule_mode[task.variant], options.backends, options.registry, rejections
-                ),
-                search_strategy=options.strategy,
-                task_name=task.name,
-                rand_state=seed,
-                num_threads=options.num_tuning_cores,
-                logger=task_logger,
-            ).clone()
-            for task, task_logger, seed in zip(tasks, loggers, seeds)
-        ]
-        ms.tune.tune_tasks(
-            tasks=contexts,
-            task_weights=[float(len(t.members)) for t in tasks],
-            work_dir=work_dir,
-            max_trials_global=max_trials_global,
-            max_trials_per_task=options.max_trials_per_task,
-            num_trials_per_iter=options.num_trials_per_iter,
-            builder=builder,
-            runner=options.runner,
-            database=database,
-            # "xgb" on features that give an offloaded candidate a row (features.py).
-            cost_model=(
-                cost_model(contexts[0].num_threads)
-                if isinstance(options.cost_model, str) and options.cost_model == "xgb"
-                else options.cost_model
-            ),
-            measure_callbacks=[*callbacks, counter],
-            task_scheduler=options.task_scheduler,
-            module_equality=options.module_equality,
-        )
+        task_logger = dict(zip((t.name for t in tasks), loggers))
+
+        def search(chosen: list[Task], budget: int, per_task_limit: int, seed) -> None:
+            # One context per task, with the rule told which variant it tunes; then tune.
+            seeds = ms.utils.fork_seed(seed, n=len(chosen))
+            contexts = [
+                ms.TuneContext(
+                    mod=task.workload,
+                    target=target,
+                    space_generator=design_space(
+                        target,
+                        rule_mode[task.variant],
+                        options.backends,
+                        options.registry,
+                        rejections,
+                    ),
+                    search_strategy=options.strategy,
+                    task_name=task.name,
+                    rand_state=task_seed,
+                    num_threads=options.num_tuning_cores,
+                    logger=task_logger[task.name],
+                ).clone()
+                for task, task_seed in zip(chosen, seeds)
+            ]
+            ms.tune.tune_tasks(
+                tasks=contexts,
+                task_weights=[float(len(t.members)) for t in chosen],
+                work_dir=work_dir,
+                max_trials_global=budget,
+                max_trials_per_task=per_task_limit,
+                num_trials_per_iter=options.num_trials_per_iter,
+                builder=builder,
+                runner=options.runner,
+                database=database,
+                cost_model=model,
+                measure_callbacks=[*callbacks, counter],
+                task_scheduler=options.task_scheduler,
+                module_equality=options.module_equality,
+            )
+
+        # Step 2. The first round of the functions tuned in both variants.
+        paired = _paired(tasks) if options.native_cutoff is not None else []
+        rest = tasks
+        if paired:
+            first = min(per_task, options.num_trials_per_iter)
+            search(paired, max_trials_global, first, options.seed)
+            behind = _far_behind(paired, database, target, options.native_cutoff, counter)
+            # Gone too: a wholly offloaded variant measured (its one candidate), and a task
+            # at its trial limit.
+            done = [t for t in paired if t.whole and counter.best.get(t.name)]
+            rest = [
+                t
+                for t in tasks
+                if t not in behind and t not in done and counter.trials.get(t.name, 0) < per_task
+            ]
+        # Step 3. The rest of the budget to every other task.
+        budget = max_trials_global - sum(counter.trials.values())
+        if rest and budget > 0:
+            seed = options.seed + 1 if paired and options.seed is not None else options.seed
+            search(rest, budget, per_task, seed)
     return database, counter
+
+
+def _paired(tasks: list[Task]) -> list[Task]:
+    """The tasks of the functions tuned in both variants (offload and native)."""
+    variants = collections.defaultdict(set)
+    for task in tasks:
+        variants[tuple(task.members)].add(task.variant)
+    both = {members for members, found in variants.items() if {"offload", "native"} <= found}
+    return [t for t in tasks if tuple(t.members) in both]
+
+
+def _far_behind(paired, database, target, cutoff: float, counter: Progress) -> list[Task]:
+    """The native tasks of ``paired`` slower than ``cutoff`` times their offloaded task."""
+    best = {t.name: _best_ms(database, t, target) for t in paired}
+    offloaded = {tuple(t.members): best[t.name] for t in paired if t.variant == "offload"}
+    behind = []
+    for task in paired:
+        offload_ms, native_ms = offloaded.get(tuple(task.members)), best[task.name]
+        if task.variant != "native" or offload_ms is None or native_ms is None:
+            continue
+        if native_ms > cutoff * offload_ms:
+            behind.append(task)
+            counter.note(
+                f"{task.name}: no more trials, {native_ms:.4f} ms after "
+                f"{counter.trials.get(task.name, 0)} against {offload_ms:.4f} ms offloaded "
+                f"(native_cutoff {cutoff:g})"
+            )
+    return behind
 
 
 # --------------------------------------------------------------------------------------
