@@ -225,11 +225,13 @@ def _run_search(tasks, target, work_dir, max_trials_global, options: TuneOptions
             behind = _far_behind(paired, database, target, options.native_cutoff, counter)
             # Gone too: a wholly offloaded variant measured (its one candidate), and a task
             # at its trial limit.
-            done = [t for t in paired if t.whole and counter.best.get(t.name)]
+            gone = {t.name for t in behind} | {
+                t.name for t in paired if t.whole and t.name in counter.best
+            }
             rest = [
                 t
                 for t in tasks
-                if t not in behind and t not in done and counter.trials.get(t.name, 0) < per_task
+                if t.name not in gone and counter.trials.get(t.name, 0) < per_task
             ]
         # Step 3. The rest of the budget to every other task.
         budget = max_trials_global - sum(counter.trials.values())
