@@ -313,7 +313,8 @@ def test_a_packed_call_whose_gelu_meets_infinities_computes_what_the_tir_does(fo
         z = (x.astype(np.float64) @ weight.astype(np.float64)).astype(np.float32)
     want = tir_byoc.epilogues.reference("gelu", z, (np.sqrt(0.5),))
     y = np.zeros((M, N), np.float32)
-    assert gemm(*_gemm_arguments(lib, _pack(lib, weight, M, form), y, x, M, PACKED_WEIGHT_FLAG)) == 0
+    block = _pack(lib, weight, M, form)
+    assert gemm(*_gemm_arguments(lib, block, y, x, M, PACKED_WEIGHT_FLAG)) == 0
     np.testing.assert_array_equal(np.isnan(y), np.isnan(want))
     np.testing.assert_array_equal(np.isinf(y), np.isinf(want))
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)

@@ -28,6 +28,7 @@ from tir_byoc.testing.spellings import ACTIVATION_SPELLINGS
 #: How an example's float inputs are drawn: (magnitude, share of NaN and infinities).
 INPUTS = {"normal": (1.0, 0.0), "x100": (100.0, 0.0), "x1e4": (1e4, 0.0), "special": (1.0, 0.1)}
 
+
 def _calls(func) -> int:
     return sum(intrinsic_calls(func).values())
 

@@ -15,10 +15,10 @@ import functools
 from pathlib import Path
 
 from .. import threads
+from ..epilogues import OPS
 from ..match import Match
 from ..registry import REGISTRY, RELU_NAN_BOTH, Backend, LinkSpec
 from ..signature import DtypeSignature
-from ..epilogues import OPS
 from ..toolchain import intrinsics_dir, load_backend
 from .wheels import installed_file
 

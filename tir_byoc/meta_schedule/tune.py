@@ -229,9 +229,7 @@ def _run_search(tasks, target, work_dir, max_trials_global, options: TuneOptions
                 t.name for t in paired if t.whole and t.name in counter.best
             }
             rest = [
-                t
-                for t in tasks
-                if t.name not in gone and counter.trials.get(t.name, 0) < per_task
+                t for t in tasks if t.name not in gone and counter.trials.get(t.name, 0) < per_task
             ]
         # Step 3. The rest of the budget to every other task.
         budget = max_trials_global - sum(counter.trials.values())
