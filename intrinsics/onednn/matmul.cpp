@@ -26,6 +26,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -124,7 +125,7 @@ struct Fusion {
 
   int ops() const { return static_cast<int>(bias) + count; }
 
-  /* The first `count` post-ops (ops() = bias + count), none of them guarded. */
+  /* The first `keep` post-ops (and the bias argument, if any), none of them guarded. */
   Fusion Prefix(int32_t keep) const {
     Fusion prefix = *this;
     prefix.count = std::min(count, keep);
@@ -629,9 +630,10 @@ Verdict Probe(const tir_byoc_op &op, const PostOp &post) {
  * constants; a failure to check is a no). */
 Verdict Check(const tir_byoc_op &op, const PostOp &post) {
   static std::mutex mutex;
-  static std::map<std::vector<uint32_t>, Verdict> verdicts;
-  const std::vector<uint32_t> key{static_cast<uint32_t>(op.code), Bits(post.alpha),
-                                  Bits(post.beta), Bits(static_cast<float>(op.c[2]))};
+  static std::map<std::array<uint32_t, 4>, Verdict> verdicts;
+  // Plan asks on every call: a key on the stack, no allocation.
+  const std::array<uint32_t, 4> key{static_cast<uint32_t>(op.code), Bits(post.alpha),
+                                    Bits(post.beta), Bits(static_cast<float>(op.c[2]))};
   std::lock_guard<std::mutex> lock(mutex);
   auto found = verdicts.find(key);
   if (found != verdicts.end()) return found->second;
