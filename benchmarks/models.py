@@ -24,6 +24,11 @@ Columns: ``torch`` (eager, ``inference_mode``), ``torch.compile`` (inductor, def
 rules); with ``--tune-trials N`` also ``tvm+ms`` and ``tir_byoc+ms`` (MetaSchedule, N trials per
 model, the database kept in ``--work-dir`` so a second run reuses it); on request
 ``tir_byoc-plain`` (every weight left plain, to compare with packing's choice).
+
+Each tir_byoc column's time is also split by its profile (:meth:`tir_byoc.model.Model.profile`)
+into the PrimFuncs that call an intrinsic ("library": the GEMMs with their epilogues) and the
+rest ("TVM code"); ``torch / library`` is the most that build could gain over torch eager with
+the rest taking no time at all.
 """
 
 from __future__ import annotations
@@ -246,6 +251,11 @@ def child(args) -> list[dict]:
             for name, measured in times.items():
                 if measured and measured[-1] > 1e3 * SLOW_SECONDS:
                     notes[name] = f"one timed run (over {SLOW_SECONDS:.0f} s)"
+            splits = {
+                name: _split(run.built, x)
+                for name, run in runs.items()
+                if name.startswith("tir_byoc") and hasattr(run, "built")
+            }
             for name in args.columns:
                 ms = statistics.median(times[name]) if name in times else None
                 rows.append(
@@ -256,9 +266,20 @@ def child(args) -> list[dict]:
                         "column": name,
                         "ms": ms,
                         "note": notes.get(name, ""),
+                        **splits.get(name, {}),
                     }
                 )
     return rows
+
+
+def _split(built, x) -> dict:
+    """Where a tir_byoc build spends its time, from its profile: ``library_ms`` in the
+    PrimFuncs that call an intrinsic (the GEMMs and their epilogues), ``tvm_ms`` in the rest.
+    ``library_ms`` is a floor for this build: no schedule of the rest goes below it."""
+    with torch.inference_mode():
+        profile = built.profile(x, repeat=10, warmup=3)
+    library = sum(f.time_ms for f in profile.functions if f.offloaded)
+    return {"library_ms": library, "tvm_ms": profile.total_ms - library}
 
 
 def memory_child(args) -> dict:
@@ -353,11 +374,16 @@ def _ratios(rows: list[dict]) -> None:
         eager = cell.get("torch", {}).get("ms")
         for row in cell.values():
             row["torch/this"] = eager / row["ms"] if eager and row["ms"] else None
+            if eager and row.get("library_ms"):
+                row["torch/library"] = eager / row["library_ms"]
 
 
 def _table(rows: list[dict], columns: list[str]) -> str:
+    split = "tir_byoc" in columns and any(row.get("library_ms") for row in rows)
     header = "| model | batch | threads | " + " | ".join(columns) + " | torch / tir_byoc |"
-    lines = [header, "|" + " --- |" * (len(columns) + 4)]
+    if split:
+        header += " tir_byoc: library + TVM code | torch / library |"
+    lines = [header, "|" + " --- |" * (len(columns) + 4 + 2 * split)]
     cells = {}
     for row in rows:
         cells.setdefault((row["model"], row["batch"], row["threads"]), {})[row["column"]] = row
@@ -376,6 +402,14 @@ def _table(rows: list[dict], columns: list[str]) -> str:
                 values.append(f"{row['ms']:.1f}" + (f" ({', '.join(memory)})" if memory else ""))
         ratio = cell.get("tir_byoc", {}).get("torch/this")
         values.append(f"{ratio:.2f}" if ratio else "-")
+        if split:
+            row = cell.get("tir_byoc", {})
+            if row.get("library_ms"):
+                values.append(f"{row['library_ms']:.1f} + {row['tvm_ms']:.1f}")
+                bound = row.get("torch/library")
+                values.append(f"{bound:.2f}" if bound else "-")
+            else:
+                values += ["-", "-"]
         lines.append(f"| {model} | {batch} | {threads} | " + " | ".join(values) + " |")
     return "\n".join(lines)
 
@@ -508,7 +542,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / "models.csv", "w", newline="") as f:
         fields = ["model", "batch", "threads", "column", "ms", "torch/this", "peak_mb"]
-        fields += ["deployed_mb", "note"]
+        fields += ["deployed_mb", "library_ms", "tvm_ms", "torch/library", "note"]
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
