@@ -116,3 +116,58 @@ def test_importing_tir_byoc_sets_tvm_pool_spin_before_any_model_runs():
     code = "import os, tir_byoc; print(os.environ.get('TVM_THREAD_POOL_SPIN_COUNT'))"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() in {"0", "1000"}, out.stderr
+
+
+def test_openmp_spin_is_set_before_libgomp_loads_and_never_after(clean_env):
+    import os
+
+    assert threads.configure_openmp_early() == {"GOMP_SPINCOUNT": "1000"}
+    assert threads.configure_openmp_early() == {}  # once
+    # A oneDNN backend located later keeps it, and TVM's pool spins briefly too.
+    clean_env.setattr(threads, "_loaded", lambda fragment: fragment == "libgomp")
+    assert threads.configure("openmp") == {"TVM_THREAD_POOL_SPIN_COUNT": "1000"}
+    # Too late: libgomp has read its environment already.
+    clean_env.delenv("GOMP_SPINCOUNT")
+    clean_env.setattr(threads, "_applied", {})
+    assert threads.configure_openmp_early() == {}
+    assert "GOMP_SPINCOUNT" not in os.environ
+
+
+@pytest.mark.parametrize("choice", ["GOMP_SPINCOUNT", "OMP_WAIT_POLICY", threads.OPT_OUT_ENV])
+def test_openmp_spin_chosen_by_the_user_is_kept(clean_env, choice):
+    import os
+
+    value = {"OMP_WAIT_POLICY": "ACTIVE", threads.OPT_OUT_ENV: "0"}.get(choice, "99")
+    clean_env.setenv(choice, value)
+    assert threads.configure_openmp_early() == {}
+    assert os.environ.get("GOMP_SPINCOUNT") == (value if choice == "GOMP_SPINCOUNT" else None)
+
+
+@pytest.mark.parametrize(("omp_threads", "warns"), [("2", True), ("1", False)])
+def test_libgomp_loaded_too_early_is_reported_once_when_it_has_workers(
+    clean_env, caplog, omp_threads, warns
+):
+    clean_env.setattr(threads, "_warned", False)
+    clean_env.setattr(threads, "_loaded", lambda fragment: fragment == "libgomp")
+    clean_env.setenv("OMP_NUM_THREADS", omp_threads)
+    with caplog.at_level("WARNING", logger="tir_byoc"):
+        threads.configure("openmp")
+        threads.configure("openmp")
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == ([threads.LONG_SPIN_WARNING] if warns else [])
+    assert "GOMP_SPINCOUNT=1000" in threads.LONG_SPIN_WARNING
+
+
+def test_importing_tir_byoc_sets_the_openmp_spin_before_libgomp_loads():
+    """Importing tir_byoc loads libgomp (through TVM and PyTorch) with its spin already set."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in VARIABLES}
+    code = (
+        "import os, tir_byoc; "
+        "print(os.environ.get('GOMP_SPINCOUNT'), os.environ.get('TVM_THREAD_POOL_SPIN_COUNT'), "
+        "'libgomp' in open('/proc/self/maps').read())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.split()[-3:] == ["1000", "1000", "True"], out.stderr

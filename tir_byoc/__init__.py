@@ -19,8 +19,13 @@ profile(model, *inputs)
                      each PrimFunc's time, calls and share in a built model
 """
 
-from . import backends as _bundled_backends  # noqa: F401  (registers the bundled intrinsics)
 from . import threads as _threads
+
+# Before TVM is imported: it imports PyTorch, which loads libgomp, which reads its idle spin
+# only then.
+_threads.configure_openmp_early()
+
+from . import backends as _bundled_backends  # noqa: F401  (registers the bundled intrinsics)
 from .export import export_library
 from .frontend import UnsupportedModel
 from .match import FunctionScan, Match, Rejection

@@ -18,6 +18,9 @@ What it sets, and why (measured on a 2-core machine, see ``docs/backends.md``):
   located (PyTorch loads it, and ``import tvm`` imports PyTorch when it is installed), it has
   read its environment and keeps its long spin; TVM's pool is then told not to spin at all
   (``TVM_THREAD_POOL_SPIN_COUNT=0``), so that the two do not fight over the cores.
+  That is not enough at two threads or more: libgomp's spinning worker still holds a core
+  that TVM's parallel loops need, so ``import tir_byoc`` sets ``GOMP_SPINCOUNT`` before it
+  imports TVM (:func:`configure_openmp_early`), and warns once when it comes too late.
 """
 
 from __future__ import annotations
@@ -97,6 +100,7 @@ def configure(library: str) -> dict[str, str]:
                 # call alternating with a TVM-parallel kernel 3x slower (bench-threads); a TVM
                 # pool that sleeps at once does not.
                 tvm_spin = "0"
+                _warn_long_spin()
             else:
                 _set_default(idle_var, IDLE_DEFAULTS[idle_var])
         if tvm_spin == "0" and _applied.get("TVM_THREAD_POOL_SPIN_COUNT"):
@@ -111,6 +115,61 @@ def configure(library: str) -> dict[str, str]:
             new,
         )
     return new
+
+
+#: Why a long OpenMP spin matters, with the figures of ``benchmarks/README.md``.
+LONG_SPIN_WARNING = (
+    "tir_byoc: libgomp was loaded before tir_byoc (PyTorch loads it) with its default idle "
+    "spin, so after each oneDNN call an OpenMP worker holds a core that TVM's parallel loops "
+    "need (a TransformerEncoder at batch 8 and 2 threads: 131 against 93 ms); set "
+    "GOMP_SPINCOUNT=1000 in the environment, or import tir_byoc before torch"
+)
+_warned = False
+
+
+def _openmp_threads() -> int:
+    try:
+        return int(os.environ.get("OMP_NUM_THREADS", "").split(",")[0])
+    except ValueError:
+        return len(os.sched_getaffinity(0))
+
+
+def _warn_long_spin() -> None:
+    """Warn, once per process, that libgomp keeps its long spin, unless it runs on one thread
+    (then it has no worker to spin)."""
+    global _warned
+    if not _warned and _openmp_threads() > 1:
+        _warned = True
+        logger.warning(LONG_SPIN_WARNING)
+
+
+def configure_openmp_early() -> dict[str, str]:
+    """Fill in libgomp's idle spin before anything loads libgomp (``import tir_byoc`` calls
+    it before importing TVM, which imports PyTorch, which loads libgomp).
+
+    The spin of :func:`configure` for OpenMP, set earlier: that one runs when the oneDNN
+    backend is located, after ``import tvm`` has loaded libgomp whenever PyTorch is installed,
+    so it could never apply there.  Measured on the 2-vCPU Xeon VM (2 threads, one process
+    each way): a TransformerEncoder at batch 8 ran in 93 ms with it against 131 ms without,
+    a LLaMA-like model at batch 8 in 84 against 97 ms.  Nothing is set when libgomp is
+    loaded already, when the user chose (``GOMP_SPINCOUNT``, ``OMP_WAIT_POLICY``), or under
+    ``TIR_BYOC_THREAD_DEFAULTS=0``.
+
+    Returns
+    -------
+    dict
+        The variables set by this call.
+    """
+    if os.environ.get(OPT_OUT_ENV) == "0":
+        return {}
+    with _lock:
+        before = dict(_applied)
+        user_idle = any(
+            v in os.environ for v in ("GOMP_SPINCOUNT", *_USER_IDLE_CHOICE["GOMP_SPINCOUNT"])
+        )
+        if not user_idle and not _loaded("libgomp"):
+            _set_default("GOMP_SPINCOUNT", IDLE_DEFAULTS["GOMP_SPINCOUNT"])
+        return {k: v for k, v in _applied.items() if before.get(k) != v}
 
 
 def configure_tvm() -> dict[str, str]:
