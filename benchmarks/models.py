@@ -48,6 +48,7 @@ from pathlib import Path
 import torch
 
 from tir_byoc.frontend import causal_mask
+from tir_byoc.threads import IDLE_DEFAULTS
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "models"
@@ -344,18 +345,21 @@ def _rss_mb() -> float:
     return 0.0
 
 
-def _environment(threads: int) -> dict:
+def _environment(threads: int, gomp_spincount: str) -> dict:
     env = dict(os.environ)
     for variable in ("OMP_NUM_THREADS", "TVM_NUM_THREADS", "MKL_NUM_THREADS"):
         env[variable] = str(threads)
+    # The child imports torch first, which loads libgomp before tir_byoc could set its spin.
+    env.pop("GOMP_SPINCOUNT", None)
+    if gomp_spincount != "default":
+        env["GOMP_SPINCOUNT"] = gomp_spincount
     return env
 
 
-def _run_child(argv: list[str], threads: int):
+def _run_child(argv: list[str], threads: int, gomp_spincount: str):
     command = [sys.executable, __file__, *argv]
-    done = subprocess.run(
-        command, env=_environment(threads), stdout=subprocess.PIPE, text=True, check=False
-    )
+    env = _environment(threads, gomp_spincount)
+    done = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"benchmarks/models.py: child {' '.join(argv)} exited {done.returncode}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -461,6 +465,12 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", type=float, default=1.0, help="seconds per timed cell")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--memory", action="store_true", help="also measure peak memory")
+    parser.add_argument(
+        "--gomp-spincount",
+        default=IDLE_DEFAULTS["GOMP_SPINCOUNT"],
+        help="libgomp's idle spin in every column's process (tir_byoc's setting by default; "
+        "'default' keeps libgomp's own)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--child", choices=("time", "memory"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -507,6 +517,7 @@ def main(argv=None) -> int:
                 ",".join(args.columns),
             ],
             threads,
+            args.gomp_spincount,
         )
     # Step 2. Peak memory, one child per cell (one thread: memory does not depend on it).
     if args.memory:
@@ -528,6 +539,7 @@ def main(argv=None) -> int:
                     row["column"],
                 ],
                 1,
+                args.gomp_spincount,
             )
             for other in rows:
                 if (other["model"], other["batch"], other["column"]) == (
@@ -548,7 +560,10 @@ def main(argv=None) -> int:
         writer.writerows(rows)
     from report import machine
 
-    print(f"machine: {machine()}; sequence {args.sequence}, {args.layers} layers; ms, medians")
+    print(
+        f"machine: {machine()}; sequence {args.sequence}, {args.layers} layers; "
+        f"GOMP_SPINCOUNT {args.gomp_spincount}; ms, medians"
+    )
     print(_table(rows, args.columns))
     for row in rows:
         if row["note"]:
