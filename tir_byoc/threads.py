@@ -143,6 +143,10 @@ def _warn_long_spin() -> None:
         logger.warning(LONG_SPIN_WARNING)
 
 
+def _user_chose_openmp_idle() -> bool:
+    return any(v in os.environ for v in ("GOMP_SPINCOUNT", *_USER_IDLE_CHOICE["GOMP_SPINCOUNT"]))
+
+
 def configure_openmp_early() -> dict[str, str]:
     """Fill in libgomp's idle spin before anything loads libgomp (``import tir_byoc`` calls
     it before importing TVM, which imports PyTorch, which loads libgomp).
@@ -164,10 +168,7 @@ def configure_openmp_early() -> dict[str, str]:
         return {}
     with _lock:
         before = dict(_applied)
-        user_idle = any(
-            v in os.environ for v in ("GOMP_SPINCOUNT", *_USER_IDLE_CHOICE["GOMP_SPINCOUNT"])
-        )
-        if not user_idle and not _loaded("libgomp"):
+        if not _user_chose_openmp_idle() and not _loaded("libgomp"):
             _set_default("GOMP_SPINCOUNT", IDLE_DEFAULTS["GOMP_SPINCOUNT"])
         return {k: v for k, v in _applied.items() if before.get(k) != v}
 
@@ -193,10 +194,7 @@ def configure_tvm() -> dict[str, str]:
         return {}
     with _lock:
         before = dict(_applied)
-        user_idle = any(
-            v in os.environ for v in ("GOMP_SPINCOUNT", *_USER_IDLE_CHOICE["GOMP_SPINCOUNT"])
-        )
-        early_gomp = not user_idle and _loaded("libgomp")
+        early_gomp = not _user_chose_openmp_idle() and _loaded("libgomp")
         _set_default(
             "TVM_THREAD_POOL_SPIN_COUNT",
             "0" if early_gomp else IDLE_DEFAULTS["TVM_THREAD_POOL_SPIN_COUNT"],
