@@ -296,10 +296,13 @@ def _decide(name, tasks, functions, database, target, counter, options, planned,
     trials = sum(counter.trials.get(t.name, 0) for t in tasks)
     original = functions[name]
     if not measured:
-        note = "no valid measured candidate; chains offloaded, the rest left unscheduled"
-        logger.warning("%s: %s", name, note)
         functions[name] = apply(planned)
         intrinsics = _called_intrinsics(functions[name])
+        # build_model gives such a function the default rules afterwards (model.rules).
+        note = "no valid measured candidate; " + (
+            "chains offloaded, the rest not tuned" if intrinsics else "not tuned"
+        )
+        logger.warning("%s: %s", name, note)
         forms = (
             packs.pack_untuned(name, original, planned) if packs is not None and intrinsics else ()
         )
