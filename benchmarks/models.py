@@ -452,6 +452,12 @@ def _chart(rows: list[dict], columns: list[str], path: Path) -> str | None:
     return str(path)
 
 
+def _spincount(value: str) -> str:
+    if value != "default" and not value.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a count of spins or 'default', got {value!r}")
+    return value
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
@@ -467,6 +473,7 @@ def main(argv=None) -> int:
     parser.add_argument("--memory", action="store_true", help="also measure peak memory")
     parser.add_argument(
         "--gomp-spincount",
+        type=_spincount,
         default=IDLE_DEFAULTS["GOMP_SPINCOUNT"],
         help="libgomp's idle spin in every column's process (tir_byoc's setting by default; "
         "'default' keeps libgomp's own)",

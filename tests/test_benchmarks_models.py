@@ -57,3 +57,16 @@ def test_each_child_gets_the_thread_count_and_libgomps_spin(models, monkeypatch,
     env = models._environment(2, choice)
     assert env["OMP_NUM_THREADS"] == env["TVM_NUM_THREADS"] == "2"
     assert env.get("GOMP_SPINCOUNT") == expected
+
+
+def test_a_spin_count_that_is_not_a_count_is_refused_before_anything_runs():
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "models.py"), "--gomp-spincount", "fast"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert "expected a count of spins or 'default', got 'fast'" in done.stderr.splitlines()[-1]
