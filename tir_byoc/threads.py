@@ -117,12 +117,12 @@ def configure(library: str) -> dict[str, str]:
     return new
 
 
-#: Why a long OpenMP spin matters, with the figures of ``benchmarks/README.md``.
+#: Why a long OpenMP spin matters; the figures are in ``docs/backends.md``.
 LONG_SPIN_WARNING = (
     "tir_byoc: libgomp was loaded before tir_byoc (PyTorch loads it) with its default idle "
     "spin, so after each oneDNN call an OpenMP worker holds a core that TVM's parallel loops "
-    "need (a TransformerEncoder at batch 8 and 2 threads: 131 against 93 ms); set "
-    "GOMP_SPINCOUNT=1000 in the environment, or import tir_byoc before torch"
+    "need (docs/backends.md, Threads); set GOMP_SPINCOUNT=1000 in the environment, or "
+    "import tir_byoc before torch"
 )
 _warned = False
 
@@ -155,7 +155,8 @@ def configure_openmp_early() -> dict[str, str]:
     backend is located, after ``import tvm`` has loaded libgomp whenever PyTorch is installed,
     so it could never apply there.  Measured on the 2-vCPU Xeon VM (2 threads, one process
     each way): a TransformerEncoder at batch 8 ran in 93 ms with it against 131 ms without,
-    a LLaMA-like model at batch 8 in 84 against 97 ms.  Nothing is set when libgomp is
+    a LLaMA-like model at batch 8 in 84 against 97 ms; a rerun of the encoder on a slower
+    evening, 119-122 against 130 ms.  Nothing is set when libgomp is
     loaded already, when the user chose (``GOMP_SPINCOUNT``, ``OMP_WAIT_POLICY``), or under
     ``TIR_BYOC_THREAD_DEFAULTS=0``.
 
