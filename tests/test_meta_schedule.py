@@ -355,7 +355,8 @@ def test_a_native_variant_far_behind_gets_no_more_trials_and_the_rest_gets_the_b
 ):
     # The native variant is made 10x slower than the offloaded one whatever the machine
     # measures (the decision, not the timing, is under test): after its first round of two
-    # trials it stops, the wholly offloaded variant too, and the other trials go to exp_only.
+    # trials (first_round_trials, below a search iteration's four) it stops, the wholly
+    # offloaded variant too, and the other trials go to exp_only.
     from tir_byoc.meta_schedule import tune as tune_module
 
     best_ms = tune_module._best_ms
@@ -375,12 +376,12 @@ def test_a_native_variant_far_behind_gets_no_more_trials_and_the_rest_gets_the_b
     )
     options = dict(
         backends="onednn",
-        num_trials_per_iter=2,
+        num_trials_per_iter=4,
         strategy=ms.search_strategy.ReplayTrace(),
         cost_model="random",
         seed=0,
     )
-    tms.tune_tir(module, TARGET, str(tmp_path), 12, **options)
+    tms.tune_tir(module, TARGET, str(tmp_path), 12, first_round_trials=2, **options)
     progress = capsys.readouterr().err
     report = tms.load_report(tmp_path)
     assert "large_dense@native: no more trials, 10.0000 ms after 2 against 1.0000 ms" in progress
@@ -393,6 +394,8 @@ def test_a_native_variant_far_behind_gets_no_more_trials_and_the_rest_gets_the_b
     assert "no more trials" not in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"native_cutoff=0\.5; expected a number >= 1"):
         tms.tune_tir(module, TARGET, str(tmp_path), 4, native_cutoff=0.5)
+    with pytest.raises(ValueError, match=r"first_round_trials=0; expected an int >= 1"):
+        tms.tune_tir(module, TARGET, str(tmp_path), 4, first_round_trials=0)
 
 
 @T.prim_func(s_tir=True)

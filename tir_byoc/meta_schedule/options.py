@@ -65,10 +65,16 @@ class TuneOptions:
         Relax modules: an offloaded function whose weights are constants is measured, and
         built, with them packed (:mod:`tir_byoc.meta_schedule.packed`).
     native_cutoff : float or None
-        ``offload="choice"``: after a first round of ``num_trials_per_iter`` trials per
+        ``offload="choice"``: after a first round of ``first_round_trials`` trials per
         variant, a native variant slower than this many times its offloaded variant gets no
         more trials; the budget goes to the rest of the module.  None: both variants are
         tuned to the end, as MetaSchedule's scheduler shares the budget.
+    first_round_trials : int
+        With ``native_cutoff``: the trials of that first round per variant (at most
+        ``num_trials_per_iter``).  16 by default: a model has one pair per GEMM, and on the
+        LLaMA-like model of ``benchmarks/models.py`` the native GEMMs were 4-6x behind their
+        offloaded variants after 16 trials and still 3.7-5x after 64, so more decided
+        nothing and took the whole budget of 512 trials.
     """
 
     # MetaSchedule's ms.tune.tune_tasks.
@@ -93,6 +99,7 @@ class TuneOptions:
     fold_transposes: bool = True
     pack_weights: bool = True
     native_cutoff: float | None = 2.0
+    first_round_trials: int = 16
 
     def __post_init__(self):
         check_mode(self.offload)
@@ -101,6 +108,11 @@ class TuneOptions:
                 f"tir_byoc.meta_schedule: native_cutoff={self.native_cutoff!r}; expected a "
                 "number >= 1 (how many times slower than offloaded a native variant may be) "
                 "or None"
+            )
+        trials = self.first_round_trials
+        if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
+            raise ValueError(
+                f"tir_byoc.meta_schedule: first_round_trials={trials!r}; expected an int >= 1"
             )
 
     @classmethod

@@ -152,7 +152,7 @@ def _run_search(tasks, target, work_dir, max_trials_global, options: TuneOptions
     """Tune ``tasks``; returns the database and the trial counter.
 
     With ``options.native_cutoff``, the functions tuned in both variants get a first round
-    (``num_trials_per_iter`` trials per variant) in a search of their own; a native variant
+    (``first_round_trials`` trials per variant) in a search of their own; a native variant
     then slower than ``native_cutoff`` times its offloaded variant gets no more trials, and
     the rest of the budget goes to every other task in a second search.  MetaSchedule's
     gradient scheduler would otherwise give most of the budget to those native variants, the
@@ -220,7 +220,7 @@ def _run_search(tasks, target, work_dir, max_trials_global, options: TuneOptions
         paired = _paired(tasks) if options.native_cutoff is not None else []
         rest = tasks
         if paired:
-            first = min(per_task, options.num_trials_per_iter)
+            first = min(per_task, options.num_trials_per_iter, options.first_round_trials)
             search(paired, max_trials_global, first, options.seed)
             behind = _far_behind(paired, database, target, options.native_cutoff, counter)
             # Gone too: a wholly offloaded variant measured (its one candidate), and a task
