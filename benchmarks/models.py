@@ -28,7 +28,17 @@ model, the database kept in ``--work-dir`` so a second run reuses it); on reques
 Each tir_byoc column's time is also split by its profile (:meth:`tir_byoc.model.Model.profile`)
 into the PrimFuncs that call an intrinsic ("library": the GEMMs with their epilogues) and the
 rest ("TVM code"); ``torch / library`` is the most that build could gain over torch eager with
-the rest taking no time at all.
+the rest taking no time at all.  Each cell also has its "GEMM floor": the model's GEMM FLOPs
+(torch's ``FlopCounterMode``) at the best fp32 GEMM rate torch reaches in the same process on
+the FFN's shapes; ``torch / floor`` is the most any fp32 build, whatever runs its GEMMs, could
+gain over torch eager unless its GEMMs ran faster than that.
+
+libgomp reads its idle spin (``GOMP_SPINCOUNT``) once per process, and torch eager and tir_byoc
+want opposite ones at two threads or more (benchmarks/README.md, "libgomp's idle spin").  By
+default (``--gomp-spincount own``) each side runs at its own: torch's columns at libgomp's
+default, as a torch user gets them, and TVM's at tir_byoc's setting, as ``import tir_byoc``
+gives them; then each cell runs two children back to back, one per side, and rounds interleave
+within a side only.  At one thread the spin plays no part and one child times every column.
 """
 
 from __future__ import annotations
@@ -54,6 +64,9 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "models"
 MODELS = ("bert", "gpt2", "llama", "encoder")
 COLUMNS = ("torch", "torch.compile", "onnxruntime", "tvm", "tir_byoc")
+#: The columns run at libgomp's own idle spin under ``--gomp-spincount own``: the peers, as
+#: their users run them; every other column is TVM's and runs at tir_byoc's setting.
+PEER_COLUMNS = ("torch", "torch.compile", "onnxruntime")
 TUNED_COLUMNS = ("tvm+ms", "tir_byoc+ms")
 #: tir_byoc with every weight left plain (``TIR_BYOC_ONEDNN_PACK=plain``), beside packing's
 #: choice; not a default column (``--columns ...,tir_byoc-plain``).
@@ -257,6 +270,7 @@ def child(args) -> list[dict]:
                 for name, run in runs.items()
                 if name.startswith("tir_byoc") and hasattr(run, "built")
             }
+            floor = _gemm_floor(model, x, args.budget)
             for name in args.columns:
                 ms = statistics.median(times[name]) if name in times else None
                 rows.append(
@@ -268,9 +282,46 @@ def child(args) -> list[dict]:
                         "ms": ms,
                         "note": notes.get(name, ""),
                         **splits.get(name, {}),
+                        **floor,
                     }
                 )
     return rows
+
+
+#: GEMM shapes (M, K, N) whose best rate under torch is the machine's fp32 GEMM rate of a
+#: cell's floor: the FFN's two GEMMs at batch 8 (M = 8 x 128), the largest of these models.
+PEAK_SHAPES = ((1024, 768, 3072), (1024, 3072, 768))
+
+
+def _gemm_floor(model, x, budget: float) -> dict:
+    """``floor_ms``: ``model``'s GEMM FLOPs on ``x`` at the best fp32 GEMM rate torch reaches
+    here on :data:`PEAK_SHAPES` (``peak_gflops``), measured now, at this process's threads.
+
+    The models use eager attention, so every FLOP ``FlopCounterMode`` counts is a GEMM's.  They
+    are counted in training mode: in eval mode ``nn.TransformerEncoder`` takes its fused fast
+    path, whose one operator the counter does not know; the GEMMs are the same (dropout has
+    none).
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    training = model.training
+    model.train()
+    try:
+        with counter, torch.inference_mode():
+            model(x)
+    finally:
+        model.train(training)
+    gflop = counter.get_total_flops() / 1e9
+    if not gflop:
+        raise ValueError(f"benchmarks/models.py: FlopCounterMode counted no GEMM in {model}")
+    peak = 0.0
+    with torch.inference_mode():
+        for m, k, n in PEAK_SHAPES:
+            a, w = torch.randn(m, k), torch.randn(n, k)
+            ms = _median_ms(lambda a=a, w=w: torch.nn.functional.linear(a, w), budget)
+            peak = max(peak, 2 * m * k * n / ms / 1e6)
+    return {"gemm_gflop": gflop, "peak_gflops": peak, "floor_ms": gflop / peak * 1e3}
 
 
 def _split(built, x) -> dict:
@@ -376,18 +427,29 @@ def _ratios(rows: list[dict]) -> None:
         by_cell.setdefault((row["model"], row["batch"], row["threads"]), {})[row["column"]] = row
     for cell in by_cell.values():
         eager = cell.get("torch", {}).get("ms")
+        # The cell's floor at the best rate any of its children measured (one per side).
+        peaks = [
+            (row["peak_gflops"], row["gemm_gflop"]) for row in cell.values() if "peak_gflops" in row
+        ]
+        floor = max(peaks)[1] / max(peaks)[0] * 1e3 if peaks else None
         for row in cell.values():
             row["torch/this"] = eager / row["ms"] if eager and row["ms"] else None
             if eager and row.get("library_ms"):
                 row["torch/library"] = eager / row["library_ms"]
+            if floor:
+                row["floor_ms"] = floor
+                row["torch/floor"] = eager / floor if eager else None
 
 
 def _table(rows: list[dict], columns: list[str]) -> str:
     split = "tir_byoc" in columns and any(row.get("library_ms") for row in rows)
+    floors = any(row.get("floor_ms") for row in rows)
     header = "| model | batch | threads | " + " | ".join(columns) + " | torch / tir_byoc |"
     if split:
         header += " tir_byoc: library + TVM code | torch / library |"
-    lines = [header, "|" + " --- |" * (len(columns) + 4 + 2 * split)]
+    if floors:
+        header += " GEMM floor | torch / floor |"
+    lines = [header, "|" + " --- |" * (len(columns) + 4 + 2 * split + 2 * floors)]
     cells = {}
     for row in rows:
         cells.setdefault((row["model"], row["batch"], row["threads"]), {})[row["column"]] = row
@@ -414,6 +476,11 @@ def _table(rows: list[dict], columns: list[str]) -> str:
                 values.append(f"{bound:.2f}" if bound else "-")
             else:
                 values += ["-", "-"]
+        if floors:
+            row = next((r for r in cell.values() if r.get("floor_ms")), {})
+            bound = row.get("torch/floor")
+            values.append(f"{row['floor_ms']:.1f}" if row else "-")
+            values.append(f"{bound:.2f}" if bound else "-")
         lines.append(f"| {model} | {batch} | {threads} | " + " | ".join(values) + " |")
     return "\n".join(lines)
 
@@ -453,12 +520,66 @@ def _chart(rows: list[dict], columns: list[str], path: Path) -> str | None:
 
 
 def _spincount(value: str) -> str:
-    if value != "default" and not value.isdigit():
-        raise argparse.ArgumentTypeError(f"expected a count of spins or 'default', got {value!r}")
+    if value not in ("own", "default") and not value.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"expected a count of spins, 'own' or 'default', got {value!r}"
+        )
     return value
 
 
-def main(argv=None) -> int:
+def _spin_note(spincount: str) -> str:
+    if spincount != "own":
+        return spincount
+    return (
+        f"own: torch's columns libgomp's default, TVM's {IDLE_DEFAULTS['GOMP_SPINCOUNT']} "
+        "(a child per side at 2+ threads)"
+    )
+
+
+def _one_spin(spincount: str) -> str:
+    """The one setting of ``--gomp-spincount`` for a child that runs columns of both sides."""
+    return IDLE_DEFAULTS["GOMP_SPINCOUNT"] if spincount == "own" else spincount
+
+
+def _time_children(args, threads: int) -> list[tuple[list[str], str]]:
+    """(argv, GOMP_SPINCOUNT) of each timing child of one thread count, in the order they run.
+
+    One child times every cell and column, unless ``--gomp-spincount own`` with more than one
+    thread: then each cell gets two children back to back, the peers (:data:`PEER_COLUMNS`)
+    at libgomp's default and TVM's columns at tir_byoc's setting.
+    """
+
+    def argv(models, batches, columns):
+        return [
+            "--child",
+            "time",
+            "--threads",
+            str(threads),
+            "--models",
+            ",".join(models),
+            "--batches",
+            ",".join(map(str, batches)),
+            "--columns",
+            ",".join(columns),
+        ]
+
+    if args.gomp_spincount != "own" or threads == 1:
+        return [(argv(args.models, args.batches, args.columns), _one_spin(args.gomp_spincount))]
+    sides = (
+        ([c for c in args.columns if c in PEER_COLUMNS], "default"),
+        ([c for c in args.columns if c not in PEER_COLUMNS], IDLE_DEFAULTS["GOMP_SPINCOUNT"]),
+    )
+    return [
+        (argv([model], [batch], columns), spin)
+        for model in args.models
+        for batch in args.batches
+        for columns, spin in sides
+        if columns
+    ]
+
+
+def parse(argv=None) -> argparse.Namespace:
+    """The command line, with ``models``, ``batches`` and ``columns`` as lists."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--batches", default="1,8")
@@ -474,9 +595,10 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--gomp-spincount",
         type=_spincount,
-        default=IDLE_DEFAULTS["GOMP_SPINCOUNT"],
-        help="libgomp's idle spin in every column's process (tir_byoc's setting by default; "
-        "'default' keeps libgomp's own)",
+        default="own",
+        help="libgomp's idle spin: 'own' (default), torch's columns at libgomp's default and "
+        "TVM's at tir_byoc's, in a child per side at 2+ threads; or one setting for every "
+        "column, a count or 'default' (libgomp's)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--child", choices=("time", "memory"), help=argparse.SUPPRESS)
@@ -486,15 +608,18 @@ def main(argv=None) -> int:
     args.columns = args.columns.split(",")
     if args.tune_trials and not args.child:
         args.columns += [c for c in TUNED_COLUMNS if c not in args.columns]
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
     if args.child:
         args.threads = int(args.threads)
         result = child(args) if args.child == "time" else memory_child(args)
         print(json.dumps(result))
         return 0
-    # Step 1. Times, one child per thread count.
+    # Step 1. Times, in the children of each thread count (_time_children).
     common = [
-        "--models",
-        ",".join(args.models),
         "--sequence",
         str(args.sequence),
         "--layers",
@@ -511,21 +636,8 @@ def main(argv=None) -> int:
     rows = []
     for threads in [int(t) for t in args.threads.split(",")]:
         print(f"{threads} thread(s):", file=sys.stderr)
-        rows += _run_child(
-            [
-                *common,
-                "--child",
-                "time",
-                "--threads",
-                str(threads),
-                "--batches",
-                ",".join(map(str, args.batches)),
-                "--columns",
-                ",".join(args.columns),
-            ],
-            threads,
-            args.gomp_spincount,
-        )
+        for argv, spin in _time_children(args, threads):
+            rows += _run_child([*common, *argv], threads, spin)
     # Step 2. Peak memory, one child per cell (one thread: memory does not depend on it).
     if args.memory:
         for row in rows:
@@ -546,7 +658,7 @@ def main(argv=None) -> int:
                     row["column"],
                 ],
                 1,
-                args.gomp_spincount,
+                _one_spin(args.gomp_spincount),
             )
             for other in rows:
                 if (other["model"], other["batch"], other["column"]) == (
@@ -561,7 +673,8 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / "models.csv", "w", newline="") as f:
         fields = ["model", "batch", "threads", "column", "ms", "torch/this", "peak_mb"]
-        fields += ["deployed_mb", "library_ms", "tvm_ms", "torch/library", "note"]
+        fields += ["deployed_mb", "library_ms", "tvm_ms", "torch/library"]
+        fields += ["gemm_gflop", "peak_gflops", "floor_ms", "torch/floor", "note"]
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
@@ -569,7 +682,7 @@ def main(argv=None) -> int:
 
     print(
         f"machine: {machine()}; sequence {args.sequence}, {args.layers} layers; "
-        f"GOMP_SPINCOUNT {args.gomp_spincount}; ms, medians"
+        f"GOMP_SPINCOUNT {_spin_note(args.gomp_spincount)}; ms, medians"
     )
     print(_table(rows, args.columns))
     for row in rows:

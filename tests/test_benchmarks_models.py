@@ -1,5 +1,5 @@
-"""benchmarks/models.py: the library / TVM-code split of a tir_byoc time, its table columns, and
-the environment each thread count's child runs in (libgomp's spin among it)."""
+"""benchmarks/models.py: the library / TVM-code split of a tir_byoc time, the GEMM floor, their
+table columns, and the children that time the columns (libgomp's spin in each)."""
 
 from __future__ import annotations
 
@@ -69,4 +69,52 @@ def test_a_spin_count_that_is_not_a_count_is_refused_before_anything_runs():
         timeout=120,
     )
     assert done.returncode == 2 and done.stdout == ""
-    assert "expected a count of spins or 'default', got 'fast'" in done.stderr.splitlines()[-1]
+    assert (
+        "expected a count of spins, 'own' or 'default', got 'fast'" in done.stderr.splitlines()[-1]
+    )
+
+
+def _args(models, *more):
+    argv = ["--models", "bert,gpt2", "--batches", "1,8", "--columns", "torch,onnxruntime,tir_byoc"]
+    return models.parse([*argv, *more])
+
+
+def test_at_two_threads_each_cell_times_the_peers_and_tvm_in_a_child_each_at_its_own_spin(models):
+    children = models._time_children(_args(models), 2)
+    cells = [
+        (argv[argv.index("--models") + 1], argv[argv.index("--batches") + 1])
+        for argv, _ in children
+    ]
+    assert cells == [(m, b) for m in ("bert", "gpt2") for b in ("1", "8") for _ in range(2)]
+    sides = {(argv[argv.index("--columns") + 1], spin) for argv, spin in children}
+    assert sides == {("torch,onnxruntime", "default"), ("tir_byoc", "1000")}
+
+
+@pytest.mark.parametrize(("threads", "choice", "spin"), [(1, "own", "1000"), (2, "50", "50")])
+def test_one_child_times_every_column_at_one_thread_or_one_spin(models, threads, choice, spin):
+    ((argv, chosen),) = models._time_children(_args(models, "--gomp-spincount", choice), threads)
+    assert chosen == spin
+    assert argv[argv.index("--columns") + 1] == "torch,onnxruntime,tir_byoc"
+    assert argv[argv.index("--models") + 1] == "bert,gpt2"
+
+
+def test_the_gemm_floor_counts_a_models_gemm_flops_at_the_measured_peak(models):
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+    floor = models._gemm_floor(model.eval(), torch.randn(8, 64), budget=0.05)
+    assert floor["gemm_gflop"] == 2 * 8 * (64 * 32 + 32 * 16) / 1e9
+    assert floor["peak_gflops"] > 0
+    assert floor["floor_ms"] == pytest.approx(floor["gemm_gflop"] / floor["peak_gflops"] * 1e3)
+
+
+def test_the_table_takes_the_cells_floor_at_its_best_peak(models):
+    cell = {"model": "bert", "batch": 1, "threads": 2, "note": "", "gemm_gflop": 3.0}
+    rows = [
+        {**cell, "column": "torch", "ms": 30.0, "peak_gflops": 200.0},
+        {**cell, "column": "tir_byoc", "ms": 25.0, "peak_gflops": 300.0},
+    ]
+    models._ratios(rows)
+    table = models._table(rows, ["torch", "tir_byoc"])
+    assert table.splitlines()[0].endswith("| GEMM floor | torch / floor |")
+    assert table.splitlines()[-1] == "| bert | 1 | 2 | 30.0 | 25.0 | 1.20 | 10.0 | 3.00 |"
