@@ -22,7 +22,11 @@ Columns: ``torch`` (eager, ``inference_mode``), ``torch.compile`` (inductor, def
 ``tvm`` (``build_model(offload=False)``: TVM's lowering and the default rules of
 :mod:`tir_byoc.schedules`), ``tir_byoc`` (``build_model``: offloaded, the rest under the same
 rules); with ``--tune-trials N`` also ``tvm+ms`` and ``tir_byoc+ms`` (MetaSchedule, N trials per
-model, the database kept in ``--work-dir`` so a second run reuses it); on request
+model).  Tuning is cached: a model's database, per column and budget, is kept in
+``--work-dir``, and once there it is built as it is (``build_model(tune_trials=0,
+work_dir=...)``), by later runs and by the other thread counts of the same run (so with the
+default ``--threads 1,2`` the 2-thread cells build what was tuned at one thread; the note says
+where each was tuned and how long it took; delete the directory to tune again); on request
 ``tir_byoc-plain`` (every weight left plain, to compare with packing's choice).
 
 Each tir_byoc column's time is also split by its profile (:meth:`tir_byoc.model.Model.profile`)
@@ -161,25 +165,50 @@ def column(name: str, model, x, threads: int, args):
 
     tune = name.endswith("+ms")
     plain = name == PLAIN_COLUMN
+    work_dir, trials, tuning = None, 0, ""
+    if tune:
+        work_dir = Path(args.work_dir) / f"{args.model_key}-{name}-t{args.tune_trials}"
+        tuning = _tuning_note(work_dir, cached=True)
+        trials = 0 if tuning else args.tune_trials
     if plain:  # read by tir_byoc_onednn_pack while this build packs, and only then
         os.environ["TIR_BYOC_ONEDNN_PACK"] = "plain"
+    start = time.perf_counter()
     try:
         built = tir_byoc.build_model(
             model,
             (x,),
             offload=name.startswith("tir_byoc"),
-            tune_trials=args.tune_trials if tune else 0,
-            work_dir=Path(args.work_dir) / f"{args.model_key}-{name}" if tune else None,
+            tune_trials=trials,
+            work_dir=work_dir,
         )
     finally:
         if plain:
             del os.environ["TIR_BYOC_ONEDNN_PACK"]
+    if tune and not tuning:
+        seconds = time.perf_counter() - start
+        (work_dir / TUNED_FILE).write_text(json.dumps({"threads": threads, "seconds": seconds}))
+        tuning = _tuning_note(work_dir, cached=False)
 
     def run():
         return built(x)
 
     run.built = built  # for the deployed peak memory (memory_child)
+    run.tuning = tuning
     return run
+
+
+#: What a tuned column writes in its work_dir once tuned: the threads it tuned at, how long.
+TUNED_FILE = "models_tuned.json"
+
+
+def _tuning_note(work_dir: Path, cached: bool) -> str:
+    """How the database in ``work_dir`` was tuned, for the note; ``""`` if it was not."""
+    path = work_dir / TUNED_FILE
+    if not path.is_file():
+        return ""
+    tuned = json.loads(path.read_text())
+    note = f"tuned at {tuned['threads']} thread(s) in {tuned['seconds']:.0f} s"
+    return note + (", cached" if cached else "")
 
 
 def _onnxruntime(model, x, threads: int):
@@ -281,6 +310,7 @@ def child(args) -> list[dict]:
                         "column": name,
                         "ms": ms,
                         "note": notes.get(name, ""),
+                        "tuning": getattr(runs.get(name), "tuning", ""),
                         **splits.get(name, {}),
                         **floor,
                     }
@@ -674,7 +704,7 @@ def main(argv=None) -> int:
     with open(args.out / "models.csv", "w", newline="") as f:
         fields = ["model", "batch", "threads", "column", "ms", "torch/this", "peak_mb"]
         fields += ["deployed_mb", "library_ms", "tvm_ms", "torch/library"]
-        fields += ["gemm_gflop", "peak_gflops", "floor_ms", "torch/floor", "note"]
+        fields += ["gemm_gflop", "peak_gflops", "floor_ms", "torch/floor", "tuning", "note"]
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
@@ -686,10 +716,9 @@ def main(argv=None) -> int:
     )
     print(_table(rows, args.columns))
     for row in rows:
-        if row["note"]:
-            print(
-                f"- {row['model']} b{row['batch']} t{row['threads']} {row['column']}: {row['note']}"
-            )
+        said = "; ".join(part for part in (row.get("tuning"), row["note"]) if part)
+        if said:
+            print(f"- {row['model']} b{row['batch']} t{row['threads']} {row['column']}: {said}")
     chart = _chart(rows, args.columns, args.out / "models.png")
     if chart:
         print(f"chart: {chart}")

@@ -118,3 +118,29 @@ def test_the_table_takes_the_cells_floor_at_its_best_peak(models):
     table = models._table(rows, ["torch", "tir_byoc"])
     assert table.splitlines()[0].endswith("| GEMM floor | torch / floor |")
     assert table.splitlines()[-1] == "| bert | 1 | 2 | 30.0 | 25.0 | 1.20 | 10.0 | 3.00 |"
+
+
+def test_a_tuned_column_tunes_once_then_builds_its_cached_database(models, monkeypatch, tmp_path):
+    import tir_byoc
+
+    calls = []
+
+    def build_model(model, inputs, offload, tune_trials, work_dir):
+        calls.append((tune_trials, work_dir.name))
+        if tune_trials:  # what a tuning run leaves
+            work_dir.mkdir(parents=True)
+        return lambda x: x
+
+    monkeypatch.setattr(tir_byoc, "build_model", build_model)
+    args = models.parse(["--tune-trials", "64", "--work-dir", str(tmp_path)])
+    args.model_key = "bert-b1-s128-l2"
+    tuned = models.column("tir_byoc+ms", None, 1.0, 1, args)
+    assert tuned.tuning.startswith("tuned at 1 thread(s) in ") and "cached" not in tuned.tuning
+    again = models.column("tir_byoc+ms", None, 1.0, 2, args)
+    assert again.tuning == tuned.tuning + ", cached"
+    work_dir = "bert-b1-s128-l2-tir_byoc+ms-t64"
+    assert calls == [(64, work_dir), (0, work_dir)]
+    # Another budget is another database.
+    args.tune_trials = 128
+    models.column("tir_byoc+ms", None, 1.0, 2, args)
+    assert calls[-1] == (128, "bert-b1-s128-l2-tir_byoc+ms-t128")

@@ -484,18 +484,15 @@ def run_mlp(module: tvm.IRModule) -> tuple[np.ndarray, np.ndarray]:
 LAYERS = {"fused_matmul_add_relu": "ref.matmul_bias_relu", "fused_matmul1_add1": "ref.matmul_bias"}
 
 
-def test_mlp_relax_flow_keeps_the_faster_variant_per_layer(tmp_path):
-    tuned = tms.tune_relax(
-        demo.lowered_mlp(),
-        TARGET,
-        str(tmp_path),
-        12,
+def test_mlp_relax_flow_keeps_the_faster_variant_per_layer_and_zero_trials_rebuilds_it(tmp_path):
+    options = dict(
         num_trials_per_iter=2,
         strategy=small_strategy(),
         cost_model="random",
         progress=False,
         seed=0,
     )
+    tuned = tms.tune_relax(demo.lowered_mlp(), TARGET, str(tmp_path), 12, **options)
     report = tms.load_report(tmp_path)
     for name, intrinsic in LAYERS.items():
         layer = report[name]
@@ -513,6 +510,19 @@ def test_mlp_relax_flow_keeps_the_faster_variant_per_layer(tmp_path):
     assert "transpose" not in str(tuned["forward"])
     result, expected = run_mlp(tuned)
     np.testing.assert_allclose(result, expected, rtol=1e-4, atol=1e-4)
+    # Zero trials: the same module from the database, which gains no record; the tuning run's
+    # report stays.
+    records = len(ms.database.JSONDatabase(work_dir=str(tmp_path)).get_all_tuning_records())
+    saved = (tmp_path / tms.REPORT_FILE).read_text()
+    rebuilt = tms.tune_relax(demo.lowered_mlp(), TARGET, str(tmp_path), 0, **options)
+    tvm.ir.assert_structural_equal(rebuilt, tuned)
+    database = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    assert len(database.get_all_tuning_records()) == records
+    assert (tmp_path / tms.REPORT_FILE).read_text() == saved
+    with pytest.raises(ValueError, match=r"max_trials_global=0 builds from the database"):
+        tms.tune_relax(demo.lowered_mlp(), TARGET, str(tmp_path / "none"), 0, **options)
+    with pytest.raises(ValueError, match=r"expected max_trials_global to be an int >= 0"):
+        tms.tune_relax(demo.lowered_mlp(), TARGET, str(tmp_path), -1, **options)
 
 
 def test_mlp_layers_offloaded_whole_are_not_tuned(tmp_path):

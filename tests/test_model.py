@@ -264,6 +264,28 @@ def test_tuning_without_a_work_dir_is_refused_before_anything_runs():
         tir_byoc.build_model(demo.lowered_mlp(), tune_trials=8)
 
 
+def test_zero_trials_with_a_work_dir_builds_its_database_and_refuses_one_without(
+    tmp_path, monkeypatch
+):
+    from tir_byoc import meta_schedule
+
+    calls = []
+
+    def tune_relax(mod, target, work_dir, trials, **options):
+        calls.append((work_dir, trials))
+        return mod
+
+    monkeypatch.setattr(meta_schedule, "tune_relax", tune_relax)
+    message = r"tune_trials=0 builds from the database of an earlier tuning, but .* has no "
+    with pytest.raises(ValueError, match=message + r"database_workload\.json; expected") as error:
+        tir_byoc.build_model(demo.lowered_mlp(), work_dir=tmp_path)
+    assert "\n" not in str(error.value) and calls == []
+    for name in ("database_workload.json", "database_tuning_record.json"):
+        (tmp_path / name).write_text("")
+    tir_byoc.build_model(demo.lowered_mlp(), work_dir=tmp_path)
+    assert calls == [(str(tmp_path), 0)]
+
+
 @pytest.mark.parametrize("trials", [-1, 2.5, "8"])
 def test_a_tuning_budget_that_is_not_a_count_is_refused_in_one_line(trials, tmp_path):
     with pytest.raises(ValueError, match=r"expected tune_trials to be an int >= 0, got") as error:

@@ -148,7 +148,9 @@ def build_model(
         prints its progress on stderr.  Constant weights are packed, and the offloaded
         variant measured packed; transposes are not folded on this path.
     work_dir : str or os.PathLike
-        With ``tune_trials``: MetaSchedule's database, logs and report.
+        With ``tune_trials``: MetaSchedule's database, logs and report.  With
+        ``tune_trials=0``: the work_dir of an earlier tuning of this model, whose best records
+        are built without a new trial (tune once, build many times).
     tune_options : dict, optional
         With ``tune_trials``: more options of :func:`tir_byoc.meta_schedule.tune_tir`.
 
@@ -160,7 +162,8 @@ def build_model(
     ------
     ValueError
         Input of the wrong kind, missing example inputs, a torch model in training mode, a
-        target that is not llvm, ``tune_trials`` without ``work_dir``.
+        target that is not llvm, ``tune_trials`` without ``work_dir``, ``tune_trials=0`` with
+        a ``work_dir`` that holds no database.
     tir_byoc.frontend.UnsupportedModel
         A known frontend problem (a ``use_cache`` cache, sdpa attention torch cannot
         decompose, a boolean mask TVM cannot compile); the one-line message says what to
@@ -169,7 +172,7 @@ def build_model(
     # Step 1. What the model is; torch models become Relax here.
     kind = _kind(model)
     resolved = _target(target)
-    _check_tuning(tune_trials, work_dir)
+    _check_tuning(tune_trials, work_dir, tune_options)
     output_spec = None
     if kind == "torch":
         mod, output_spec = frontend.import_torch(model, example_inputs)
@@ -189,7 +192,7 @@ def build_model(
     if is_relax:
         mod = tvm.transform.Sequential([p() for p in LOWERING])(mod)
     signature = TirSignature.of(mod[entry]) if not is_relax else None
-    if tune_trials != 0:
+    if tune_trials != 0 or work_dir is not None:
         mod = _tune(mod, resolved, is_relax, tune_trials, work_dir, offload, backends, tune_options)
     elif offload:
         mod = offload_module(mod, backends=backends)
@@ -218,12 +221,17 @@ def build_model(
     )
 
 
-def _check_tuning(trials, work_dir) -> None:
+def _check_tuning(trials, work_dir, options) -> None:
     """A one-line ``ValueError`` for a tuning budget or work_dir ``build_model`` cannot use."""
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 0:
         raise ValueError(
             f"tir_byoc.build_model: expected tune_trials to be an int >= 0, got {trials!r}"
         )
+    if work_dir is not None and trials == 0:
+        from .meta_schedule.tune import check_budget
+
+        database = (options or {}).get("database", "json")
+        check_budget(0, work_dir, database, "tune_trials", "tir_byoc.build_model")
     if trials and work_dir is None:
         raise ValueError(
             f"tir_byoc.build_model: expected work_dir= (MetaSchedule's database) with "

@@ -467,9 +467,12 @@ def _tune_functions(
     # Step 2. Tune every task in one search; then keep the faster variant per function.
     rejections = Rejections()
     if tasks:
-        database, counter = _run_search(
-            tasks, target, work_dir, max_trials_global, options, rejections
-        )
+        if max_trials_global == 0:  # the database of an earlier run, as it is
+            database, counter = _database(options, work_dir), Progress(display=False)
+        else:
+            database, counter = _run_search(
+                tasks, target, work_dir, max_trials_global, options, rejections
+            )
         for name in functions:
             mine = [t for t in tasks if name in t.members]
             if mine:
@@ -481,12 +484,34 @@ def _tune_functions(
     for backend in sorted({registry[i].backend for r in reports.values() for i in r.intrinsics}):
         toolchain.load_backend(backend, registry)
     report = TuningReport(tuple(reports[n] for n in functions), dict(rejections.counts))
-    report.save(Path(work_dir) / REPORT_FILE)
+    if max_trials_global:  # a replay keeps the tuning run's report, trials and all
+        report.save(Path(work_dir) / REPORT_FILE)
     logger.info("%s", report)
     if options.progress is not False:
         stream = sys.stderr if isinstance(options.progress, bool) else options.progress
         print(report, file=stream, flush=True)
     return functions
+
+
+#: The files of MetaSchedule's JSON database in a work_dir (``ms.database.JSONDatabase``).
+DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")
+
+
+def check_budget(trials, work_dir, database="json", name="max_trials_global", caller=None):
+    """A one-line ``ValueError`` for a budget that is not a count, or for ``0`` (replay the
+    database of an earlier run) when ``work_dir`` holds no JSON database to replay.
+
+    ``name`` and ``caller`` are the parameter and the function the message names."""
+    caller = caller or "tir_byoc.meta_schedule"
+    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 0:
+        raise ValueError(f"{caller}: expected {name} to be an int >= 0, got {trials!r}")
+    if trials == 0 and isinstance(database, str) and database == "json":
+        missing = [file for file in DATABASE_FILES if not (Path(work_dir) / file).is_file()]
+        if missing:
+            raise ValueError(
+                f"{caller}: {name}=0 builds from the database of an earlier tuning, but "
+                f"{work_dir} has no {missing[0]}; expected the work_dir of a tuning run"
+            )
 
 
 def tune_tir(mod, target, work_dir: str, max_trials_global: int, **options):
@@ -501,7 +526,10 @@ def tune_tir(mod, target, work_dir: str, max_trials_global: int, **options):
     work_dir : str
         Where MetaSchedule's database and logs go, and :data:`REPORT_FILE`.
     max_trials_global : int
-        Trials for all functions together.
+        Trials for all functions together.  ``0``: no new trial; each function gets its best
+        record in the database an earlier run left in ``work_dir`` (tune once, build many
+        times; that run's report file is kept), and one without a record is handled as one
+        without a valid candidate (its chains offloaded, not tuned).
     **options
         ``offload``: ``"choice"`` (default; offloaded and native variants both measured),
         ``"always"`` (chains always offloaded; functions made only of chains not tuned at
@@ -525,6 +553,7 @@ def tune_tir(mod, target, work_dir: str, max_trials_global: int, **options):
             f"got {type(mod).__name__}"
         )
     checked = TuneOptions.from_kwargs(options)
+    check_budget(max_trials_global, work_dir, checked.database)
     if isinstance(mod, tvm.IRModule):
         return _tune_module(mod, target, work_dir, max_trials_global, checked)
     name = str(mod.attrs["global_symbol"]) if mod.attrs and "global_symbol" in mod.attrs else "main"
@@ -566,6 +595,7 @@ def tune_relax(mod, target, work_dir: str, max_trials_global: int, **options):
             "relax.transform.LegalizeOps (and FuseOps, FuseTIR) first"
         )
     checked = TuneOptions.from_kwargs(options)
+    check_budget(max_trials_global, work_dir, checked.database)
     return _tune_module(mod, target, work_dir, max_trials_global, checked)
 
 
