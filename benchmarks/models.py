@@ -41,8 +41,9 @@ libgomp reads its idle spin (``GOMP_SPINCOUNT``) once per process, and torch eag
 want opposite ones at two threads or more (benchmarks/README.md, "libgomp's idle spin").  By
 default (``--gomp-spincount own``) each side runs at its own: torch's columns at libgomp's
 default, as a torch user gets them, and TVM's at tir_byoc's setting, as ``import tir_byoc``
-gives them; then each cell runs two children back to back, one per side, and rounds interleave
-within a side only.  At one thread the spin plays no part and one child times every column.
+gives them; then each cell runs a child per side and round, the sides alternated, and the table
+keeps each column's median over its children.  At one thread the spin plays no part and one
+child times every column in interleaved rounds.
 """
 
 from __future__ import annotations
@@ -562,7 +563,7 @@ def _spin_note(spincount: str) -> str:
         return spincount
     return (
         f"own: torch's columns libgomp's default, TVM's {IDLE_DEFAULTS['GOMP_SPINCOUNT']} "
-        "(a child per side at 2+ threads)"
+        "(at 2+ threads a child per side and round, alternated)"
     )
 
 
@@ -574,12 +575,14 @@ def _one_spin(spincount: str) -> str:
 def _time_children(args, threads: int) -> list[tuple[list[str], str]]:
     """(argv, GOMP_SPINCOUNT) of each timing child of one thread count, in the order they run.
 
-    One child times every cell and column, unless ``--gomp-spincount own`` with more than one
-    thread: then each cell gets two children back to back, the peers (:data:`PEER_COLUMNS`)
-    at libgomp's default and TVM's columns at tir_byoc's setting.
+    One child times every cell and column in ``--rounds`` interleaved rounds, unless
+    ``--gomp-spincount own`` with more than one thread: then each cell gets two children per
+    round, one round each, the peers (:data:`PEER_COLUMNS`) at libgomp's default and TVM's
+    columns at tir_byoc's setting, in alternating order (A B, B A, A B, ...), so that a drift
+    of the machine during the cell weighs on both sides alike; :func:`_merge` takes the medians.
     """
 
-    def argv(models, batches, columns):
+    def argv(models, batches, columns, rounds):
         return [
             "--child",
             "time",
@@ -591,21 +594,49 @@ def _time_children(args, threads: int) -> list[tuple[list[str], str]]:
             ",".join(map(str, batches)),
             "--columns",
             ",".join(columns),
+            "--rounds",
+            str(rounds),
         ]
 
     if args.gomp_spincount != "own" or threads == 1:
-        return [(argv(args.models, args.batches, args.columns), _one_spin(args.gomp_spincount))]
-    sides = (
+        everything = argv(args.models, args.batches, args.columns, args.rounds)
+        return [(everything, _one_spin(args.gomp_spincount))]
+    sides = [
         ([c for c in args.columns if c in PEER_COLUMNS], "default"),
         ([c for c in args.columns if c not in PEER_COLUMNS], IDLE_DEFAULTS["GOMP_SPINCOUNT"]),
-    )
+    ]
+    sides = [(columns, spin) for columns, spin in sides if columns]
     return [
-        (argv([model], [batch], columns), spin)
+        (argv([model], [batch], columns, 1), spin)
         for model in args.models
         for batch in args.batches
-        for columns, spin in sides
-        if columns
+        for round_ in range(args.rounds)
+        for columns, spin in (sides if round_ % 2 == 0 else sides[::-1])
     ]
+
+
+#: Row fields :func:`_merge` takes the median of, over the children that timed a column.
+MEDIAN_FIELDS = ("ms", "library_ms", "tvm_ms", "gemm_gflop", "peak_gflops")
+
+
+def _merge(rows: list[dict]) -> list[dict]:
+    """One row per cell and column: the median of each of :data:`MEDIAN_FIELDS` over the
+    children that timed it (one child each, unless :func:`_time_children` split the sides)."""
+    merged: dict[tuple, dict] = {}
+    seen: dict[tuple, list[dict]] = {}
+    for row in rows:
+        key = (row["model"], row["batch"], row["threads"], row["column"])
+        seen.setdefault(key, []).append(row)
+    for key, group in seen.items():
+        row = dict(group[0])
+        for field in MEDIAN_FIELDS:
+            values = [r[field] for r in group if r.get(field) is not None]
+            row[field] = statistics.median(values) if values else None
+        notes = dict.fromkeys(r["note"] for r in group if r["note"])
+        row["note"] = "; ".join(notes)
+        row["processes"] = len(group)
+        merged[key] = row
+    return list(merged.values())
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -660,14 +691,13 @@ def main(argv=None) -> int:
         args.work_dir,
         "--budget",
         str(args.budget),
-        "--rounds",
-        str(args.rounds),
     ]
     rows = []
     for threads in [int(t) for t in args.threads.split(",")]:
         print(f"{threads} thread(s):", file=sys.stderr)
         for argv, spin in _time_children(args, threads):
             rows += _run_child([*common, *argv], threads, spin)
+    rows = _merge(rows)
     # Step 2. Peak memory, one child per cell (one thread: memory does not depend on it).
     if args.memory:
         for row in rows:
@@ -704,7 +734,8 @@ def main(argv=None) -> int:
     with open(args.out / "models.csv", "w", newline="") as f:
         fields = ["model", "batch", "threads", "column", "ms", "torch/this", "peak_mb"]
         fields += ["deployed_mb", "library_ms", "tvm_ms", "torch/library"]
-        fields += ["gemm_gflop", "peak_gflops", "floor_ms", "torch/floor", "tuning", "note"]
+        fields += ["gemm_gflop", "peak_gflops", "floor_ms", "torch/floor", "processes"]
+        fields += ["tuning", "note"]
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)

@@ -79,23 +79,40 @@ def _args(models, *more):
     return models.parse([*argv, *more])
 
 
-def test_at_two_threads_each_cell_times_the_peers_and_tvm_in_a_child_each_at_its_own_spin(models):
-    children = models._time_children(_args(models), 2)
-    cells = [
-        (argv[argv.index("--models") + 1], argv[argv.index("--batches") + 1])
-        for argv, _ in children
+def _option(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_at_two_threads_each_cell_alternates_a_child_per_side_and_round_at_its_own_spin(models):
+    children = models._time_children(_args(models, "--rounds", "3"), 2)
+    cells = [(_option(argv, "--models"), _option(argv, "--batches")) for argv, _ in children]
+    assert cells == [(m, b) for m in ("bert", "gpt2") for b in ("1", "8") for _ in range(6)]
+    assert {_option(argv, "--rounds") for argv, _ in children} == {"1"}
+    peers, tvm = ("torch,onnxruntime", "default"), ("tir_byoc", "1000")
+    sides = [(_option(argv, "--columns"), spin) for argv, spin in children[:6]]
+    assert sides == [peers, tvm, tvm, peers, peers, tvm]
+
+
+def test_merging_keeps_each_columns_median_over_its_children(models):
+    cell = {"model": "bert", "batch": 1, "threads": 2, "column": "tir_byoc"}
+    rows = [
+        {**cell, "ms": 12.0, "library_ms": 10.0, "note": ""},
+        {**cell, "ms": 10.0, "library_ms": 9.0, "note": ""},
+        {**cell, "ms": 11.0, "library_ms": 8.0, "note": "slow"},
+        {**cell, "column": "torch", "ms": 15.0, "note": ""},
     ]
-    assert cells == [(m, b) for m in ("bert", "gpt2") for b in ("1", "8") for _ in range(2)]
-    sides = {(argv[argv.index("--columns") + 1], spin) for argv, spin in children}
-    assert sides == {("torch,onnxruntime", "default"), ("tir_byoc", "1000")}
+    merged = {row["column"]: row for row in models._merge(rows)}
+    assert merged["tir_byoc"]["ms"] == 11.0 and merged["tir_byoc"]["library_ms"] == 9.0
+    assert merged["tir_byoc"]["processes"] == 3 and merged["tir_byoc"]["note"] == "slow"
+    assert merged["torch"]["ms"] == 15.0 and merged["torch"]["processes"] == 1
 
 
 @pytest.mark.parametrize(("threads", "choice", "spin"), [(1, "own", "1000"), (2, "50", "50")])
 def test_one_child_times_every_column_at_one_thread_or_one_spin(models, threads, choice, spin):
     ((argv, chosen),) = models._time_children(_args(models, "--gomp-spincount", choice), threads)
     assert chosen == spin
-    assert argv[argv.index("--columns") + 1] == "torch,onnxruntime,tir_byoc"
-    assert argv[argv.index("--models") + 1] == "bert,gpt2"
+    assert _option(argv, "--columns") == "torch,onnxruntime,tir_byoc"
+    assert _option(argv, "--models") == "bert,gpt2"
 
 
 def test_the_gemm_floor_counts_a_models_gemm_flops_at_the_measured_peak(models):
