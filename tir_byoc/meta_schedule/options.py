@@ -72,8 +72,8 @@ class TuneOptions:
     first_round_trials : int
         With ``native_cutoff``: the trials of that first round per variant (at most
         ``num_trials_per_iter``).  16 by default: a model has one pair per GEMM, and on the
-        LLaMA-like model of ``benchmarks/models.py`` the native GEMMs were 4-6x behind their
-        offloaded variants after 16 trials and still 3.7-5x after 64, so more decided
+        LLaMA-like model of ``benchmarks/models.py`` the native GEMMs were 4.2-6.6x behind
+        their offloaded variants after 16 trials and still 3.6-5.1x after 64, so more decided
         nothing and took the whole budget of 512 trials.
     """
 
