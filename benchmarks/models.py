@@ -325,8 +325,9 @@ PEAK_SHAPES = ((1024, 768, 3072), (1024, 3072, 768))
 
 
 def _gemm_floor(model, x, budget: float) -> dict:
-    """``floor_ms``: ``model``'s GEMM FLOPs on ``x`` at the best fp32 GEMM rate torch reaches
-    here on :data:`PEAK_SHAPES` (``peak_gflops``), measured now, at this process's threads.
+    """``model``'s GEMM GFLOP on ``x`` (``gemm_gflop``) and the best fp32 GEMM rate torch
+    reaches here on :data:`PEAK_SHAPES` (``peak_gflops``), measured now, at this process's
+    threads; :func:`_ratios` makes a cell's floor of them (its children may measure several).
 
     The models use eager attention, so every FLOP ``FlopCounterMode`` counts is a GEMM's.  They
     are counted in training mode: in eval mode ``nn.TransformerEncoder`` takes its fused fast
@@ -352,7 +353,7 @@ def _gemm_floor(model, x, budget: float) -> dict:
             a, w = torch.randn(m, k), torch.randn(n, k)
             ms = _median_ms(lambda a=a, w=w: torch.nn.functional.linear(a, w), budget)
             peak = max(peak, 2 * m * k * n / ms / 1e6)
-    return {"gemm_gflop": gflop, "peak_gflops": peak, "floor_ms": gflop / peak * 1e3}
+    return {"gemm_gflop": gflop, "peak_gflops": peak}
 
 
 def _split(built, x) -> dict:
@@ -460,9 +461,12 @@ def _ratios(rows: list[dict]) -> None:
         eager = cell.get("torch", {}).get("ms")
         # The cell's floor at the best rate any of its children measured (one per side).
         peaks = [
-            (row["peak_gflops"], row["gemm_gflop"]) for row in cell.values() if "peak_gflops" in row
+            (row["peak_gflops"], row["gemm_gflop"])
+            for row in cell.values()
+            if row.get("peak_gflops")
         ]
-        floor = max(peaks)[1] / max(peaks)[0] * 1e3 if peaks else None
+        peak, gflop = max(peaks) if peaks else (None, None)
+        floor = gflop / peak * 1e3 if peaks else None
         for row in cell.values():
             row["torch/this"] = eager / row["ms"] if eager and row["ms"] else None
             if eager and row.get("library_ms"):

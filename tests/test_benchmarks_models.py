@@ -122,7 +122,9 @@ def test_the_gemm_floor_counts_a_models_gemm_flops_at_the_measured_peak(models):
     floor = models._gemm_floor(model.eval(), torch.randn(8, 64), budget=0.05)
     assert floor["gemm_gflop"] == 2 * 8 * (64 * 32 + 32 * 16) / 1e9
     assert floor["peak_gflops"] > 0
-    assert floor["floor_ms"] == pytest.approx(floor["gemm_gflop"] / floor["peak_gflops"] * 1e3)
+    row = {"model": "mlp", "batch": 8, "threads": 1, "column": "torch", "ms": 1.0, **floor}
+    models._ratios([row])
+    assert row["floor_ms"] == pytest.approx(floor["gemm_gflop"] / floor["peak_gflops"] * 1e3)
 
 
 def test_the_table_takes_the_cells_floor_at_its_best_peak(models):
