@@ -37,13 +37,21 @@ class BackendUnavailable(Exception):
 
 @dataclass(frozen=True)
 class LinkSpec:
-    """How to compile and link against a backend's library."""
+    """How to compile and link against a backend's library.
+
+    ``archives`` are static libraries (paths) linked into the backend's code itself: its
+    objects and the archive members they need become one object whose only global symbols are
+    the intrinsics' (``tir_byoc_*``), so the backend's library and every exported model carry
+    the library, and its symbols never meet another copy of it in the process (PyTorch exports
+    an MKL of its own).
+    """
 
     include_dirs: tuple[str, ...] = ()
     library_dirs: tuple[str, ...] = ()
     libraries: tuple[str, ...] = ()
     compile_flags: tuple[str, ...] = ()
     link_flags: tuple[str, ...] = ()
+    archives: tuple[str, ...] = ()
 
 
 def _no_library() -> LinkSpec:

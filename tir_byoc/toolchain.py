@@ -118,6 +118,11 @@ def unavailable(backend: str, registry: Registry = REGISTRY) -> str | None:
         _compiler_for(sources)
     except ToolchainError as err:
         return str(err)
+    if spec.archives and shutil.which("objcopy") is None:
+        return (
+            f"backend {backend} links static libraries and needs objcopy, which is not on PATH "
+            "(install binutils)"
+        )
     return None
 
 
@@ -205,7 +210,42 @@ def object_files(backend: str, registry: Registry = REGISTRY) -> tuple[list[Path
             _run([compiler.path, *flags, "-c", str(source), "-o", str(tmp)], str(source))
 
         objects.append(_atomic_build(target, build))
+    if spec.archives:
+        objects = [_prelink(backend, objects, spec.archives, compiler, registry)]
     return objects, link_flags(spec)
+
+
+def _prelink(backend, objects, archives, compiler, registry) -> Path:
+    """``objects`` and the members of ``archives`` they need, linked into one relocatable object
+    whose only global symbols are the intrinsics' (see :class:`LinkSpec`)."""
+    stamps = [f"{a}:{os.stat(a).st_size}:{os.stat(a).st_mtime_ns}" for a in archives]
+    key = _fingerprint(compiler, [], [*map(str, objects), *stamps])
+    target = cache_dir() / backend / f"{backend}-prelinked-{key}.o"
+    keep = {"tir_byoc_*", *(i.extern_symbol for i in registry.of_backend(backend))}
+
+    def build(tmp):
+        whole = tmp.with_suffix(".whole.o")
+        try:
+            _run(
+                [
+                    compiler.path,
+                    "-r",
+                    "-nostdlib",
+                    "-o",
+                    str(whole),
+                    *map(str, objects),
+                    "-Wl,--start-group",
+                    *archives,
+                    "-Wl,--end-group",
+                ],
+                f"the {backend} intrinsics with their static libraries",
+            )
+            flags = [f"--keep-global-symbol={name}" for name in sorted(keep)]
+            _run(["objcopy", "--wildcard", *flags, str(whole), str(tmp)], f"{backend}'s symbols")
+        finally:
+            whole.unlink(missing_ok=True)
+
+    return _atomic_build(target, build)
 
 
 def shared_library(backend: str, registry: Registry = REGISTRY) -> Path:
