@@ -68,9 +68,13 @@ def test_integer_sums_beyond_fp32_precision_are_exact_or_refused():
     np.testing.assert_array_equal(y, expected)
 
 
-def test_priority_prefers_onednn_then_openblas_then_ref(monkeypatch):
+def test_priority_prefers_mkl_then_onednn_then_openblas_then_ref(monkeypatch):
     func = describe("dense_bias_relu", "float32")
-    assert [m.intrinsic for m in tir_byoc.scan(func)] == ["onednn.dense_bias_relu"]
+    # fp32 goes to MKL first; oneDNN is next, and first for every other dtype.
+    assert [m.intrinsic for m in tir_byoc.scan(func)] == ["mkl.dense_bias_relu"]
+    assert [m.intrinsic for m in tir_byoc.scan(func, backends=["onednn", "openblas"])] == [
+        "onednn.dense_bias_relu"
+    ]
     assert [m.intrinsic for m in tir_byoc.scan(func, backends=["openblas", "onednn"])] == [
         "openblas.dense_bias_relu"
     ]

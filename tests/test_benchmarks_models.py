@@ -144,7 +144,7 @@ def test_a_tuned_column_tunes_once_then_builds_its_cached_database(models, monke
 
     calls = []
 
-    def build_model(model, inputs, offload, tune_trials, work_dir):
+    def build_model(model, inputs, offload, backends, tune_trials, work_dir):
         calls.append((tune_trials, work_dir.name))
         if tune_trials:  # what a tuning run leaves
             work_dir.mkdir(parents=True)

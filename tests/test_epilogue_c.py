@@ -23,7 +23,7 @@ from tir_byoc import toolchain
 from tir_byoc.epilogues import OPS, RELU_KEEP_NAN_CODE, reference
 from tir_byoc.signature import DtypeSignature
 
-BACKENDS = ("ref", "openblas", "onednn")
+BACKENDS = ("ref", "openblas", "mkl", "onednn")
 F32 = DtypeSignature.parse("float32").code
 BF16 = DtypeSignature.parse("bfloat16,bfloat16->float32").code
 PACKED_WEIGHT = 1 << 25  # TIR_BYOC_PACKED_WEIGHT
@@ -331,8 +331,8 @@ REFUSED = {
     "an add without its tensor": ({"tensors": ["bias", None]}, ENULL),
     "more tensors than four": ({"ops": 0x0303030303, "tensors": ["bias"] * 4}, EEPILOGUE),
     "a bf16 signature": ({"dtypes": BF16}, EDTYPE),
-    # oneDNN packs: a plain weight passed as packed is refused by the block's header check.
-    "the packed-weight flag": ({"dtypes": F32 | PACKED_WEIGHT}, {"onednn": 6}),
+    # oneDNN and MKL pack: a plain weight passed as packed is refused by the block's header check.
+    "the packed-weight flag": ({"dtypes": F32 | PACKED_WEIGHT}, {"onednn": 6, "mkl": 6}),
     "an unknown layout": ({"layout": 2}, ESHAPE),
 }
 

@@ -16,7 +16,7 @@ from tir_byoc.match.exprs import expr_text
 from tir_byoc.registry import Intrinsic, Registry
 from tir_byoc.toolchain import intrinsics_dir
 
-BACKENDS = ("ref", "openblas", "onednn")
+BACKENDS = ("ref", "openblas", "mkl", "onednn")
 
 
 def product(x_shape, w_shape, out_batch, x_at, w_at, layout="matmul", ops=()):
@@ -230,4 +230,5 @@ def test_a_residual_add_after_an_nd_linear_joins_the_chain():
     assert match.pattern == "batch_dense_add" and [t.name for t in match.tensors] == ["R"]
     assert reasons(func) == []
     assert_equivalent(func, expect_calls={"ref.gemm": 1}, backends="ref")
-    assert_equivalent(func, expect_calls={"onednn.gemm": 1})
+    assert_equivalent(func, expect_calls={"mkl.gemm": 1})
+    assert_equivalent(func, expect_calls={"onednn.gemm": 1}, backends="onednn")

@@ -67,7 +67,7 @@ def _fuse(mod):
 
 
 def _available_backends():
-    return [b for b in ("ref", "openblas", "onednn") if toolchain.unavailable(b) is None]
+    return [b for b in ("ref", "openblas", "mkl", "onednn") if toolchain.unavailable(b) is None]
 
 
 def _inputs(seed):

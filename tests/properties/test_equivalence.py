@@ -72,7 +72,7 @@ def test_offloaded_function_computes_the_same_results(program, seed, inputs):
             raise
 
 
-@pytest.mark.parametrize("backend", ["ref", "openblas", "onednn"])
+@pytest.mark.parametrize("backend", ["ref", "openblas", "mkl", "onednn"])
 @pytest.mark.parametrize("relu", list(RELU_SPELLINGS))
 def test_relu_of_nan_is_unchanged_by_offloading(relu, backend):
     # TVM's max(z, 0) gives 0 for a NaN, max(0, z) keeps it: the kernel is told which.
@@ -93,7 +93,7 @@ SPECIAL_VALUES = (
 )
 
 
-@pytest.mark.parametrize("backend", ["ref", "openblas", "onednn"])
+@pytest.mark.parametrize("backend", ["ref", "openblas", "mkl", "onednn"])
 def test_every_activation_spelling_meets_special_values_as_tvm_does(backend):
     # One chain per spelling, each z = x: NaN and infinities come out where the spelling's TIR
     # puts them (a clip's NaN result depends on its spelling), values where they are.

@@ -1,0 +1,250 @@
+"""The oneMKL backend: every pattern against NumPy (fp32), selection, its static link, packed
+weights made at run time, and an exported model in a fresh process.
+
+The gemm entry point's epilogues are checked op by op, with special values, in
+test_epilogue_c.py, and through TVM in test_match_epilogues.py and test_match_batch.py (all
+parametrised over the backends, MKL among them).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata
+import subprocess
+
+import numpy as np
+import pytest
+from backend_checks import (
+    call_intrinsic,
+    check_pattern,
+    describe,
+    library,
+    run_exported_mlp_in_fresh_process,
+)
+from tvm import relax
+from tvm.script import relax as R
+
+import tir_byoc
+from tir_byoc import toolchain
+from tir_byoc.backends import mkl
+from tir_byoc.model import LOWERING
+from tir_byoc.packing import PACK_CHOOSE, PACK_CHOOSE_ANY_M, PACKED_WEIGHT_FLAG
+from tir_byoc.patterns import FIXED_EPILOGUES, PATTERNS
+from tir_byoc.registry import BackendUnavailable
+from tir_byoc.signature import DtypeSignature
+
+FIXED = [n for n, p in PATTERNS.items() if p.ops in FIXED_EPILOGUES]
+F32 = DtypeSignature.parse("float32").code
+LIBRARY, PLAIN = 1, 0  # TIR_BYOC_PACK_LIBRARY, TIR_BYOC_PACK_PLAIN
+EPACKED = 6
+NK, KN = 0, 1
+HEADER = 64  # bytes before a block's weight (pack_header in mkl/gemm.c)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _mkl_installed():
+    reason = toolchain.unavailable("mkl")
+    if reason is not None:
+        pytest.fail(f"the MKL backend must be available in the test environment: {reason}")
+
+
+@pytest.mark.parametrize("pattern", FIXED)
+def test_every_pattern_matches_numpy(pattern):
+    check_pattern(pattern, "float32", "mkl")
+
+
+def test_fp32_goes_to_mkl_and_every_other_dtype_to_onednn():
+    assert [m.intrinsic for m in tir_byoc.scan(describe("dense_bias", "float32"))] == [
+        "mkl.dense_bias"
+    ]
+    bf16 = describe("dense", "bfloat16,bfloat16->float32")
+    (refused,) = tir_byoc.scan(bf16, backends=["mkl"])
+    assert refused.intrinsic is None
+    assert refused.reason == (
+        "mkl.dense: dtype bfloat16,bfloat16->float32 not supported (supports float32)"
+    )
+
+
+def test_locate_says_what_to_install_when_the_wheel_is_missing(monkeypatch):
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    with pytest.raises(BackendUnavailable, match=r"mkl-include is not installed .*pip install"):
+        mkl.locate()
+
+
+def test_mkl_is_linked_in_and_only_the_intrinsics_are_exported():
+    """MKL's symbols stay local to the backend's code: PyTorch, loaded in the same process by
+    the real-model tests, exports an MKL of its own (cblas_sgemm, vsErf, ...)."""
+    path = toolchain.load_backend("mkl")
+    needed = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True).stdout
+    assert "mkl" not in needed.lower()  # no shared MKL library to find at run time
+    symbols = subprocess.run(
+        ["nm", "-D", "--defined-only", str(path)], capture_output=True, text=True, check=True
+    ).stdout
+    names = {line.split()[-1] for line in symbols.splitlines() if line.split()}
+    assert "tir_byoc_mkl_gemm" in names and "tir_byoc_mkl_pack" in names
+    # Besides the intrinsics, only the locks of MKL's named OpenMP critical sections, which
+    # libgomp shares by name (a lock, not code: two MKLs would only take turns).
+    others = {n for n in names if not n.startswith(("tir_byoc_", ".gomp_critical_user_"))}
+    assert others == set()
+
+
+def test_status_codes_at_entry():
+    lib = library("mkl")
+    x = np.ones((2, 3), "float32")
+    w = np.ones((4, 3), "float32")
+    bias = np.arange(4, dtype="float32")
+    y = np.zeros((2, 4), "float32")
+    f64 = DtypeSignature.parse("float64").code
+    symbol = "tir_byoc_mkl_dense_bias_relu"
+    assert call_intrinsic(lib, symbol, x, w, bias, y, m=2, n=4, k=3, signature=F32) == 0
+    np.testing.assert_array_equal(y, np.broadcast_to(3 + bias, (2, 4)))
+    assert call_intrinsic(lib, symbol, x, w, bias, y, m=2, n=4, k=3, signature=f64) == 1
+    # MKL's LP64 interface indexes with 32-bit ints: larger extents are refused untouched.
+    y[:] = -1
+    assert call_intrinsic(lib, symbol, x, w, bias, y, m=2**31, n=4, k=3, signature=F32) == 2
+    assert (y == -1).all()
+    assert call_intrinsic(lib, symbol, x, w, None, y, m=2, n=4, k=3, signature=F32) == 3
+
+
+def test_exported_library_runs_in_a_fresh_process(tmp_path):
+    report = run_exported_mlp_in_fresh_process("mkl", tmp_path)
+    assert report.startswith("max-abs-error")
+
+
+# ----------------------------------------------------------------------------------------------
+# Packed weights: a block of the plain weight, packed by MKL at the first call that meets it.
+# ----------------------------------------------------------------------------------------------
+
+
+def _functions():
+    lib = library("mkl")
+    pack = lib.tir_byoc_mkl_pack
+    pack.restype = ctypes.c_int32
+    pack.argtypes = [ctypes.c_void_p, *[ctypes.c_int64] * 3, ctypes.c_int32, ctypes.c_int32,
+                     ctypes.c_int64, *[ctypes.c_double] * 6, ctypes.POINTER(ctypes.c_int32),
+                     ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)]  # fmt: skip
+    gemm = lib.tir_byoc_mkl_gemm
+    gemm.restype = ctypes.c_int32
+    gemm.argtypes = [*[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 3, ctypes.c_int32,
+                     ctypes.c_int32, *[ctypes.c_int64] * 6, ctypes.c_int64,
+                     *[ctypes.c_double] * 6, *[ctypes.c_void_p] * 4]  # fmt: skip
+    return pack, gemm
+
+
+def _pack(weight, m, layout, form):
+    """``weight`` packed for a call of ``m`` rows: (form, block or None)."""
+    pack, _ = _functions()
+    n, k = weight.shape if layout == NK else weight.shape[::-1]
+    chosen, size = ctypes.c_int32(form), ctypes.c_int64(0)
+    args = [weight.ctypes.data, m, n, k, F32, layout, 0, *[0.0] * 6, ctypes.byref(chosen)]
+    assert pack(*args, None, ctypes.byref(size)) == 0
+    if size.value == 0:
+        return chosen.value, None
+    block = np.zeros(size.value + 64, np.uint8)
+    start = -block.ctypes.data % 64  # 64-byte aligned, as TVM allocates
+    block = block[start : start + size.value]
+    assert pack(*args, block.ctypes.data, ctypes.byref(size)) == 0
+    return chosen.value, block
+
+
+def _gemm(x, w, y, n, layout, flags=0, bias=None):
+    """One gemm call, bias as its one epilogue op if given; returns its status."""
+    _, gemm = _functions()
+    m, k = x.shape
+    ops = 3 if bias is not None else 0  # TIR_BYOC_OP_BIAS
+    tensors = [bias.ctypes.data if bias is not None else None, None, None, None]
+    return gemm(x.ctypes.data, w.ctypes.data, y.ctypes.data, m, n, k, F32 | flags, layout,
+                1, 1, 0, 0, 0, 0, ops, *[0.0] * 6, *tensors)  # fmt: skip
+
+
+@pytest.mark.parametrize("layout", [NK, KN], ids=["nk", "kn"])
+def test_a_packed_weight_gives_the_plain_result_wherever_its_block_is(monkeypatch, layout):
+    monkeypatch.setenv("TIR_BYOC_MKL_PACK", "library")
+    rng = np.random.default_rng(0)
+    m, n, k = 37, 70, 129
+    weight = rng.standard_normal((n, k) if layout == NK else (k, n)).astype("float32")
+    x = rng.standard_normal((m, k)).astype("float32")
+    bias = rng.standard_normal(n).astype("float32")
+    plain = np.zeros((m, n), "float32")
+    assert _gemm(x, weight, plain, n, layout, bias=bias) == 0
+    form, block = _pack(weight, m, layout, PACK_CHOOSE)
+    assert form == LIBRARY and block is not None and block.nbytes == HEADER + weight.nbytes
+    # The block holds the plain weight: MKL's packing is made by the call, in this process.
+    np.testing.assert_array_equal(block[HEADER:].view("float32"), weight.ravel())
+    packed = np.full((m, n), np.nan, "float32")
+    assert _gemm(x, block, packed, n, layout, PACKED_WEIGHT_FLAG, bias) == 0
+    np.testing.assert_allclose(packed, plain, rtol=1e-5, atol=1e-5)
+    # A copy of the block at another address (as a model exported and loaded again holds it)
+    # computes the same: nothing in it depends on where it was made.
+    moved = np.zeros(block.nbytes + 128, np.uint8)[64 + 32 :][: block.nbytes]
+    moved[:] = block
+    again = np.full((m, n), np.nan, "float32")
+    assert _gemm(x, moved, again, n, layout, PACKED_WEIGHT_FLAG, bias) == 0
+    np.testing.assert_array_equal(again, packed)
+
+
+def test_a_block_meets_only_the_call_it_was_made_for(monkeypatch):
+    monkeypatch.setenv("TIR_BYOC_MKL_PACK", "library")
+    rng = np.random.default_rng(1)
+    m, n, k = 8, 16, 24
+    weight = rng.standard_normal((n, k)).astype("float32")
+    _, block = _pack(weight, m, NK, PACK_CHOOSE)
+    x = rng.standard_normal((m, k)).astype("float32")
+    y = np.full((m, n), -7.0, "float32")
+    # Another M, another layout, a plain weight passed as a block: refused, y untouched.
+    x_other = rng.standard_normal((m + 1, k)).astype("float32")
+    y_other = np.full((m + 1, n), -7.0, "float32")
+    assert _gemm(x_other, block, y_other, n, NK, PACKED_WEIGHT_FLAG) == EPACKED
+    assert _gemm(x, block, y, n, KN, PACKED_WEIGHT_FLAG) == EPACKED
+    assert _gemm(x, weight, y, n, NK, PACKED_WEIGHT_FLAG) == EPACKED
+    assert (y == -7).all() and (y_other == -7).all()
+    # The call it was made for packs it; another weight of the same shape has another hash,
+    # so it gets a packing of its own, never the first one's.
+    assert _gemm(x, block, y, n, NK, PACKED_WEIGHT_FLAG) == 0
+    np.testing.assert_allclose(y, x @ weight.T, rtol=1e-5, atol=1e-4)
+    _, rebuilt = _pack(2 * weight, m, NK, PACK_CHOOSE)
+    assert not np.array_equal(rebuilt[:HEADER], block[:HEADER])  # the hash differs
+    assert _gemm(x, rebuilt, y, n, NK, PACKED_WEIGHT_FLAG) == 0
+    np.testing.assert_allclose(y, 2 * x @ weight.T, rtol=1e-5, atol=1e-4)
+
+
+def test_a_call_whose_m_is_known_only_at_run_time_keeps_the_plain_weight():
+    """MKL packs for one M: a symbolic M keeps the plain weight, whatever the timing says."""
+    weight = np.ones((16, 24), "float32")
+    assert _pack(weight, 1, NK, PACK_CHOOSE_ANY_M) == (PLAIN, None)
+
+
+def test_the_forced_plain_form_makes_no_block(monkeypatch):
+    monkeypatch.setenv("TIR_BYOC_MKL_PACK", "plain")
+    assert _pack(np.ones((16, 24), "float32"), 8, NK, PACK_CHOOSE) == (PLAIN, None)
+
+
+def test_a_relax_model_packs_its_constant_weight_and_computes_the_same(monkeypatch):
+    monkeypatch.setenv("TIR_BYOC_MKL_PACK", "library")
+    rng = np.random.default_rng(2)
+    m, k, n = 32, 48, 40
+    weight = rng.standard_normal((k, n)).astype("float32")
+    bias = rng.standard_normal(n).astype("float32")
+    x = relax.Var("x", R.Tensor((m, k), "float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            z = R.add(R.matmul(x, relax.const(weight)), relax.const(bias))
+            out = builder.emit_output(builder.emit(R.nn.gelu(z)))
+        builder.emit_func_output(out)
+    import tvm
+
+    lowered = tvm.transform.Sequential([p() for p in LOWERING])(builder.get())
+    packed = tir_byoc.offload(lowered)
+    script = packed.script(show_meta=False)
+    assert "tir_byoc_mkl_gemm" in script and "_packed" in script
+    data = rng.standard_normal((m, k)).astype("float32")
+
+    def run(mod):
+        vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+        return vm["main"](tvm.runtime.tensor(data)).numpy()
+
+    np.testing.assert_allclose(run(packed), run(lowered), rtol=1e-5, atol=1e-5)

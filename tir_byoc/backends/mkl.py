@@ -1,0 +1,55 @@
+"""The oneMKL backend (fp32): cblas sgemm, strided batches, constant weights in MKL's packed
+storage, the epilogue after the product with MKL's vector math for erf, exp and tanh.
+
+Source ``intrinsics/mkl/gemm.c``; registry keys ``mkl.<pattern>``, symbols
+``tir_byoc_mkl_<pattern>``.  Library: the ``mkl-static`` and ``mkl-include`` wheels, linked
+statically (GNU OpenMP threading, the pool oneDNN uses too) with MKL's symbols hidden, so that
+PyTorch's own MKL in the same process is left alone.
+
+Its weights are packed at run time, by the first call (MKL's packed storage may not move, so
+it cannot be stored in a model): see ``intrinsics/mkl/gemm.c``.
+"""
+
+from __future__ import annotations
+
+from .. import threads
+from ..registry import REGISTRY, RELU_NAN_BOTH, Backend, LinkSpec
+from ..toolchain import intrinsics_dir
+from .wheels import installed_file
+
+#: Above oneDNN's: on the models of benchmarks/models.py MKL's packed sgemm ran their fp32 GEMMs
+#: faster than oneDNN 3.2's matmul (benchmarks/README.md); oneDNN keeps bf16, fp16 and int8.
+PRIORITY = 250
+INSTALL = "pip install mkl-static==2026.2.0 mkl-include==2026.2.0"
+#: The static libraries, in link order: LP64 interface, GNU OpenMP threading, core.
+ARCHIVES = ("libmkl_intel_lp64.a", "libmkl_gnu_thread.a", "libmkl_core.a")
+
+
+def locate() -> LinkSpec:
+    """Headers and static libraries of the installed MKL wheels; applies the OpenMP defaults."""
+    header = installed_file("mkl-include", "mkl_cblas.h", INSTALL)
+    archives = [str(installed_file("mkl-static", name, INSTALL)) for name in ARCHIVES]
+    threads.configure("openmp")
+    return LinkSpec(
+        include_dirs=(str(header.parent),),
+        compile_flags=("-fopenmp",),
+        # Linked into the intrinsics, MKL's symbols made local: a PyTorch loaded beside them
+        # exports an MKL of its own.  Its threading layer calls libgomp.
+        archives=tuple(archives),
+        libraries=("gomp", "pthread", "dl"),
+    )
+
+
+def _register() -> None:
+    REGISTRY.register_family(
+        Backend("mkl", locate, "oneMKL 2026.2 sgemm, packed at run time (fp32)", packs=True),
+        intrinsics_dir() / "mkl" / "gemm.c",
+        dtypes=("float32",),
+        priority=PRIORITY,
+        relu_nan=RELU_NAN_BOTH,
+    )
+
+
+_register()
+
+__all__ = ["ARCHIVES", "INSTALL", "PRIORITY", "locate"]
