@@ -27,7 +27,8 @@ model).  Tuning is cached: a model's database, per column and budget, is kept in
 work_dir=...)``), by later runs and by the other thread counts of the same run (so with the
 default ``--threads 1,2`` the 2-thread cells build what was tuned at one thread; the note says
 where each was tuned and how long it took; delete the directory to tune again); on request
-``tir_byoc-plain`` (every weight left plain, to compare with packing's choice).
+``tir_byoc-plain`` (every weight left plain, to compare with packing's choice) and
+``tir_byoc-mkl`` (the oneMKL backend in place of oneDNN).
 
 Each tir_byoc column's time is also split by its profile (:meth:`tir_byoc.model.Model.profile`)
 into the PrimFuncs that call an intrinsic ("library": the GEMMs with their epilogues) and the
@@ -76,6 +77,9 @@ TUNED_COLUMNS = ("tvm+ms", "tir_byoc+ms")
 #: tir_byoc with every weight left plain (``TIR_BYOC_ONEDNN_PACK=plain``), beside packing's
 #: choice; not a default column (``--columns ...,tir_byoc-plain``).
 PLAIN_COLUMN = "tir_byoc-plain"
+#: tir_byoc with the oneMKL backend in place of oneDNN (``backends=["mkl"]``); not a default
+#: column (``--columns ...,tir_byoc-mkl``).
+MKL_COLUMN = "tir_byoc-mkl"
 HIDDEN, HEADS, INTERMEDIATE = 768, 12, 3072
 #: Relative tolerance of a column's output against torch eager's (fp32, summation order).
 TOLERANCE = 1e-3
@@ -179,6 +183,7 @@ def column(name: str, model, x, threads: int, args):
             model,
             (x,),
             offload=name.startswith("tir_byoc"),
+            backends=["mkl"] if name == MKL_COLUMN else None,
             tune_trials=trials,
             work_dir=work_dir,
         )
