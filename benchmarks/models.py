@@ -28,7 +28,8 @@ work_dir=...)``), by later runs and by the other thread counts of the same run (
 default ``--threads 1,2`` the 2-thread cells build what was tuned at one thread; the note says
 where each was tuned and how long it took; delete the directory to tune again); on request
 ``tir_byoc-plain`` (every weight left plain, to compare with packing's choice) and
-``tir_byoc-mkl`` (the oneMKL backend in place of oneDNN).
+``tir_byoc-<backend>`` (one backend only: ``tir_byoc-onednn`` beside the default, which gives
+fp32 to MKL).
 
 Each tir_byoc column's time is also split by its profile (:meth:`tir_byoc.model.Model.profile`)
 into the PrimFuncs that call an intrinsic ("library": the GEMMs with their epilogues) and the
@@ -74,12 +75,12 @@ COLUMNS = ("torch", "torch.compile", "onnxruntime", "tvm", "tir_byoc")
 #: their users run them; every other column is TVM's and runs at tir_byoc's setting.
 PEER_COLUMNS = ("torch", "torch.compile", "onnxruntime")
 TUNED_COLUMNS = ("tvm+ms", "tir_byoc+ms")
-#: tir_byoc with every weight left plain (``TIR_BYOC_ONEDNN_PACK=plain``), beside packing's
-#: choice; not a default column (``--columns ...,tir_byoc-plain``).
+#: tir_byoc with every weight left plain (``TIR_BYOC_ONEDNN_PACK=plain``, ``TIR_BYOC_MKL_PACK``
+#: likewise), beside packing's choice; not a default column (``--columns ...,tir_byoc-plain``).
 PLAIN_COLUMN = "tir_byoc-plain"
-#: tir_byoc with the oneMKL backend in place of oneDNN (``backends=["mkl"]``); not a default
-#: column (``--columns ...,tir_byoc-mkl``).
-MKL_COLUMN = "tir_byoc-mkl"
+#: tir_byoc on one backend only, ``tir_byoc-<backend>`` (``backends=[<backend>]``), e.g.
+#: ``tir_byoc-onednn`` beside ``tir_byoc`` (MKL first for fp32); not default columns.
+BACKEND_COLUMN = "tir_byoc-"
 HIDDEN, HEADS, INTERMEDIATE = 768, 12, 3072
 #: Relative tolerance of a column's output against torch eager's (fp32, summation order).
 TOLERANCE = 1e-3
@@ -175,21 +176,23 @@ def column(name: str, model, x, threads: int, args):
         work_dir = Path(args.work_dir) / f"{args.model_key}-{name}-t{args.tune_trials}"
         tuning = _tuning_note(work_dir, cached=True)
         trials = 0 if tuning else args.tune_trials
-    if plain:  # read by tir_byoc_onednn_pack while this build packs, and only then
-        os.environ["TIR_BYOC_ONEDNN_PACK"] = "plain"
+    pack_settings = ("TIR_BYOC_ONEDNN_PACK", "TIR_BYOC_MKL_PACK")
+    if plain:  # read by the backends' pack functions while this build packs, and only then
+        os.environ.update(dict.fromkeys(pack_settings, "plain"))
     start = time.perf_counter()
     try:
         built = tir_byoc.build_model(
             model,
             (x,),
             offload=name.startswith("tir_byoc"),
-            backends=["mkl"] if name == MKL_COLUMN else None,
+            backends=_backends(name),
             tune_trials=trials,
             work_dir=work_dir,
         )
     finally:
         if plain:
-            del os.environ["TIR_BYOC_ONEDNN_PACK"]
+            for setting in pack_settings:
+                del os.environ[setting]
     if tune and not tuning:
         seconds = time.perf_counter() - start
         (work_dir / TUNED_FILE).write_text(json.dumps({"threads": threads, "seconds": seconds}))
@@ -205,6 +208,13 @@ def column(name: str, model, x, threads: int, args):
 
 #: What a tuned column writes in its work_dir once tuned: the threads it tuned at, how long.
 TUNED_FILE = "models_tuned.json"
+
+
+def _backends(name: str) -> list[str] | None:
+    """The backends a column offloads to: one for ``tir_byoc-<backend>``, else the default."""
+    if not name.startswith(BACKEND_COLUMN) or name == PLAIN_COLUMN:
+        return None
+    return [name[len(BACKEND_COLUMN) :]]
 
 
 def _tuning_note(work_dir: Path, cached: bool) -> str:

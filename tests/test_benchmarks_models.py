@@ -3,6 +3,7 @@ table columns, and the children that time the columns (libgomp's spin in each)."
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -163,3 +164,28 @@ def test_a_tuned_column_tunes_once_then_builds_its_cached_database(models, monke
     args.tune_trials = 128
     models.column("tir_byoc+ms", None, 1.0, 2, args)
     assert calls[-1] == (128, "bert-b1-s128-l2-tir_byoc+ms-t128")
+
+
+def test_a_backend_column_offloads_to_that_backend_only(models, monkeypatch):
+    import tir_byoc
+
+    seen = []
+
+    def build_model(model, inputs, offload, backends, tune_trials, work_dir):
+        seen.append((offload, backends, os.environ.get("TIR_BYOC_MKL_PACK")))
+        return lambda x: x
+
+    monkeypatch.setattr(tir_byoc, "build_model", build_model)
+    monkeypatch.delenv("TIR_BYOC_MKL_PACK", raising=False)
+    args = models.parse([])
+    args.model_key = "bert-b1-s128-l2"
+    for name in ("tir_byoc", "tir_byoc-onednn", "tir_byoc-plain", "tvm"):
+        models.column(name, None, 1.0, 1, args)
+    # The plain column names the plain form while it builds, and only then.
+    assert seen == [
+        (True, None, None),
+        (True, ["onednn"], None),
+        (True, None, "plain"),
+        (False, None, None),
+    ]
+    assert "TIR_BYOC_MKL_PACK" not in os.environ
