@@ -248,3 +248,25 @@ def test_a_relax_model_packs_its_constant_weight_and_computes_the_same(monkeypat
         return vm["main"](tvm.runtime.tensor(data)).numpy()
 
     np.testing.assert_allclose(run(packed), run(lowered), rtol=1e-5, atol=1e-5)
+
+
+def test_threads_meeting_a_new_block_at_once_all_get_the_right_result(monkeypatch):
+    """The first call of a block packs its weight under a lock; calls racing to it (a model run
+    from several threads) all wait for that one packing and compute the same product."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setenv("TIR_BYOC_MKL_PACK", "library")
+    rng = np.random.default_rng(3)
+    m, n, k = 64, 96, 160
+    weight = rng.standard_normal((n, k)).astype("float32")
+    _, block = _pack(weight, m, NK, PACK_CHOOSE)
+    inputs = [rng.standard_normal((m, k)).astype("float32") for _ in range(8)]
+    outputs = [np.full((m, n), np.nan, "float32") for _ in inputs]
+
+    def run(i):  # ctypes releases the GIL for the call: the eight run at once
+        return _gemm(inputs[i], block, outputs[i], n, NK, PACKED_WEIGHT_FLAG)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        assert list(pool.map(run, range(len(inputs)))) == [0] * len(inputs)
+    for x, y in zip(inputs, outputs, strict=True):
+        np.testing.assert_allclose(y, x @ weight.T, rtol=1e-5, atol=1e-4)
