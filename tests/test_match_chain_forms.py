@@ -538,7 +538,7 @@ def _nan_inputs():
     return [x, w, np.zeros((2, 3), "float32")]
 
 
-@pytest.mark.parametrize("backend", ["ref", "openblas", "onednn"])
+@pytest.mark.parametrize("backend", ["ref", "openblas", "mkl", "onednn"])
 @pytest.mark.parametrize("spelling", list(RELU_SPELLINGS))
 def test_relu_of_nan_is_what_the_spelling_computes(spelling, backend):
     func = _relu_program(spelling)
