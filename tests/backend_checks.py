@@ -17,10 +17,14 @@ import numpy as np
 import tvm
 
 import tir_byoc
-from tir_byoc.patterns import PATTERNS
+from tir_byoc.patterns import FIXED_EPILOGUES, PATTERNS
 from tir_byoc.rewrite import intrinsic_calls
 from tir_byoc.signature import DtypeSignature
 from tir_byoc.testing.inputs import random_array
+
+#: The members with entry points of their own; the gemm entry point's epilogues are checked op
+#: by op in test_epilogue_c.py and through TVM in test_match_epilogues.py.
+FIXED = [n for n, p in PATTERNS.items() if p.ops in FIXED_EPILOGUES]
 
 #: Dtype signature -> (x, w, out) NumPy dtypes.
 NUMPY_DTYPES = {
@@ -160,3 +164,24 @@ def run_exported_mlp_in_fresh_process(backend: str, tmp_path) -> str:
     )
     assert done.returncode == 0, f"fresh process failed:\n{done.stdout}\n{done.stderr}"
     return done.stdout.strip()
+
+
+def check_status_codes_of_a_32_bit_blas(backend: str) -> None:
+    """The status codes at entry of ``tir_byoc_<backend>_dense_bias_relu`` for a BLAS that
+    indexes with 32-bit ints: OK, a dtype it does not serve, an extent past 2^31 - 1 (refused
+    before the output is touched), a missing bias."""
+    lib = library(backend)
+    f32 = DtypeSignature.parse("float32").code
+    x = np.ones((2, 3), "float32")
+    w = np.ones((4, 3), "float32")
+    bias = np.arange(4, dtype="float32")
+    y = np.zeros((2, 4), "float32")
+    f64 = DtypeSignature.parse("float64").code
+    symbol = f"tir_byoc_{backend}_dense_bias_relu"
+    assert call_intrinsic(lib, symbol, x, w, bias, y, m=2, n=4, k=3, signature=f32) == 0
+    np.testing.assert_array_equal(y, np.broadcast_to(3 + bias, (2, 4)))
+    assert call_intrinsic(lib, symbol, x, w, bias, y, m=2, n=4, k=3, signature=f64) == 1
+    y[:] = -1
+    assert call_intrinsic(lib, symbol, x, w, bias, y, m=2**31, n=4, k=3, signature=f32) == 2
+    assert (y == -1).all()
+    assert call_intrinsic(lib, symbol, x, w, None, y, m=2, n=4, k=3, signature=f32) == 3

@@ -15,8 +15,9 @@ import subprocess
 import numpy as np
 import pytest
 from backend_checks import (
-    call_intrinsic,
+    FIXED,
     check_pattern,
+    check_status_codes_of_a_32_bit_blas,
     describe,
     library,
     run_exported_mlp_in_fresh_process,
@@ -29,11 +30,9 @@ from tir_byoc import toolchain
 from tir_byoc.backends import mkl
 from tir_byoc.model import LOWERING
 from tir_byoc.packing import PACK_CHOOSE, PACK_CHOOSE_ANY_M, PACKED_WEIGHT_FLAG
-from tir_byoc.patterns import FIXED_EPILOGUES, PATTERNS
 from tir_byoc.registry import BackendUnavailable
 from tir_byoc.signature import DtypeSignature
 
-FIXED = [n for n, p in PATTERNS.items() if p.ops in FIXED_EPILOGUES]
 F32 = DtypeSignature.parse("float32").code
 LIBRARY, PLAIN = 1, 0  # TIR_BYOC_PACK_LIBRARY, TIR_BYOC_PACK_PLAIN
 EPACKED = 6
@@ -92,21 +91,8 @@ def test_mkl_is_linked_in_and_only_the_intrinsics_are_exported():
 
 
 def test_status_codes_at_entry():
-    lib = library("mkl")
-    x = np.ones((2, 3), "float32")
-    w = np.ones((4, 3), "float32")
-    bias = np.arange(4, dtype="float32")
-    y = np.zeros((2, 4), "float32")
-    f64 = DtypeSignature.parse("float64").code
-    symbol = "tir_byoc_mkl_dense_bias_relu"
-    assert call_intrinsic(lib, symbol, x, w, bias, y, m=2, n=4, k=3, signature=F32) == 0
-    np.testing.assert_array_equal(y, np.broadcast_to(3 + bias, (2, 4)))
-    assert call_intrinsic(lib, symbol, x, w, bias, y, m=2, n=4, k=3, signature=f64) == 1
     # MKL's LP64 interface indexes with 32-bit ints: larger extents are refused untouched.
-    y[:] = -1
-    assert call_intrinsic(lib, symbol, x, w, bias, y, m=2**31, n=4, k=3, signature=F32) == 2
-    assert (y == -1).all()
-    assert call_intrinsic(lib, symbol, x, w, None, y, m=2, n=4, k=3, signature=F32) == 3
+    check_status_codes_of_a_32_bit_blas("mkl")
 
 
 def test_exported_library_runs_in_a_fresh_process(tmp_path):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tvm
 from backend_checks import (
+    FIXED,
     call_intrinsic,
     check_pattern,
     describe,
@@ -21,13 +22,8 @@ from backend_checks import (
 import tir_byoc
 from tir_byoc import toolchain
 from tir_byoc.backends import onednn
-from tir_byoc.patterns import FIXED_EPILOGUES, PATTERNS
 from tir_byoc.registry import BackendUnavailable, Registry
 from tir_byoc.signature import DtypeSignature
-
-#: The members with entry points of their own; the gemm entry point's epilogues are
-#: checked op by op in test_epilogue_c.py and through TVM in test_match_epilogues.py.
-FIXED = [n for n, p in PATTERNS.items() if p.ops in FIXED_EPILOGUES]
 
 F32 = DtypeSignature.parse("float32").code
 

@@ -4,28 +4,19 @@ from __future__ import annotations
 
 import importlib.metadata
 
-import numpy as np
 import pytest
 from backend_checks import (
-    call_intrinsic,
+    FIXED,
     check_pattern,
+    check_status_codes_of_a_32_bit_blas,
     describe,
-    library,
     run_exported_mlp_in_fresh_process,
 )
 
 import tir_byoc
 from tir_byoc import toolchain
 from tir_byoc.backends import openblas
-from tir_byoc.patterns import FIXED_EPILOGUES, PATTERNS
 from tir_byoc.registry import BackendUnavailable
-from tir_byoc.signature import DtypeSignature
-
-#: The members with entry points of their own; the gemm entry point's epilogues are
-#: checked op by op in test_epilogue_c.py and through TVM in test_match_epilogues.py.
-FIXED = [n for n, p in PATTERNS.items() if p.ops in FIXED_EPILOGUES]
-
-F32 = DtypeSignature.parse("float32").code
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -72,19 +63,8 @@ def test_locate_says_what_to_install_when_the_wheel_is_missing(monkeypatch):
 
 
 def test_status_codes_at_entry():
-    lib = library("openblas")
-    x = np.ones((2, 3), "float32")
-    w = np.ones((4, 3), "float32")
-    bias = np.arange(4, dtype="float32")
-    y = np.zeros((2, 4), "float32")
-    f64 = DtypeSignature.parse("float64").code
-    symbol = "tir_byoc_openblas_dense_bias_relu"
-    assert call_intrinsic(lib, symbol, x, w, bias, y, m=2, n=4, k=3, signature=F32) == 0
-    np.testing.assert_array_equal(y, np.broadcast_to(3 + bias, (2, 4)))
-    assert call_intrinsic(lib, symbol, x, w, bias, y, m=2, n=4, k=3, signature=f64) == 1
     # BLAS indexes with 32-bit ints: larger extents are refused before anything is touched.
-    assert call_intrinsic(lib, symbol, x, w, bias, y, m=2**31, n=4, k=3, signature=F32) == 2
-    assert call_intrinsic(lib, symbol, x, w, None, y, m=2, n=4, k=3, signature=F32) == 3
+    check_status_codes_of_a_32_bit_blas("openblas")
 
 
 def test_exported_library_runs_in_a_fresh_process(tmp_path):
