@@ -222,9 +222,9 @@ def _constant_weight_module(workload: Workload, signature: str, operands) -> tup
     return relax.transform.BindParams("main", bound)(mod), inputs
 
 
-def layer_tir_byoc_constant(workload, dtype, settings) -> Measured:
-    """tir_byoc + oneDNN with the weights constants of a Relax model, so that the offload may
-    pack them once (issue 15); the note says whether it did."""
+def layer_tir_byoc_constant(backend: str, workload, dtype, settings) -> Measured:
+    """tir_byoc + ``backend`` with the weights constants of a Relax model, so that the offload
+    may pack them once (issue 15); the note says whether it did."""
     import tvm
     from tvm import relax
 
@@ -233,7 +233,7 @@ def layer_tir_byoc_constant(workload, dtype, settings) -> Measured:
     signature = DTYPES[dtype]
     operands, _ = arrays(workload, signature)
     module, given = _constant_weight_module(workload, signature, operands)
-    offloaded = tir_byoc.offload(module, backends=["onednn"])
+    offloaded = tir_byoc.offload(module, backends=[backend])
     packed = sorted(g.name_hint for g in offloaded.functions if g.name_hint.endswith("_packed"))
     built = tvm.compile(offloaded, target=target())
     vm = relax.VirtualMachine(built, tvm.cpu())
@@ -739,13 +739,25 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
         ),
         Implementation(
             "tir_byoc+onednn, constant weight",
-            layer=layer_tir_byoc_constant,
+            layer=partial(layer_tir_byoc_constant, "onednn"),
             skip=_nothing_to_prepack,
             tir_byoc=True,
         ),
         Implementation(
             "tir_byoc+onednn (transposes kept)",
             mlp=partial(mlp_relax, "onednn", fold_transposes=False),
+            tir_byoc=True,
+        ),
+        Implementation(
+            "tir_byoc+mkl",
+            layer=partial(layer_tir_byoc, "mkl"),
+            mlp=partial(mlp_relax, "mkl"),
+            tir_byoc=True,
+        ),
+        Implementation(
+            "tir_byoc+mkl, constant weight",
+            layer=partial(layer_tir_byoc_constant, "mkl"),
+            skip=_nothing_to_prepack,
             tir_byoc=True,
         ),
         Implementation(

@@ -205,6 +205,8 @@ def test_the_table_runs_in_the_order_the_runs_always_had(bench):
     assert [i.name for i in running("layer")] == [
         "tir_byoc+onednn",
         "tir_byoc+onednn, constant weight",
+        "tir_byoc+mkl",
+        "tir_byoc+mkl, constant weight",
         "tir_byoc+openblas",
         "tir_byoc+ref",
         "oneDNN direct (C)",
@@ -220,6 +222,7 @@ def test_the_table_runs_in_the_order_the_runs_always_had(bench):
     assert [i.name for i in running("mlp")] == [
         "tir_byoc+onednn",
         "tir_byoc+onednn (transposes kept)",
+        "tir_byoc+mkl",
         "tir_byoc+openblas",
         "oneDNN direct (C)",
         "OpenBLAS direct (C)",
