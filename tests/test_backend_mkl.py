@@ -73,6 +73,19 @@ def test_locate_says_what_to_install_when_the_wheel_is_missing(monkeypatch):
         mkl.locate()
 
 
+def test_a_missing_objcopy_is_reported_before_anything_is_compiled(monkeypatch):
+    import shutil
+
+    which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name: None if name == "objcopy" else which(name))
+    assert toolchain.unavailable("mkl") == (
+        "backend mkl links static libraries and needs objcopy, which is not on PATH "
+        "(install binutils)"
+    )
+    (match,) = tir_byoc.scan(describe("dense", "float32"), backends=["mkl", "ref"])
+    assert match.intrinsic == "ref.dense"
+
+
 def test_mkl_is_linked_in_and_only_the_intrinsics_are_exported():
     """MKL's symbols stay local to the backend's code: PyTorch, loaded in the same process by
     the real-model tests, exports an MKL of its own (cblas_sgemm, vsErf, ...)."""
