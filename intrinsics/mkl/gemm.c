@@ -245,41 +245,23 @@ static int32_t mkl_call(const tir_byoc_call *call) {
 
 TIR_BYOC_DEFINE_GEMM(mkl, mkl_call);
 
-/* A family entry point's epilogue: its bias and relu as ops. */
-static void family_epilogue(tir_byoc_call *call, const void *bias, int relu) {
-  tir_byoc_epilogue *e = &call->epilogue;
-  e->count = 0;
-  if (bias != NULL) {
-    tir_byoc_op *op = &e->op[e->count++];
-    memset(op, 0, sizeof *op);
-    op->code = TIR_BYOC_OP_BIAS, op->tensor = bias;
-  }
-  if (relu) {
-    tir_byoc_op *op = &e->op[e->count++];
-    memset(op, 0, sizeof *op);
-    op->code = (TIR_BYOC_FLAGS_OF(call->dtypes) & TIR_BYOC_RELU_KEEPS_NAN)
-                   ? TIR_BYOC_OP_RELU_KEEP_NAN
-                   : TIR_BYOC_OP_RELU;
-  }
-}
-
+/* A family entry point: the gemm entry point, its bias and relu passed as epilogue ops (the
+ * relu's NaN rule, a flag of the family, becomes the op that keeps NaN). */
 static int32_t mkl_batched(const void *x, const void *w, const void *bias, void *y, int64_t m,
                            int64_t n, int64_t k, int32_t dtypes, tir_byoc_layout layout,
                            int relu, const tir_byoc_batch *batch) {
-  tir_byoc_call call;
-  int32_t status;
   const int32_t flags = TIR_BYOC_FLAGS_OF(dtypes);
+  const int64_t relu_op = (flags & TIR_BYOC_RELU_KEEPS_NAN) ? TIR_BYOC_OP_RELU_KEEP_NAN
+                                                            : TIR_BYOC_OP_RELU;
+  int64_t ops = 0;
   if (TIR_BYOC_SIGNATURE_OF(dtypes) != TIR_BYOC_SIG_F32) return TIR_BYOC_EDTYPE;
   if ((flags & ~TIR_BYOC_RELU_KEEPS_NAN) != 0) return TIR_BYOC_EDTYPE;
-  if ((status = tir_byoc_check_shape(m, n, k)) != TIR_BYOC_OK) return status;
-  if ((status = tir_byoc_check_batch(batch, m, n, k)) != TIR_BYOC_OK) return status;
-  if ((status = tir_byoc_check_pointers(x, w, y, m, n, k)) != TIR_BYOC_OK) return status;
-  call.x = x, call.w = w, call.y = y, call.m = m, call.n = n, call.k = k;
-  call.dtypes = dtypes, call.layout = layout, call.batch = *batch;
-  family_epilogue(&call, bias, relu);
-  /* The relu's NaN rule is now an op: the product sees a plain fp32 call. */
-  call.dtypes = TIR_BYOC_SIG_F32;
-  return mkl_call(&call);
+  if (bias != NULL) ops = TIR_BYOC_OP_BIAS;
+  if (relu) ops |= relu_op << (bias != NULL ? 8 : 0);
+  return tir_byoc_mkl_gemm(x, w, y, m, n, k, TIR_BYOC_SIG_F32, layout, batch->count[0],
+                           batch->count[1], batch->x_stride[0], batch->x_stride[1],
+                           batch->w_stride[0], batch->w_stride[1], ops, 0.0, 0.0, 0.0, 0.0, 0.0,
+                           0.0, bias, NULL, NULL, NULL);
 }
 
 static int32_t mkl_gemm(const void *x, const void *w, const void *bias, void *y, int64_t m,
@@ -298,7 +280,8 @@ static double now_seconds(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* The best of three runs of `packed` (1) or the plain product (0), after one warm-up. */
+/* The best of three runs, after one warm-up, of the product with MKL's packing `library`, or
+ * with the plain weight `w` if `library` is NULL. */
 static double time_product(const float *x, const float *w, const float *library, float *y,
                            MKL_INT m, MKL_INT n, MKL_INT k, tir_byoc_layout layout) {
   double best = 1e30;
