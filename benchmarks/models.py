@@ -75,9 +75,11 @@ COLUMNS = ("torch", "torch.compile", "onnxruntime", "tvm", "tir_byoc")
 #: their users run them; every other column is TVM's and runs at tir_byoc's setting.
 PEER_COLUMNS = ("torch", "torch.compile", "onnxruntime")
 TUNED_COLUMNS = ("tvm+ms", "tir_byoc+ms")
-#: tir_byoc with every weight left plain (``TIR_BYOC_ONEDNN_PACK=plain``, ``TIR_BYOC_MKL_PACK``
-#: likewise), beside packing's choice; not a default column (``--columns ...,tir_byoc-plain``).
+#: tir_byoc with every weight left plain (each of :data:`PACK_SETTINGS` set to ``plain``),
+#: beside packing's choice; not a default column (``--columns ...,tir_byoc-plain``).
 PLAIN_COLUMN = "tir_byoc-plain"
+#: The variables that name a backend's packed form, read by its pack function at build time.
+PACK_SETTINGS = ("TIR_BYOC_ONEDNN_PACK", "TIR_BYOC_MKL_PACK")
 #: tir_byoc on one backend only, ``tir_byoc-<backend>`` (``backends=[<backend>]``), e.g.
 #: ``tir_byoc-onednn`` beside ``tir_byoc`` (MKL first for fp32); not default columns.
 BACKEND_COLUMN = "tir_byoc-"
@@ -176,9 +178,8 @@ def column(name: str, model, x, threads: int, args):
         work_dir = Path(args.work_dir) / f"{args.model_key}-{name}-t{args.tune_trials}"
         tuning = _tuning_note(work_dir, cached=True)
         trials = 0 if tuning else args.tune_trials
-    pack_settings = ("TIR_BYOC_ONEDNN_PACK", "TIR_BYOC_MKL_PACK")
     if plain:  # read by the backends' pack functions while this build packs, and only then
-        os.environ.update(dict.fromkeys(pack_settings, "plain"))
+        os.environ.update(dict.fromkeys(PACK_SETTINGS, "plain"))
     start = time.perf_counter()
     try:
         built = tir_byoc.build_model(
@@ -191,7 +192,7 @@ def column(name: str, model, x, threads: int, args):
         )
     finally:
         if plain:
-            for setting in pack_settings:
+            for setting in PACK_SETTINGS:
                 del os.environ[setting]
     if tune and not tuning:
         seconds = time.perf_counter() - start

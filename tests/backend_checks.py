@@ -6,6 +6,7 @@ Not a test file (no ``test_`` prefix); imported by ``test_backend_*.py``.
 from __future__ import annotations
 
 import ctypes
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from collections import Counter
 
 import ml_dtypes
 import numpy as np
+import pytest
 import tvm
 
 import tir_byoc
@@ -185,3 +187,21 @@ def check_status_codes_of_a_32_bit_blas(backend: str) -> None:
     assert call_intrinsic(lib, symbol, x, w, bias, y, m=2**31, n=4, k=3, signature=f32) == 2
     assert (y == -1).all()
     assert call_intrinsic(lib, symbol, x, w, None, y, m=2, n=4, k=3, signature=f32) == 3
+
+
+def require_available(backend: str) -> None:
+    """Fail (not skip) the calling test module if ``backend`` cannot be used here: the test
+    environment installs every bundled backend's library."""
+    reason = tir_byoc.toolchain.unavailable(backend)
+    if reason is not None:
+        pytest.fail(f"the {backend} backend must be available in the test environment: {reason}")
+
+
+def uninstall_every_wheel(monkeypatch) -> None:
+    """Make ``importlib.metadata`` report every distribution missing, as a machine without the
+    backends' wheels would."""
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)

@@ -9,7 +9,6 @@ parametrised over the backends, MKL among them).
 from __future__ import annotations
 
 import ctypes
-import importlib.metadata
 import subprocess
 
 import numpy as np
@@ -20,7 +19,9 @@ from backend_checks import (
     check_status_codes_of_a_32_bit_blas,
     describe,
     library,
+    require_available,
     run_exported_mlp_in_fresh_process,
+    uninstall_every_wheel,
 )
 from tvm import relax
 from tvm.script import relax as R
@@ -42,9 +43,7 @@ HEADER = 64  # bytes before a block's weight (pack_header in mkl/gemm.c)
 
 @pytest.fixture(scope="module", autouse=True)
 def _mkl_installed():
-    reason = toolchain.unavailable("mkl")
-    if reason is not None:
-        pytest.fail(f"the MKL backend must be available in the test environment: {reason}")
+    require_available("mkl")
 
 
 @pytest.mark.parametrize("pattern", FIXED)
@@ -65,10 +64,7 @@ def test_fp32_goes_to_mkl_and_every_other_dtype_to_onednn():
 
 
 def test_locate_says_what_to_install_when_the_wheel_is_missing(monkeypatch):
-    def missing(name):
-        raise importlib.metadata.PackageNotFoundError(name)
-
-    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    uninstall_every_wheel(monkeypatch)
     with pytest.raises(BackendUnavailable, match=r"mkl-include is not installed .*pip install"):
         mkl.locate()
 

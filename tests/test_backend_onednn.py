@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import importlib.metadata
 import threading
 
 import numpy as np
@@ -16,11 +15,12 @@ from backend_checks import (
     describe,
     intrinsics_fired,
     library,
+    require_available,
     run_exported_mlp_in_fresh_process,
+    uninstall_every_wheel,
 )
 
 import tir_byoc
-from tir_byoc import toolchain
 from tir_byoc.backends import onednn
 from tir_byoc.registry import BackendUnavailable, Registry
 from tir_byoc.signature import DtypeSignature
@@ -30,9 +30,7 @@ F32 = DtypeSignature.parse("float32").code
 
 @pytest.fixture(scope="module", autouse=True)
 def _onednn_installed():
-    reason = toolchain.unavailable("onednn")
-    if reason is not None:
-        pytest.fail(f"the oneDNN backend must be available in the test environment: {reason}")
+    require_available("onednn")
 
 
 @pytest.mark.parametrize("signature", list(onednn.DTYPE_CPU_FLAGS))
@@ -102,12 +100,8 @@ def test_dtype_outside_the_family_is_refused():
     )
 
 
-def _raise_not_installed(name):
-    raise importlib.metadata.PackageNotFoundError(name)
-
-
 def test_locate_says_what_to_install_when_the_wheel_is_missing(monkeypatch):
-    monkeypatch.setattr(importlib.metadata, "distribution", _raise_not_installed)
+    uninstall_every_wheel(monkeypatch)
     with pytest.raises(BackendUnavailable, match=r"onednn-cpu-gomp is not installed .*pip install"):
         onednn.locate()
 

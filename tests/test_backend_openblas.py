@@ -2,28 +2,25 @@
 
 from __future__ import annotations
 
-import importlib.metadata
-
 import pytest
 from backend_checks import (
     FIXED,
     check_pattern,
     check_status_codes_of_a_32_bit_blas,
     describe,
+    require_available,
     run_exported_mlp_in_fresh_process,
+    uninstall_every_wheel,
 )
 
 import tir_byoc
-from tir_byoc import toolchain
 from tir_byoc.backends import openblas
 from tir_byoc.registry import BackendUnavailable
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _openblas_installed():
-    reason = toolchain.unavailable("openblas")
-    if reason is not None:
-        pytest.fail(f"the OpenBLAS backend must be available in the test environment: {reason}")
+    require_available("openblas")
 
 
 @pytest.mark.parametrize("pattern", FIXED)
@@ -52,10 +49,7 @@ def test_only_fp32_is_claimed():
 
 
 def test_locate_says_what_to_install_when_the_wheel_is_missing(monkeypatch):
-    def missing(name):
-        raise importlib.metadata.PackageNotFoundError(name)
-
-    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    uninstall_every_wheel(monkeypatch)
     with pytest.raises(
         BackendUnavailable, match=r"scipy-openblas32 is not installed .*pip install"
     ):
