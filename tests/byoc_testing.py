@@ -13,6 +13,7 @@ would pick whichever was imported first.)
 from __future__ import annotations
 
 import numpy as np
+import tvm
 from tvm import tirx
 
 import tir_byoc
@@ -109,3 +110,22 @@ def sample_patterns() -> list[str]:
         "matmul_bias_silu_mul",
         "dense_scale_bias_clip_add",
     ]
+
+
+def lowered(make_output, shape) -> tirx.PrimFunc:
+    """The PrimFunc :func:`tir_byoc.build_model` lowers the Relax ``make_output(x)`` to, for a
+    float32 ``x`` of ``shape`` (the module must lower to one PrimFunc)."""
+    from tvm import relax
+    from tvm.script import relax as R
+
+    from tir_byoc.model import LOWERING
+
+    x = relax.Var("x", R.Tensor(shape, "float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            out = builder.emit_output(make_output(x))
+        builder.emit_func_output(out)
+    mod = tvm.transform.Sequential([make_pass() for make_pass in LOWERING])(builder.get())
+    (func,) = [f for g, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]
+    return func.with_attr("global_symbol", "main")

@@ -4,6 +4,7 @@ and that a scheduled function computes exactly what the unscheduled one computes
 import numpy as np
 import tvm
 import tvm_ffi
+from byoc_testing import lowered
 from tvm import tirx
 from tvm.script import tirx as T
 
@@ -116,6 +117,30 @@ def test_a_lone_row_reduction_runs_its_rows_in_parallel_bit_for_bit():
     np.testing.assert_array_equal(_run(report.module["main"], arrays)[1], _run(row_sum, arrays)[1])
 
 
+@T.prim_func(s_tir=True)
+def row_sum_512(A: T.Buffer((256, 512), "float32"), S: T.Buffer((256,), "float32")):
+    for i, k in T.grid(256, 512):
+        with T.sblock("sum"):
+            vi, vk = T.axis.remap("SR", [i, k])
+            with T.init():
+                S[vi] = T.float32(0)
+            S[vi] = S[vi] + A[vi, vk]
+
+
+def test_a_lone_row_reduction_the_vector_width_divides_sums_in_vector_lanes():
+    report = _schedule(row_sum_512)
+    assert dict(report.rules) == {"main": "RowReduction"}
+    assert dict(report.serial_blocks) == {}
+    scheduled = report.module["main"]
+    assert _vector_loops_in(scheduled, "sum_rf_update") == 1
+    # The partial sums in parallel; combining them (256 x 16 adds) is too little work for it.
+    assert _loop_kinds(scheduled).count(tirx.ForKind.PARALLEL) == 1
+    arrays = _random([(256, 512), (256,)])
+    np.testing.assert_allclose(
+        _run(scheduled, arrays)[1], arrays[0].astype(np.float64).sum(1), rtol=1e-5, atol=1e-5
+    )
+
+
 def test_a_reduction_over_every_loop_is_scheduled_serially_with_its_reason():
     report = _schedule(total_sum)
     assert dict(report.rules) == {"main": "RowReduction"}
@@ -201,5 +226,86 @@ def test_a_schedule_that_repeats_a_whole_reduction_is_declined():
 
 def test_a_schedule_that_reduces_each_row_once_is_kept():
     report = schedules.default_schedule(tvm.IRModule({"main": _rms_norm(rows=128)}), TARGET)
-    assert report.rules["main"] == "Reduction"
+    assert report.rules["main"] == "VectorRows"
     assert schedules.recomputed_reduction(report.module["main"]) is None
+
+
+def _vector_loops_in(func: tirx.PrimFunc, block_suffix: str) -> int:
+    """How many vectorised loops directly hold a block whose name ends with ``block_suffix``."""
+    found = []
+
+    def on_loop(loop):
+        body = loop.body
+        if loop.kind == tirx.ForKind.VECTORIZED and isinstance(body, tvm.s_tir.SBlockRealize):
+            found.append(body.block.name_hint.endswith(block_suffix))
+
+    tvm_ffi.structural_walk(func.body, [(tirx.For, on_loop)])
+    return sum(found)
+
+
+def test_a_softmax_reduces_its_rows_in_vector_registers_and_stays_within_rounding():
+    from tvm.script import relax as R
+
+    func = lowered(lambda x: R.nn.softmax(x, axis=-1), (4, 96, 128))
+    report = _schedule(func)
+    assert report.rules["main"] == "VectorRows"
+    assert dict(report.serial_blocks) == {}
+    scheduled = report.module["main"]
+    # The max and the sum each have a block of partial results, vectorised.
+    assert _vector_loops_in(scheduled, "maxelem_rf_update") == 1
+    assert _vector_loops_in(scheduled, "expsum_rf_update") == 1
+    assert tirx.ForKind.PARALLEL in _loop_kinds(scheduled)
+    x = _random([(4, 96, 128)])[0] * 8
+    got = _run(scheduled, [x, np.zeros_like(x)])[1]
+    expected = np.exp(x - x.max(-1, keepdims=True))
+    expected /= expected.sum(-1, keepdims=True)
+    np.testing.assert_allclose(got, expected, rtol=2e-6, atol=1e-7)
+
+
+@T.prim_func(s_tir=True)
+def minus_row_max(A: T.Buffer((64, 512), "float32"), B: T.Buffer((64, 512), "float32")):
+    M = T.sblock_alloc_buffer((64,))
+    for i, k in T.grid(64, 512):
+        with T.sblock("max"):
+            vi, vk = T.axis.remap("SR", [i, k])
+            with T.init():
+                M[vi] = T.min_value("float32")
+            M[vi] = T.max(M[vi], A[vi, vk])
+    for i, j in T.grid(64, 512):
+        with T.sblock("minus"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            B[vi, vj] = A[vi, vj] - M[vi]
+
+
+def test_a_row_maximum_vectorised_is_the_serial_one_bit_for_bit():
+    func = minus_row_max
+    report = _schedule(func)
+    assert report.rules["main"] == "VectorRows"
+    assert _vector_loops_in(report.module["main"], "_rf_update") == 1
+    x = _random([(64, 512)])[0]
+    x[3, 100] = np.inf
+    x[5, :] = -np.inf  # -inf - -inf: NaN in both
+    arrays = [x, np.zeros_like(x)]
+    np.testing.assert_array_equal(_run(report.module["main"], arrays)[1], _run(func, arrays)[1])
+
+
+def test_a_row_the_vector_width_does_not_divide_is_reduced_serially_with_its_reason():
+    from tvm.script import relax as R
+
+    func = lowered(lambda x: R.nn.softmax(x, axis=-1), (64, 100))
+    report = _schedule(func)
+    assert report.rules["main"] == "VectorRows"
+    lanes = loops.vector_lanes(TARGET, 32)
+    reason = (
+        f"reduces each row serially: its reduction extent 100 is not a multiple of the {lanes} "
+        "vector lanes"
+    )
+    assert dict(report.serial_blocks["main"]) == {
+        "T_softmax_maxelem": reason,
+        "T_softmax_expsum": reason,
+    }
+    x = _random([(64, 100)])[0]
+    arrays = [x, np.zeros_like(x)]
+    np.testing.assert_allclose(
+        _run(report.module["main"], arrays)[1], _run(func, arrays)[1], rtol=2e-6, atol=1e-7
+    )

@@ -1,5 +1,6 @@
-"""The default CPU schedule of what tir_byoc leaves to TVM: dlight's CPU rules, then two
-dlight-style rules of this package for the blocks dlight's do not cover.
+"""The default CPU schedule of what tir_byoc leaves to TVM: dlight's CPU rules and three
+dlight-style rules of this package, one that vectorises what dlight's reduction rule leaves
+serial and two for the blocks dlight's do not cover.
 
 Entry point: :func:`default_schedule`, which tries :data:`RULES` in order on each PrimFunc that
 calls no intrinsic and reports, per PrimFunc, the rule that scheduled it, or why none did, and
@@ -9,6 +10,8 @@ TVM 0.27's dlight has two CPU rules, GEMV and Reduction (softmax and norms whose
 their leading spatial axes); every other block would run as TVM wrote it, a loop nest on one
 thread.  The rules here, one per module, decline with ``None`` as dlight's do:
 
+- :class:`~.rows.VectorRows`: softmax and norms, as dlight's ``Reduction`` schedules them, with
+  each row's sum or maximum in vector registers (``rfactor``); tried before dlight's;
 - :class:`~.elementwise.Elementwise`: functions of spatial blocks only (elementwise, broadcast,
   transpose, reshape, gather): inlined into one loop nest per output where TVM allows, the
   outer loops fused and run in parallel, the innermost loop vectorised;
@@ -19,8 +22,11 @@ A schedule that runs a whole reduction again on each iteration of a loop it does
 (:func:`recomputed_reduction`) counts as the rule declining: dlight's ``Reduction`` does that
 to LLaMA's RMSNorm of a single token, which then took 0.5 ms per call instead of 3 us.
 
-Neither rule reorders a reduction.  Inlining puts an elementwise block's expression into its
-consumer's, where LLVM may contract a multiply and an add into one fused multiply-add (TVM's
+``RowReduction`` does not reorder a reduction; ``VectorRows`` reorders a sum over a row into
+vector-wide partial sums (a maximum is the same in any order).  In every function a rule
+schedules, float32 ``exp`` is written out in vector arithmetic (:mod:`.vector_exp`, within one
+ulp) when the target has vector rounding.  Inlining puts an elementwise block's expression into
+its consumer's, where LLVM may contract a multiply and an add into one fused multiply-add (TVM's
 LLVM code generator allows it within one expression anyway), so results can differ from the
 unscheduled function's in the last bit; `tests/test_real_models.py` checks whole models
 against torch.
@@ -44,11 +50,14 @@ from ..match.exprs import const_value
 from ..rewrite import INTRINSIC_ATTR, intrinsic_calls
 from .elementwise import Elementwise
 from .reduction import RowReduction
+from .rows import VectorRows
+from .vector_exp import applies as _vector_exp_applies
+from .vector_exp import expand_exp
 
 logger = logging.getLogger("tir_byoc")
 
 #: Tried in order on every PrimFunc tir_byoc did not offload; the first that applies wins.
-RULES = (dlight.cpu.GEMV, dlight.cpu.Reduction, RowReduction, Elementwise)
+RULES = (dlight.cpu.GEMV, VectorRows, dlight.cpu.Reduction, RowReduction, Elementwise)
 
 _SCHEDULED_ATTR = "tirx.is_scheduled"
 
@@ -75,7 +84,8 @@ class ScheduleReport:
         ``unscheduled``.
     serial_blocks : Mapping[str, Mapping[str, str]]
         Per PrimFunc, the blocks that run on one thread and why: those a rule left serial
-        (too little work, no spatial loop) and the TVM blocks left beside an offloaded call.
+        (too little work, no spatial loop) and the TVM blocks left beside an offloaded call;
+        and the reductions that add up each row serially, not in vector lanes, and why.
     """
 
     module: tvm.IRModule
@@ -175,6 +185,8 @@ def _apply(func: tirx.PrimFunc, target: tvm.target.Target):
         if repeated is not None:
             logger.info("%s declined: its schedule %s", rule_type.__name__, repeated)
             continue
+        if _vector_exp_applies(target):
+            scheduled = expand_exp(scheduled)
         return rule_type.__name__, scheduled, dict(getattr(rule, "notes", {}))
     return None
 
@@ -232,6 +244,7 @@ __all__ = [
     "Elementwise",
     "RowReduction",
     "ScheduleReport",
+    "VectorRows",
     "default_schedule",
     "recomputed_reduction",
 ]

@@ -1,0 +1,119 @@
+"""float32 exp in TIR arithmetic (tir_byoc.schedules.vector_exp): within one ulp of the exact
+exp over float32's range, libm's special values, and where the default schedule uses it."""
+
+import numpy as np
+import pytest
+import tvm
+from byoc_testing import lowered
+from tvm import te, tirx
+
+from tir_byoc import schedules
+from tir_byoc.model import host_target
+from tir_byoc.schedules import vector_exp
+
+POINTS = 1 << 22
+
+
+def _compiled_exp(target):
+    x = te.placeholder((POINTS,), "float32", name="x")
+    y = te.compute((POINTS,), lambda i: vector_exp.exp_float32(x[i]), name="y")
+    return tvm.compile(tvm.IRModule({"main": te.create_prim_func([x, y])}), target=target)
+
+
+def _run(built, x: np.ndarray) -> np.ndarray:
+    padded = np.zeros(POINTS, "float32")
+    padded[: x.size] = x
+    out = tvm.runtime.tensor(np.empty_like(padded))
+    built(tvm.runtime.tensor(padded), out)
+    return out.numpy()[: x.size]
+
+
+@pytest.fixture(scope="module")
+def built():
+    return _compiled_exp(tvm.target.Target("llvm"))
+
+
+def test_within_one_ulp_of_the_exact_exp_over_floats_range(built):
+    rng = np.random.default_rng(0)
+    x = np.concatenate(
+        [
+            rng.uniform(-104.5, 89.5, POINTS // 2),  # the whole range, overflow and underflow
+            rng.uniform(-2.0, 2.0, POINTS // 4),  # where a softmax's inputs mostly are
+            rng.standard_normal(POINTS // 4) * 1e-4,  # around 0, where exp(x) is 1 + x
+        ]
+    ).astype("float32")
+    got = _run(built, x).astype(np.float64)
+    exact = np.exp(x.astype(np.float64))
+    with np.errstate(over="ignore"):
+        rounded = exact.astype(np.float32)
+    tiny = np.finfo(np.float32).tiny
+    normal = np.isfinite(rounded) & (rounded >= tiny)
+    ulp = np.spacing(rounded[normal]).astype(np.float64)
+    assert np.max(np.abs(got[normal] - exact[normal]) / ulp) <= 1.0
+    subnormal = rounded < tiny
+    smallest = float(np.finfo(np.float32).smallest_subnormal)
+    assert np.max(np.abs(got[subnormal] - exact[subnormal])) <= smallest
+    assert np.all(np.isinf(got[~np.isfinite(rounded)]))
+
+
+def test_special_values_are_libms(built):
+    x = np.array(
+        [
+            0.0,
+            -0.0,
+            np.inf,
+            -np.inf,
+            np.nan,
+            vector_exp.OVERFLOW,
+            np.nextafter(np.float32(vector_exp.OVERFLOW), np.float32(np.inf)),
+            -87.33654,  # exp is float32's smallest normal here
+            -103.972,  # ...and its smallest subnormal here
+            -104.0,
+            -1e30,
+            1e30,
+        ],
+        "float32",
+    )
+    with np.errstate(over="ignore"):
+        expected = np.exp(x)
+    got = _run(built, x)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
+    finite = np.isfinite(expected)
+    assert np.all(np.abs(got[finite] - expected[finite]) <= np.spacing(expected[finite]))
+    assert got[2] == np.inf and got[3] == 0.0 and got[6] == np.inf and got[9] == 0.0
+
+
+def test_every_float32_exp_is_replaced_and_other_dtypes_are_left():
+    x = te.placeholder((64,), "float32", name="x")
+    d = te.placeholder((64,), "float64", name="d")
+    y = te.compute((64,), lambda i: tirx.exp(x[i]) + tirx.exp(x[i] * 2.0), name="y")
+    z = te.compute((64,), lambda i: tirx.exp(d[i]), name="z")
+    func = te.create_prim_func([x, d, y, z])
+    expanded = vector_exp.expand_exp(func)
+    text = expanded.script()
+    assert text.count("T.exp(") == 1  # the float64 one
+    # A function without float32 exp comes back as it was.
+    w = te.compute((64,), lambda i: x[i] + 1.0, name="w")
+    plain = te.create_prim_func([x, w])
+    assert vector_exp.expand_exp(plain).same_as(plain)
+
+
+def test_the_default_schedule_writes_exp_out_only_where_the_target_rounds_in_vectors():
+    from tvm.script import relax as R
+
+    func = lowered(lambda x: R.nn.softmax(x, axis=-1), (32, 128))
+    generic = tvm.target.Target("llvm")  # x86-64: SSE2, no vector rounding
+    host = host_target()
+    assert not vector_exp.applies(generic)
+    by_generic = schedules.default_schedule(tvm.IRModule({"main": func}), generic)
+    assert "T.exp(" in by_generic.module["main"].script()
+    if not vector_exp.applies(host):
+        pytest.skip(f"this machine's CPU ({host}) has no SSE4.1")
+    by_host = schedules.default_schedule(tvm.IRModule({"main": func}), host)
+    assert "T.exp(" not in by_host.module["main"].script()
+    x = np.random.default_rng(1).standard_normal((32, 128)).astype("float32") * 10
+    out = tvm.runtime.tensor(np.zeros_like(x))
+    tvm.compile(by_host.module, target=host)["main"](tvm.runtime.tensor(x), out)
+    expected = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(out.numpy(), expected / expected.sum(-1, keepdims=True), rtol=3e-6)
