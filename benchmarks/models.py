@@ -175,7 +175,9 @@ def column(name: str, model, x, threads: int, args):
     plain = name == PLAIN_COLUMN
     work_dir, trials, tuning = None, 0, ""
     if tune:
-        work_dir = Path(args.work_dir) / f"{args.model_key}-{name}-t{args.tune_trials}"
+        # The database holds schedules for one target: this machine's CPU (build_model's default).
+        cpu = tir_byoc.model.host_target().attrs.get("mcpu", "generic")
+        work_dir = Path(args.work_dir) / f"{args.model_key}-{name}-t{args.tune_trials}-{cpu}"
         tuning = _tuning_note(work_dir, cached=True)
         trials = 0 if tuning else args.tune_trials
     if plain:  # read by the backends' pack functions while this build packs, and only then

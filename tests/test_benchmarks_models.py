@@ -158,12 +158,13 @@ def test_a_tuned_column_tunes_once_then_builds_its_cached_database(models, monke
     assert tuned.tuning.startswith("tuned at 1 thread(s) in ") and "cached" not in tuned.tuning
     again = models.column("tir_byoc+ms", None, 1.0, 2, args)
     assert again.tuning == tuned.tuning + ", cached"
-    work_dir = "bert-b1-s128-l2-tir_byoc+ms-t64"
+    # One database per model, column, budget and CPU (the target build_model tunes for).
+    cpu = tir_byoc.model.host_target().attrs.get("mcpu", "generic")
+    work_dir = f"bert-b1-s128-l2-tir_byoc+ms-t64-{cpu}"
     assert calls == [(64, work_dir), (0, work_dir)]
-    # Another budget is another database.
     args.tune_trials = 128
     models.column("tir_byoc+ms", None, 1.0, 2, args)
-    assert calls[-1] == (128, "bert-b1-s128-l2-tir_byoc+ms-t128")
+    assert calls[-1] == (128, f"bert-b1-s128-l2-tir_byoc+ms-t128-{cpu}")
 
 
 def test_a_backend_column_offloads_to_that_backend_only(models, monkeypatch):

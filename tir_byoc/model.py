@@ -35,6 +35,7 @@ import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax, s_tir, tirx
+from tvm.target import codegen
 
 from . import frontend, schedules
 from .export import export_library
@@ -63,7 +64,20 @@ def _is_relax(func) -> bool:
     return isinstance(func, relax.Function)
 
 
+def host_target() -> tvm.target.Target:
+    """An llvm target for this machine's CPU: ``mcpu`` as LLVM names the host (``"rocketlake"``
+    on an AVX-512 Xeon), so that TVM's code uses the host's vector width.  Plain ``"llvm"`` is
+    generic x86-64: SSE2 only, while dlight and the default rules split loops for the host's
+    width (16 float32 lanes with AVX-512)."""
+    cpu, triple = codegen.llvm_get_system_cpu(), codegen.llvm_get_system_triple()
+    if not cpu or cpu == "generic" or not codegen.llvm_is_valid_cpu(cpu, triple):
+        return tvm.target.Target("llvm")
+    return tvm.target.Target({"kind": "llvm", "mcpu": cpu})
+
+
 def _target(target) -> tvm.target.Target:
+    if target is None:
+        return host_target()
     try:
         resolved = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
     except Exception as error:
@@ -115,7 +129,7 @@ def build_model(
     model,
     example_inputs=None,
     *,
-    target="llvm",
+    target=None,
     backends: Iterable[str] | str | None = None,
     offload: bool = True,
     entry: str | None = None,
@@ -131,8 +145,10 @@ def build_model(
         A torch model in eval mode, a Relax module (lowered or not) or a TIR module.
     example_inputs : torch.Tensor or tuple of torch.Tensor, optional
         What a torch model is exported with (required for one, refused for anything else).
-    target : str, dict or tvm.target.Target
-        An llvm target (default ``"llvm"``).
+    target : str, dict or tvm.target.Target, optional
+        An llvm target.  Default: this machine's CPU (:func:`host_target`); a model built so
+        and exported runs on CPUs with the same instruction set.  ``"llvm"`` builds for any
+        x86-64 CPU, with SSE2 vectors.
     backends : str or iterable of str, optional
         As for :func:`tir_byoc.offload`.
     offload : bool
@@ -301,7 +317,8 @@ class Model:
     unscheduled : Mapping[str, str]
         PrimFuncs that call no intrinsic and run as TVM wrote them, with the reason.
     serial_blocks : Mapping[str, Mapping[str, str]]
-        Per PrimFunc, the blocks that run on one thread, with the reason.
+        Per PrimFunc, the blocks that run on one thread, or reduce a row serially, with the
+        reason.
     dlight_failures : Mapping[str, str]
         PrimFuncs a rule raised on, with the error's first line.
     """
