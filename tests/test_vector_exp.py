@@ -117,3 +117,19 @@ def test_the_default_schedule_writes_exp_out_only_where_the_target_rounds_in_vec
     tvm.compile(by_host.module, target=host)["main"](tvm.runtime.tensor(x), out)
     expected = np.exp(x - x.max(-1, keepdims=True))
     np.testing.assert_allclose(out.numpy(), expected / expected.sum(-1, keepdims=True), rtol=3e-6)
+
+
+def test_a_function_a_tuner_scheduled_keeps_its_loops_and_gets_the_same_exp():
+    x = te.placeholder((64, 64), "float32", name="x")
+    y = te.compute((64, 64), lambda i, j: tirx.exp(x[i, j]), name="y")
+    tuned = te.create_prim_func([x, y]).with_attr("tirx.is_scheduled", True)
+    mod = tvm.IRModule({"main": tuned})
+    generic = schedules.default_schedule(mod, tvm.target.Target("llvm"), scheduled_by="tuner")
+    assert dict(generic.rules) == {"main": "tuner"}
+    tvm.ir.assert_structural_equal(generic.module["main"], tuned)
+    host = host_target()
+    if not vector_exp.applies(host):
+        pytest.skip(f"this machine's CPU ({host}) has no SSE4.1")
+    by_host = schedules.default_schedule(mod, host, scheduled_by="tuner")
+    tvm.ir.assert_structural_equal(by_host.module["main"], vector_exp.expand_exp(tuned))
+    assert "T.exp(" not in by_host.module["main"].script()

@@ -195,8 +195,9 @@ def default_schedule(
     mod: tvm.IRModule, target: tvm.target.Target, scheduled_by: str = "scheduled before"
 ) -> ScheduleReport:
     """Schedule each PrimFunc of ``mod`` that calls no intrinsic with the first of :data:`RULES`
-    that applies; a PrimFunc already scheduled (``tirx.is_scheduled``) is left as it is and
-    reported in :attr:`ScheduleReport.rules` as ``scheduled_by``.
+    that applies; a PrimFunc already scheduled (``tirx.is_scheduled``) keeps its schedule (its
+    float32 ``exp`` written out as the rules' is) and is reported in
+    :attr:`ScheduleReport.rules` as ``scheduled_by``.
 
     A rule that raises leaves its function as it was (recorded in
     :attr:`ScheduleReport.failures`); ``mod`` itself is not changed.
@@ -210,6 +211,8 @@ def default_schedule(
         if is_scheduled(func):
             if not offloaded:
                 rules[name] = scheduled_by
+                if _vector_exp_applies(target):  # a tuner's schedule, with the same exp
+                    result.update_func(gvar, expand_exp(func))
             continue
         if offloaded:
             left = _tvm_blocks(func)
