@@ -16,20 +16,21 @@ thread.  The rules here, one per module, decline with ``None`` as dlight's do:
   transpose, reshape, gather): inlined into one loop nest per output where TVM allows, the
   outer loops fused and run in parallel, the innermost loop vectorised;
 - :class:`~.reduction.RowReduction`: functions with reductions dlight declines: each block
-  parallel over its leading spatial loops, each row reduced serially in TVM's order.
+  parallel over its leading spatial loops, each row reduced in vector lanes where the vector
+  width divides it, else serially in TVM's order.
 
 A schedule that runs a whole reduction again on each iteration of a loop it does not index
 (:func:`recomputed_reduction`) counts as the rule declining: dlight's ``Reduction`` does that
 to LLaMA's RMSNorm of a single token, which then took 0.5 ms per call instead of 3 us.
 
-``RowReduction`` does not reorder a reduction; ``VectorRows`` reorders a sum over a row into
-vector-wide partial sums (a maximum is the same in any order).  In every function a rule
-schedules, float32 ``exp`` is written out in vector arithmetic (:mod:`.vector_exp`, within one
-ulp) when the target has vector rounding.  Inlining puts an elementwise block's expression into
-its consumer's, where LLVM may contract a multiply and an add into one fused multiply-add (TVM's
-LLVM code generator allows it within one expression anyway), so results can differ from the
-unscheduled function's in the last bit; `tests/test_real_models.py` checks whole models
-against torch.
+``VectorRows`` and ``RowReduction`` reorder a sum over a row into vector-wide partial sums (a
+maximum is the same in any order; a row they cannot split keeps TVM's order, and says so).  In
+every function a rule schedules, float32 ``exp`` is written out in vector arithmetic
+(:mod:`.vector_exp`, within one ulp) when the target has vector rounding.  Inlining puts an
+elementwise block's expression into its consumer's, where LLVM may contract a multiply and an
+add into one fused multiply-add (TVM's LLVM code generator allows it within one expression
+anyway), so results can differ from the unscheduled function's in the last bit;
+`tests/test_real_models.py` checks whole models against torch.
 """
 
 from __future__ import annotations

@@ -7,35 +7,27 @@ Entry point: :class:`RowReduction`, a dlight rule (``None`` when it does not app
 
 from __future__ import annotations
 
-from tvm import s_tir, tirx
-from tvm.s_tir.dlight.analysis import normalize_prim_func
+from tvm import s_tir
 from tvm.s_tir.dlight.base import try_inline
-from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.target import Target
 
+from .base import NotingRule
 from .loops import schedule_blocks
 
 
-class RowReduction(CPUScheduleRule):
+class RowReduction(NotingRule):
     """Inline what can be, then give each remaining block its own parallel loop nest: a
     reduction block runs its leading spatial loops (its rows) in parallel and reduces each row
-    serially, in the order TVM wrote it; a spatial block is scheduled as
+    in vector lanes where the vector width divides it (:func:`~.loops.split_row`), else
+    serially in the order TVM wrote it; a spatial block is scheduled as
     :class:`~tir_byoc.schedules.elementwise.Elementwise` schedules one.
 
     Applies when the function has at least one reduction block and every block is in
-    dlight's normal form.  :attr:`notes` holds, after :meth:`apply`, the blocks left on one
-    thread and why.
+    dlight's normal form.
     """
 
-    def __init__(self):
-        self.notes: dict[str, str] = {}
-
-    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-            return None
-        sch = s_tir.Schedule(func)
-        blocks = normalize_prim_func(sch)
-        if not blocks or all(block.is_injective() for block in blocks):
+    def schedule(self, sch: s_tir.Schedule, blocks, target: Target) -> s_tir.Schedule | None:
+        if all(block.is_injective() for block in blocks):
             return None
         if any("O" in block.dom_kind() for block in blocks):
             return None

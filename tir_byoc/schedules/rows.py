@@ -21,30 +21,19 @@ cannot split (several reduction axes, an extent the vector width does not divide
 
 from __future__ import annotations
 
-from tvm import s_tir, tirx
-from tvm.s_tir.dlight.analysis import normalize_prim_func
+from tvm import s_tir
 from tvm.s_tir.dlight.base import get_extent
-from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.target import Target
 
+from .base import NotingRule
 from .loops import leading_spatial, split_row, vector_lanes, vectorize_partials
 
 
-class VectorRows(CPUScheduleRule):
-    """dlight's CPU ``Reduction`` schedule with each row's reduction vectorised.
+class VectorRows(NotingRule):
+    """dlight's CPU ``Reduction`` schedule with each row's reduction vectorised."""
 
-    :attr:`notes` holds, after :meth:`apply`, the reductions left serial and why.
-    """
-
-    def __init__(self):
-        self.notes: dict[str, str] = {}
-
-    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-            return None
-        sch = s_tir.Schedule(func)
-        infos = normalize_prim_func(sch)
-        if infos is None or len(infos) < 2 or not infos[-1].is_injective():
+    def schedule(self, sch: s_tir.Schedule, infos, target: Target) -> s_tir.Schedule | None:
+        if len(infos) < 2 or not infos[-1].is_injective():
             return None
         if all(info.is_injective() for info in infos):
             return None
@@ -54,7 +43,6 @@ class VectorRows(CPUScheduleRule):
         rows = min(leading_spatial(kind) for kind in kinds)
         writes = sch.get(infos[-1].block_rv).writes
         lanes = vector_lanes(target, writes[0].source.dtype.bits if writes else 32)
-        self.notes = {}
 
         # Step 1. Split each reduction it can into `lanes` partial results (before compute_at:
         # rfactor needs the block alone under its loops).
