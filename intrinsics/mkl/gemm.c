@@ -313,8 +313,8 @@ static void time_forms(const float *x, const float *w, const float *library, flo
  * plain weight.  Timed here, back to back, packing gained 0-5 % at 1024 rows of BERT's layers;
  * inside the model, where other products run between two calls, it gained 10-12 % (Intel Xeon
  * VM, 2026-11-26), so the rule leans to packing.  A single row, where the plain weight goes to
- * sgemv, times 25 % faster plain and stays so.  TIR_BYOC_MKL_PACK=library|plain names the form
- * instead (for tests). */
+ * sgemv, stays plain: packed, 1 x 4096 -> 4096 took 29 % longer.  TIR_BYOC_MKL_PACK=library|plain
+ * names the form instead (for tests). */
 static int32_t choose_form(const float *w, MKL_INT m, MKL_INT n, MKL_INT k,
                            tir_byoc_layout layout, int any_m) {
   const char *setting = getenv("TIR_BYOC_MKL_PACK");
