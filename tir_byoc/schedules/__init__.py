@@ -186,8 +186,6 @@ def _apply(func: tirx.PrimFunc, target: tvm.target.Target):
         if repeated is not None:
             logger.info("%s declined: its schedule %s", rule_type.__name__, repeated)
             continue
-        if _vector_exp_applies(target):
-            scheduled = expand_exp(scheduled)
         return rule_type.__name__, scheduled, dict(getattr(rule, "notes", {}))
     return None
 
@@ -205,6 +203,7 @@ def default_schedule(
     """
     result = mod.clone()
     rules, unscheduled, failures, serial = {}, {}, {}, {}
+    vector_exp = _vector_exp_applies(target)  # the same answer for every function
     for gvar, func in mod.functions_items():
         if not isinstance(func, tirx.PrimFunc):
             continue
@@ -212,7 +211,7 @@ def default_schedule(
         if is_scheduled(func):
             if not offloaded:
                 rules[name] = scheduled_by
-                if _vector_exp_applies(target):  # a tuner's schedule, with the same exp
+                if vector_exp:  # a tuner's schedule, with the rules' exp
                     result.update_func(gvar, expand_exp(func))
             continue
         if offloaded:
@@ -231,7 +230,7 @@ def default_schedule(
             unscheduled[name] = _why_no_rule(func)
             continue
         rules[name], scheduled, notes = applied
-        result.update_func(gvar, scheduled)
+        result.update_func(gvar, expand_exp(scheduled) if vector_exp else scheduled)
         if notes:
             serial[name] = notes
     return ScheduleReport(

@@ -68,12 +68,8 @@ def _power_of_two(exponent: tirx.PrimExpr) -> tirx.PrimExpr:
 
 def exp_float32(value: tirx.PrimExpr) -> tirx.PrimExpr:
     """float32 exp of ``value`` in TIR arithmetic; ``value`` is evaluated once (a Let)."""
-    x, n, r = (tirx.Var(name, "float32") for name in ("x", "n", "r"))
+    x, clamped, n, r = (tirx.Var(name, "float32") for name in ("x", "clamped", "n", "r"))
     n_int, half = tirx.Var("n_int", "int32"), tirx.Var("half", "int32")
-    # Below UNDERFLOW the result is 0 (selected below); computing exp(0) there instead keeps
-    # the products normal: a product that underflows costs a microcode assist on Intel CPUs,
-    # about a hundred cycles, and a causal mask puts -inf or float32's lowest in half a row.
-    clamped = tirx.Select(x < _f32(UNDERFLOW), _f32(0.0), tirx.min(x, _f32(OVERFLOW + 0.1)))
     polynomial = _f32(_POLYNOMIAL[0])
     for coefficient in _POLYNOMIAL[1:]:
         polynomial = polynomial * r + _f32(coefficient)
@@ -86,6 +82,11 @@ def exp_float32(value: tirx.PrimExpr) -> tirx.PrimExpr:
     body = tirx.Let(n_int, tirx.Cast("int32", n), body)
     body = tirx.Let(r, clamped - n * _f32(_LN2_HIGH) - n * _f32(_LN2_LOW), body)
     body = tirx.Let(n, tirx.floor(clamped * _f32(_LOG2_E) + _f32(0.5)), body)
+    # Below UNDERFLOW the result is 0 (selected above); computing exp(0) there instead keeps
+    # the products normal: a product that underflows costs a microcode assist on Intel CPUs,
+    # about a hundred cycles, and a causal mask puts -inf or float32's lowest in half a row.
+    below = tirx.Select(x < _f32(UNDERFLOW), _f32(0.0), tirx.min(x, _f32(OVERFLOW + 0.1)))
+    body = tirx.Let(clamped, below, body)
     return tirx.Let(x, value, body)
 
 
