@@ -291,3 +291,29 @@ def test_a_tuning_budget_that_is_not_a_count_is_refused_in_one_line(trials, tmp_
     with pytest.raises(ValueError, match=r"expected tune_trials to be an int >= 0, got") as error:
         tir_byoc.build_model(demo.lowered_mlp(), tune_trials=trials, work_dir=tmp_path)
     assert "\n" not in str(error.value)
+
+
+def test_an_intrinsic_called_from_inside_a_parallel_loop_is_refused_before_the_build():
+    """The intrinsics share their work among TVM's threads, so a schedule that moved a call
+    into a parallel loop would make a parallel launch within one: refused, in one line."""
+    from tvm import tirx
+
+    from tir_byoc.rewrite import calls_in_parallel_loops
+
+    offloaded = tir_byoc.offload(two_layers, backends="ref")
+    assert intrinsic_calls(offloaded) and calls_in_parallel_loops(offloaded) == []
+    root = offloaded.body.block
+    wrapped = tirx.For(tirx.Var("p", "int32"), 0, 1, tirx.ForKind.PARALLEL, root.body)
+    moved = offloaded.with_body(
+        tvm.s_tir.SBlockRealize([], True, root.__class__(
+            root.iter_vars, root.reads, root.writes, root.name_hint, wrapped, root.init,
+            root.alloc_buffers, root.match_buffers, root.annotations,
+        ))
+    )  # fmt: skip
+    blocks = calls_in_parallel_loops(moved)
+    assert len(blocks) == sum(intrinsic_calls(offloaded).values()) == 2
+    _one_line_value_error(
+        lambda: tir_byoc.build_model(moved, offload=False),
+        "calls an intrinsic from inside a parallel loop",
+        f"(block {blocks[0]})",
+    )

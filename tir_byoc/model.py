@@ -41,7 +41,7 @@ from . import frontend, schedules
 from .export import export_library
 from .offload import offload as offload_module
 from .relax_reshape import FoldLinearReshapes
-from .rewrite import intrinsic_calls
+from .rewrite import calls_in_parallel_loops, intrinsic_calls
 
 logger = logging.getLogger("tir_byoc")
 
@@ -219,6 +219,14 @@ def build_model(
     # Step 3. The default CPU schedule for the rest, function by function.
     report = schedules.default_schedule(mod, resolved, scheduled_by="MetaSchedule")
     mod = report.module
+    for gvar, func in mod.functions_items():
+        if isinstance(func, tirx.PrimFunc) and (blocks := calls_in_parallel_loops(func)):
+            raise ValueError(
+                f"tir_byoc.build_model: {gvar.name_hint} calls an intrinsic from inside a "
+                f"parallel loop (block {blocks[0]}); expected every offloaded block outside "
+                "parallel loops, as the offload leaves it (the intrinsics share their work "
+                "among TVM's threads themselves)"
+            )
     # Step 4. The Relax build pipeline (as tvm.compile would run it), then the build.
     if is_relax:
         with resolved:

@@ -49,6 +49,33 @@ def intrinsic_calls(func: tirx.PrimFunc) -> dict[str, int]:
     return counts
 
 
+def calls_in_parallel_loops(func: tirx.PrimFunc) -> list[str]:
+    """The offloaded blocks of ``func`` that sit inside a parallel loop, by block name.
+
+    An intrinsic shares its own work among the threads of TVM's pool (the MKL backend does, as
+    TVM's parallel loops do), so it must be called where TVM's code could start a parallel loop:
+    a call from inside one would be a parallel launch within a launch, which TVM's pool refuses
+    or, on the calling thread, corrupts.  The offload puts each call at the function's root and
+    no schedule of tir_byoc moves it; this finds a schedule that did.
+    """
+    found = []
+    parallel = [0]
+
+    def on_loop(loop, visitor):
+        inside = loop.kind == tirx.ForKind.PARALLEL
+        parallel[0] += inside
+        visitor.visit(loop.body)
+        parallel[0] -= inside
+
+    def on_block(block, visitor):
+        if parallel[0] and block.annotations and INTRINSIC_ATTR in block.annotations:
+            found.append(block.name_hint)
+        visitor.visit(block.body)
+
+    tvm_ffi.structural_visit(func.body, [(tirx.For, on_loop), (s_tir.SBlock, on_block)])
+    return found
+
+
 class RewriteError(RuntimeError):
     """A match no longer fits the function it came from (a broken invariant)."""
 

@@ -1,19 +1,30 @@
 /*
  * mkl/gemm.c - the oneMKL intrinsics (fp32).  A product is one cblas_sgemm (sgemv for a single
  * row), a batched one cblas_sgemm_batch_strided, and a constant weight is multiplied in MKL's
- * packed storage (cblas_sgemm_compute).  The epilogue runs after the product, over the rows in
- * parallel, its erf, exp and tanh from MKL's vector math.  Symbols tir_byoc_mkl_<pattern>,
- * registry keys mkl.<pattern>; calling convention and status codes as in tir_byoc.h.
+ * packed storage (cblas_sgemm_compute).  The epilogue runs after the product, on the part of the
+ * output the same thread just wrote, its erf, exp and tanh from MKL's vector math.  Symbols
+ * tir_byoc_mkl_<pattern>, registry keys mkl.<pattern>; calling convention and status codes as
+ * in tir_byoc.h.
  *
- * Linked statically against the mkl-static wheel (GNU OpenMP threading layer) with its symbols
- * hidden, so that a PyTorch in the same process, which exports an MKL of its own, keeps it.
+ * Linked statically against the mkl-static wheel with its symbols hidden, so that a PyTorch in
+ * the same process, which exports an MKL of its own, keeps it.
+ *
+ * Threads.  MKL is linked sequential, and a call shares its work among the threads of TVM's own
+ * pool (TVMBackendParallelLaunch, which TVM's parallel loops use): the output's columns (a 2-D
+ * product), rows (when it has too few columns) or batch indices (a batched one), one part per
+ * thread, each part's epilogue run by the thread that computed it.  With one pool for the whole
+ * model, no other pool's worker spins on a core that TVM's next loop needs, and none has to be
+ * woken for the next call: with MKL's OpenMP threads, 128-row products at two threads gained
+ * 1.6x over one thread, not 2x (benchmarks/README.md).  Outside TVM's runtime (no
+ * TVMBackendParallelLaunch in the process) the parts run one after the other.
  *
  * Packed weights.  MKL's packed storage may not move once made (up to oneMKL 2024 its manual
  * forbids copying it to another address), so it cannot be made at build time and stored in a
  * model.  tir_byoc_mkl_pack makes a block of the plain weight under a header naming the call
  * (m, n, k, layout) and a 128-bit hash of the weight's bytes; the first call that meets the
- * block packs the weight into memory this library owns, kept for the life of the process and
- * found again by that hash and shape, so blocks with the same weight share one packing.
+ * block packs the weight into memory this library owns, one packing per column part, kept for
+ * the life of the process and found again by that hash, shape and number of parts, so blocks
+ * with the same weight share them.
  */
 #include <limits.h>
 #include <mkl_cblas.h>
@@ -27,112 +38,253 @@
 
 #include "tir_byoc.h"
 
-/* Step 1. The epilogue: one op over one row, the transcendental ones through MKL's vector
+/* Step 1. The epilogue: one op over part of a row, the transcendental ones through MKL's vector
  * math (VM) in chunks; the other ops, and every formula, as tir_byoc_epilogue.h has them. */
 enum { VM_CHUNK = 256 };
 /* High accuracy (1 ulp), denormals kept as TVM's code keeps them, no errno or callback. */
 static const MKL_INT64 kVmMode = VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE;
 
-static void mkl_op_row(const tir_byoc_op *op, float *row, int64_t i, int64_t n) {
+/* `op` over columns [j0, j0 + len) of row i of the (., n) output; `v` points at column j0. */
+static void mkl_op_span(const tir_byoc_op *op, float *v0, int64_t i, int64_t j0, int64_t len,
+                        int64_t n) {
   const float c0 = (float)op->c[0], c1 = (float)op->c[1];
   float t[VM_CHUNK];
-  for (int64_t j0 = 0; j0 < n; j0 += VM_CHUNK) {
-    float *v = row + j0;
-    const int len = (int)(n - j0 < VM_CHUNK ? n - j0 : VM_CHUNK);
+  for (int64_t c = 0; c < len; c += VM_CHUNK) {
+    float *v = v0 + c;
+    const int chunk = (int)(len - c < VM_CHUNK ? len - c : VM_CHUNK);
     int j;
     switch (op->code) {
       case TIR_BYOC_OP_GELU: /* z * (0.5 + erf(z * c0) * 0.5) */
-        for (j = 0; j < len; ++j) t[j] = v[j] * c0;
-        vmsErf(len, t, t, kVmMode);
-        for (j = 0; j < len; ++j) v[j] = v[j] * (0.5f + t[j] * 0.5f);
+        for (j = 0; j < chunk; ++j) t[j] = v[j] * c0;
+        vmsErf(chunk, t, t, kVmMode);
+        for (j = 0; j < chunk; ++j) v[j] = v[j] * (0.5f + t[j] * 0.5f);
         break;
       case TIR_BYOC_OP_GELU_TANH: /* 0.5 * z * (1 + tanh(c0 * (z + c1 * z^3))) */
-        for (j = 0; j < len; ++j) t[j] = c0 * (v[j] + c1 * (v[j] * v[j] * v[j]));
-        vmsTanh(len, t, t, kVmMode);
-        for (j = 0; j < len; ++j) v[j] = 0.5f * v[j] * (1.0f + t[j]);
+        for (j = 0; j < chunk; ++j) t[j] = c0 * (v[j] + c1 * (v[j] * v[j] * v[j]));
+        vmsTanh(chunk, t, t, kVmMode);
+        for (j = 0; j < chunk; ++j) v[j] = 0.5f * v[j] * (1.0f + t[j]);
         break;
       case TIR_BYOC_OP_SILU: /* z * (1 / (1 + exp(-z))) */
-        for (j = 0; j < len; ++j) t[j] = -v[j];
-        vmsExp(len, t, t, kVmMode);
-        for (j = 0; j < len; ++j) v[j] = v[j] * (1.0f / (1.0f + t[j]));
+        for (j = 0; j < chunk; ++j) t[j] = -v[j];
+        vmsExp(chunk, t, t, kVmMode);
+        for (j = 0; j < chunk; ++j) v[j] = v[j] * (1.0f / (1.0f + t[j]));
         break;
       case TIR_BYOC_OP_SIGMOID: /* 1 / (1 + exp(-z)) */
-        for (j = 0; j < len; ++j) t[j] = -v[j];
-        vmsExp(len, t, t, kVmMode);
-        for (j = 0; j < len; ++j) v[j] = 1.0f / (1.0f + t[j]);
+        for (j = 0; j < chunk; ++j) t[j] = -v[j];
+        vmsExp(chunk, t, t, kVmMode);
+        for (j = 0; j < chunk; ++j) v[j] = 1.0f / (1.0f + t[j]);
         break;
       case TIR_BYOC_OP_TANH:
-        vmsTanh(len, v, v, kVmMode);
+        vmsTanh(chunk, v, v, kVmMode);
         break;
-      default: /* the rest is plain arithmetic: the portable loops, over the whole row */
-        tir_byoc_op_row(op, row, i, n);
+      default: /* the rest is plain arithmetic: the portable loops, over the whole span */
+        tir_byoc_op_span(op, v0, i, j0, len, n);
         return;
     }
   }
 }
 
-/* The epilogue over rows [first_row, first_row + rows) of the (., n) output y; rows are
- * independent, so they are shared among the OpenMP threads when there are enough of them. */
-static void mkl_epilogue(const tir_byoc_epilogue *epilogue, float *y, int64_t rows, int64_t n) {
-  if (epilogue->count == 0 || rows == 0 || n == 0) return;
-#pragma omp parallel for schedule(static) if (rows * n >= 16384)
-  for (int64_t i = 0; i < rows; ++i)
-    for (int o = 0; o < epilogue->count; ++o) mkl_op_row(&epilogue->op[o], y + i * n, i, n);
+/* The epilogue over rows [r0, r1), columns [j0, j1) of the (., n) output y. */
+static void mkl_epilogue(const tir_byoc_epilogue *epilogue, float *y, int64_t r0, int64_t r1,
+                         int64_t j0, int64_t j1, int64_t n) {
+  for (int64_t i = r0; i < r1; ++i)
+    for (int o = 0; o < epilogue->count; ++o)
+      mkl_op_span(&epilogue->op[o], y + i * n + j0, i, j0, j1 - j0, n);
 }
 
 /* Step 2. Products.  MKL indexes with 32-bit ints (the LP64 interface). */
 static int fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
 
-/* y (m, n) = x (m, k) . w, w (n, k) for NK or (k, n) for KN, every operand compact. */
+/* Columns [j0, j0 + cols) of y (m, n) = x (m, k) . w, w (n, k) for NK or (k, n) for KN, every
+ * operand compact. */
 static void plain_product(const float *x, const float *w, float *y, MKL_INT m, MKL_INT n,
-                          MKL_INT k, tir_byoc_layout layout) {
+                          MKL_INT k, tir_byoc_layout layout, MKL_INT j0, MKL_INT cols) {
   const int nk = layout == TIR_BYOC_LAYOUT_NK;
-  if (m == 0 || n == 0) return;
+  const float *b = nk ? w + (int64_t)j0 * k : w + j0;
+  if (m == 0 || cols == 0) return;
   if (k == 0) {
-    memset(y, 0, sizeof(float) * (size_t)m * (size_t)n);
+    for (MKL_INT i = 0; i < m; ++i) memset(y + (int64_t)i * n + j0, 0, sizeof(float) * cols);
   } else if (m == 1) { /* y = W x for an (n, k) weight, W^T x for a (k, n) one */
     if (nk)
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, w, k, x, 1, 0.0f, y, 1);
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, cols, k, 1.0f, b, k, x, 1, 0.0f, y + j0, 1);
     else
-      cblas_sgemv(CblasRowMajor, CblasTrans, k, n, 1.0f, w, n, x, 1, 0.0f, y, 1);
+      cblas_sgemv(CblasRowMajor, CblasTrans, k, cols, 1.0f, b, n, x, 1, 0.0f, y + j0, 1);
   } else {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, nk ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, x,
-                k, w, nk ? k : n, 0.0f, y, n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, nk ? CblasTrans : CblasNoTrans, m, cols, k, 1.0f, x,
+                k, b, nk ? k : n, 0.0f, y + j0, n);
   }
 }
 
-/* The products of a batched call (tir_byoc.h), y compact; strides already checked to fit. */
+/* Batch indices [p0, p1) of a batched call (tir_byoc.h), flattened as i0 * count[1] + i1, into
+ * their (m, n) matrices of the compact y; strides already checked to fit. */
 static void batched_product(const float *x, const float *w, float *y, MKL_INT m, MKL_INT n,
-                            MKL_INT k, tir_byoc_layout layout, const tir_byoc_batch *batch) {
+                            MKL_INT k, tir_byoc_layout layout, const tir_byoc_batch *batch,
+                            int64_t p0, int64_t p1) {
   const int nk = layout == TIR_BYOC_LAYOUT_NK;
-  const int64_t b0 = batch->count[0], b1 = batch->count[1];
-  if (m == 0 || n == 0 || b0 == 0 || b1 == 0) return;
+  const int64_t b1 = batch->count[1], *xs = batch->x_stride, *ws = batch->w_stride;
   if (k == 0) {
-    memset(y, 0, sizeof(float) * (size_t)(b0 * b1 * m * n));
+    memset(y + p0 * m * n, 0, sizeof(float) * (size_t)((p1 - p0) * m * n));
     return;
   }
-  /* One strided batch over the dim whose index moves (both when dim 0 steps over whole
-   * runs of dim 1), else one per index of dim 0.  A stride shorter than its matrix (0
-   * broadcasts) is not given to MKL: those batches are a loop of plain products. */
-  const int64_t *xs = batch->x_stride, *ws = batch->w_stride;
-  const int flat = b0 == 1 || (xs[0] == b1 * xs[1] && ws[0] == b1 * ws[1]);
-  const int64_t outer = b1 == 1 || flat ? 1 : b0, inner = b0 * b1 / outer;
-  const int along = b1 == 1 ? 0 : 1; /* the dim the strided batch steps along */
-  if (xs[along] < (int64_t)m * k || ws[along] < (int64_t)n * k) {
-    for (int64_t i0 = 0; i0 < b0; ++i0)
-      for (int64_t i1 = 0; i1 < b1; ++i1)
-        plain_product(x + i0 * xs[0] + i1 * xs[1], w + i0 * ws[0] + i1 * ws[1],
-                      y + (i0 * b1 + i1) * m * n, m, n, k, layout);
-    return;
+  /* A strided batch runs along dim 1 (dim 0 when dim 1 has one index), across dim 0 too when
+   * dim 0 steps over whole runs of dim 1.  A stride shorter than its matrix (0 broadcasts) is
+   * not given to MKL: those batches are a loop of plain products. */
+  const int along = b1 == 1 ? 0 : 1;
+  const int across = batch->count[0] == 1 || b1 == 1 || (xs[0] == b1 * xs[1] && ws[0] == b1 * ws[1]);
+  const int strided = xs[along] >= (int64_t)m * k && ws[along] >= (int64_t)n * k;
+  for (int64_t p = p0, end; p < p1; p = end) {
+    const int64_t i0 = p / b1, i1 = p % b1;
+    const float *xp = x + i0 * xs[0] + i1 * xs[1], *wp = w + i0 * ws[0] + i1 * ws[1];
+    end = !strided ? p + 1 : across ? p1 : (i0 + 1) * b1 < p1 ? (i0 + 1) * b1 : p1;
+    if (!strided)
+      plain_product(xp, wp, y + p * m * n, m, n, k, layout, 0, n);
+    else
+      cblas_sgemm_batch_strided(CblasRowMajor, CblasNoTrans, nk ? CblasTrans : CblasNoTrans, m,
+                                n, k, 1.0f, xp, k, (MKL_INT)xs[along], wp, nk ? k : n,
+                                (MKL_INT)ws[along], 0.0f, y + p * m * n, n, m * n,
+                                (MKL_INT)(end - p));
   }
-  for (int64_t o = 0; o < outer; ++o)
-    cblas_sgemm_batch_strided(CblasRowMajor, CblasNoTrans, nk ? CblasTrans : CblasNoTrans, m, n,
-                              k, 1.0f, x + o * xs[0], k, (MKL_INT)xs[along], w + o * ws[0],
-                              nk ? k : n, (MKL_INT)ws[along], 0.0f, y + o * b1 * m * n, n,
-                              m * n, (MKL_INT)inner);
 }
 
-/* Step 3. Packed weights (see the top of this file). */
+/* Step 3. The work of a call, cut into parts that TVM's threads share (see the top). */
+
+/* TVMParallelGroupEnv, FTVMParallelLambda and TVMBackendParallelLaunch, as
+ * tvm/runtime/c_backend_api.h declares them; the symbol is weak so that the library also loads,
+ * and runs its parts in turn, where TVM's runtime is not loaded. */
+typedef struct {
+  void *sync_handle;
+  int32_t num_task;
+} tvm_group_env;
+typedef int (*tvm_lambda)(int task_id, tvm_group_env *env, void *data);
+extern int TVMBackendParallelLaunch(tvm_lambda lambda, void *data, int num_task)
+    __attribute__((weak));
+
+/* Below this many multiply-adds (m * n * k over the whole call) one thread does the work: waking
+ * another costs more than it saves. */
+#define MIN_SHARED_WORK (1 << 20)
+/* Column parts start on a multiple of this many columns (one AVX-512 register of fp32). */
+enum { COLUMN_ALIGN = 16, MAX_PARTS = 64 };
+
+static int count_threads(int task_id, tvm_group_env *env, void *data) {
+  if (task_id == 0) *(int *)data = env->num_task;
+  return 0;
+}
+
+/* The number of threads in the calling thread's TVM pool, asked once (the pool's size is set
+ * when it starts: TVM_NUM_THREADS, or one thread per core). */
+static int pool_threads(void) {
+  static int threads; /* 0 until asked */
+  int t = __atomic_load_n(&threads, __ATOMIC_RELAXED);
+  if (t == 0) {
+    t = 1;
+    if (TVMBackendParallelLaunch != NULL) TVMBackendParallelLaunch(count_threads, &t, 0);
+    if (t < 1) t = 1;
+    if (t > MAX_PARTS) t = MAX_PARTS;
+    __atomic_store_n(&threads, t, __ATOMIC_RELAXED);
+  }
+  return t;
+}
+
+/* Part s of `parts` of [0, total), each part a multiple of `align` but the last. */
+static void part_range(int64_t total, int parts, int s, int64_t align, int64_t *lo,
+                       int64_t *hi) {
+  int64_t size = (total + parts - 1) / parts;
+  size = (size + align - 1) / align * align;
+  *lo = s * size < total ? s * size : total;
+  *hi = *lo + size < total ? *lo + size : total;
+}
+
+typedef enum { CUT_COLUMNS, CUT_ROWS, CUT_BATCHES } cut;
+
+typedef struct {
+  const tir_byoc_call *call; /* shapes, layout, batch and epilogue */
+  const float *x, *w;        /* w: the plain weight, unless `packed` is set */
+  const float *const *packed; /* MKL's packing of each column part, or NULL */
+  float *y;
+  cut how;
+  int parts;
+} call_work;
+
+/* How `work` is cut: batch indices, else columns (the only cut a packed weight has: MKL packs
+ * each part), else rows when there are too few columns for every thread.  Few multiply-adds
+ * in all, and it is one part. */
+static void cut_work(call_work *work, int packed) {
+  const tir_byoc_call *call = work->call;
+  const int64_t m = call->m, n = call->n, count = call->batch.count[0] * call->batch.count[1];
+  const double madds = (double)m * (double)n * (double)call->k * (double)count;
+  const int64_t threads = madds < MIN_SHARED_WORK ? 1 : pool_threads();
+  const int64_t column_parts = n / COLUMN_ALIGN < threads ? n / COLUMN_ALIGN : threads;
+  work->how = count > 1 ? CUT_BATCHES : CUT_COLUMNS, work->parts = 1;
+  if (threads == 1) return;
+  if (count > 1)
+    work->parts = (int)(count < threads ? count : threads);
+  else if (packed || column_parts == threads || m < threads)
+    work->parts = column_parts < 1 ? 1 : (int)column_parts;
+  else
+    work->how = CUT_ROWS, work->parts = (int)threads;
+}
+
+/* How a call of this shape is cut in the calling thread's TVM pool (tests, and reading a
+ * profile): returns the cut (0 columns, 1 rows, 2 batch indices) and sets *parts. */
+TIR_BYOC_EXTERN_C TIR_BYOC_EXPORT int32_t tir_byoc_mkl_cut(int64_t m, int64_t n, int64_t k,
+                                                           int64_t count, int32_t packed,
+                                                           int32_t *parts) {
+  tir_byoc_call call;
+  memset(&call, 0, sizeof call);
+  call.m = m, call.n = n, call.k = k, call.batch.count[0] = count, call.batch.count[1] = 1;
+  call_work work = {&call, NULL, NULL, NULL, NULL, CUT_COLUMNS, 1};
+  cut_work(&work, packed);
+  if (parts != NULL) *parts = work.parts;
+  return (int32_t)work.how;
+}
+
+static void run_part(const call_work *work, int s) {
+  const tir_byoc_call *call = work->call;
+  const MKL_INT m = (MKL_INT)call->m, n = (MKL_INT)call->n, k = (MKL_INT)call->k;
+  int64_t lo, hi;
+  switch (work->how) {
+    case CUT_COLUMNS:
+      part_range(n, work->parts, s, COLUMN_ALIGN, &lo, &hi);
+      if (lo == hi) return;
+      if (work->packed != NULL)
+        cblas_sgemm_compute(CblasRowMajor, CblasNoTrans, CblasPacked, m, (MKL_INT)(hi - lo), k,
+                            work->x, k, work->packed[s], k, 0.0f, work->y + lo, n);
+      else
+        plain_product(work->x, work->w, work->y, m, n, k, call->layout, (MKL_INT)lo,
+                      (MKL_INT)(hi - lo));
+      mkl_epilogue(&call->epilogue, work->y, 0, m, lo, hi, n);
+      break;
+    case CUT_ROWS:
+      part_range(m, work->parts, s, 1, &lo, &hi);
+      if (lo == hi) return;
+      plain_product(work->x + lo * k, work->w, work->y + lo * n, (MKL_INT)(hi - lo), n, k,
+                    call->layout, 0, n);
+      mkl_epilogue(&call->epilogue, work->y, lo, hi, 0, n, n);
+      break;
+    case CUT_BATCHES:
+      part_range(call->batch.count[0] * call->batch.count[1], work->parts, s, 1, &lo, &hi);
+      if (lo == hi) return;
+      batched_product(work->x, work->w, work->y, m, n, k, call->layout, &call->batch, lo, hi);
+      mkl_epilogue(&call->epilogue, work->y, lo * m, hi * m, 0, n, n);
+      break;
+  }
+}
+
+static int run_parts(int task_id, tvm_group_env *env, void *data) {
+  const call_work *work = (const call_work *)data;
+  for (int s = task_id; s < work->parts; s += env->num_task) run_part(work, s);
+  return 0;
+}
+
+/* Every part of `work`: on TVM's pool when there is more than one and the pool is there. */
+static void run_work(const call_work *work) {
+  if (work->parts > 1 && TVMBackendParallelLaunch != NULL &&
+      TVMBackendParallelLaunch(run_parts, (void *)work, 0) == 0)
+    return;
+  for (int s = 0; s < work->parts; ++s) run_part(work, s);
+}
+
+/* Step 4. Packed weights (see the top of this file). */
 typedef struct {
   char magic[8]; /* "TBYCMKL" */
   uint64_t hash[2];
@@ -161,25 +313,52 @@ static void weight_hash(const void *data, size_t bytes, uint64_t out[2]) {
 typedef struct {
   uint64_t hash[2];
   int64_t m, n, k;
-  int32_t layout;
-  const float *packed;
+  int32_t layout, parts;
+  float **part; /* MKL's packing of each column part; never moves, as callers hold it */
 } packing;
 
 static pthread_mutex_t packings_lock = PTHREAD_MUTEX_INITIALIZER;
 static packing *packings;
 static size_t packings_count, packings_capacity;
 
-/* MKL's packing of the block's weight, made on first use; NULL if memory ran out (the caller
- * then multiplies the plain weight the block holds). */
-static const float *packed_weight(const pack_header *header) {
+static void free_parts(float **part, int parts) {
+  for (int s = 0; s < parts; ++s) mkl_free(part[s]), part[s] = NULL;
+}
+
+/* MKL's packing of each of `parts` column parts of the plain weight w (see run_part); false,
+ * with nothing left allocated, if memory ran out. */
+static int pack_parts(const float *w, MKL_INT m, MKL_INT n, MKL_INT k, tir_byoc_layout layout,
+                      int parts, float **part) {
+  const int nk = layout == TIR_BYOC_LAYOUT_NK;
+  for (int s = 0; s < parts; ++s) part[s] = NULL;
+  for (int s = 0; s < parts; ++s) {
+    int64_t lo, hi;
+    part_range(n, parts, s, COLUMN_ALIGN, &lo, &hi);
+    const MKL_INT cols = (MKL_INT)(hi - lo);
+    if (cols == 0) continue;
+    part[s] = (float *)mkl_malloc(cblas_sgemm_pack_get_size(CblasBMatrix, m, cols, k), 64);
+    if (part[s] == NULL) {
+      free_parts(part, s);
+      return 0;
+    }
+    cblas_sgemm_pack(CblasRowMajor, CblasBMatrix, nk ? CblasTrans : CblasNoTrans, m, cols, k,
+                     1.0f, nk ? w + lo * k : w + lo, nk ? k : n, part[s]);
+  }
+  return 1;
+}
+
+/* MKL's packing of the block's weight in `parts` column parts, made on first use; NULL if
+ * memory ran out (the caller then multiplies the plain weight the block holds). */
+static const float *const *packed_weight(const pack_header *header, int parts) {
   const float *plain = (const float *)(header + 1);
-  const float *found = NULL;
+  const float *const *found = NULL;
   pthread_mutex_lock(&packings_lock);
   for (size_t i = 0; i < packings_count && found == NULL; ++i) {
     const packing *p = &packings[i];
     if (memcmp(p->hash, header->hash, sizeof p->hash) == 0 && p->m == header->m &&
-        p->n == header->n && p->k == header->k && p->layout == header->layout)
-      found = p->packed;
+        p->n == header->n && p->k == header->k && p->layout == header->layout &&
+        p->parts == parts)
+      found = (const float *const *)p->part;
   }
   if (found == NULL && packings_count == packings_capacity) {
     const size_t capacity = packings_capacity ? 2 * packings_capacity : 64;
@@ -187,29 +366,31 @@ static const float *packed_weight(const pack_header *header) {
     if (grown != NULL) packings = grown, packings_capacity = capacity;
   }
   if (found == NULL && packings_count < packings_capacity) {
-    const MKL_INT m = (MKL_INT)header->m, n = (MKL_INT)header->n, k = (MKL_INT)header->k;
-    const int nk = header->layout == TIR_BYOC_LAYOUT_NK;
-    float *packed = (float *)mkl_malloc(cblas_sgemm_pack_get_size(CblasBMatrix, m, n, k), 64);
-    if (packed != NULL) {
-      cblas_sgemm_pack(CblasRowMajor, CblasBMatrix, nk ? CblasTrans : CblasNoTrans, m, n, k,
-                       1.0f, plain, nk ? k : n, packed);
-      packing *p = &packings[packings_count++];
+    packing *p = &packings[packings_count];
+    p->part = (float **)malloc(sizeof(float *) * (size_t)parts);
+    if (p->part != NULL &&
+        !pack_parts(plain, (MKL_INT)header->m, (MKL_INT)header->n, (MKL_INT)header->k,
+                    (tir_byoc_layout)header->layout, parts, p->part))
+      free(p->part), p->part = NULL;
+    if (p->part != NULL) {
       memcpy(p->hash, header->hash, sizeof p->hash);
-      p->m = header->m, p->n = header->n, p->k = header->k, p->layout = header->layout;
-      p->packed = found = packed;
+      p->m = header->m, p->n = header->n, p->k = header->k;
+      p->layout = header->layout, p->parts = parts;
+      found = (const float *const *)p->part;
+      ++packings_count;
     }
   }
   pthread_mutex_unlock(&packings_lock);
   return found;
 }
 
-/* Step 4. The gemm entry point, and the family's 2-D and batched functions through it. */
+/* Step 5. The gemm entry point, and the family's 2-D and batched functions through it. */
 static int32_t mkl_call(const tir_byoc_call *call) {
   const int32_t flags = TIR_BYOC_FLAGS_OF(call->dtypes);
   const int packed = flags == TIR_BYOC_PACKED_WEIGHT;
   const tir_byoc_batch *batch = &call->batch;
   const int64_t count = batch->count[0] * batch->count[1];
-  // Step 4.1. fp32 only; the one flag is a packed weight, for a call without batch.
+  // Step 5.1. fp32 only; the one flag is a packed weight, for a call without batch.
   if (TIR_BYOC_SIGNATURE_OF(call->dtypes) != TIR_BYOC_SIG_F32 || (flags != 0 && !packed))
     return TIR_BYOC_EDTYPE;
   if (packed && count != 1) return TIR_BYOC_EDTYPE;
@@ -217,29 +398,23 @@ static int32_t mkl_call(const tir_byoc_call *call) {
   if (!fits_int(call->m * call->n) || !fits_int(count)) return TIR_BYOC_ESHAPE;
   for (int d = 0; d < 2; ++d)
     if (!fits_int(batch->x_stride[d]) || !fits_int(batch->w_stride[d])) return TIR_BYOC_ESHAPE;
-  const float *x = (const float *)call->x, *w = (const float *)call->w;
-  float *y = (float *)call->y;
-  const MKL_INT m = (MKL_INT)call->m, n = (MKL_INT)call->n, k = (MKL_INT)call->k;
-  // Step 4.2. The product.
+  const int64_t m = call->m, n = call->n, k = call->k;
+  call_work work = {call, (const float *)call->x, (const float *)call->w, NULL,
+                    (float *)call->y, CUT_COLUMNS, 1};
   if (packed) {
-    const pack_header *header = (const pack_header *)w;
+    const pack_header *header = (const pack_header *)call->w;
     if (memcmp(header->magic, kMagic, sizeof kMagic) != 0 ||
         header->form != TIR_BYOC_PACK_LIBRARY || header->m != m || header->n != n ||
         header->k != k || header->layout != (int32_t)call->layout)
       return TIR_BYOC_EPACKED;
-    const float *library = m > 0 && n > 0 && k > 0 ? packed_weight(header) : NULL;
-    if (library != NULL)
-      cblas_sgemm_compute(CblasRowMajor, CblasNoTrans, CblasPacked, m, n, k, x, k, library,
-                          k, 0.0f, y, n);
-    else
-      plain_product(x, (const float *)(header + 1), y, m, n, k, call->layout);
-  } else if (count == 1) {
-    plain_product(x, w, y, m, n, k, call->layout);
-  } else {
-    batched_product(x, w, y, m, n, k, call->layout, batch);
+    work.w = (const float *)(header + 1);
   }
-  // Step 4.3. The epilogue, over every row of every batch index.
-  mkl_epilogue(&call->epilogue, y, call->m * count, call->n);
+  if (m == 0 || n == 0 || count == 0) return TIR_BYOC_OK;
+  // Step 5.2. The parts, and for a packed weight MKL's packing made for them.
+  cut_work(&work, packed);
+  if (packed && k > 0) work.packed = packed_weight((const pack_header *)call->w, work.parts);
+  // Step 5.3. The products and their epilogues.
+  run_work(&work);
   return TIR_BYOC_OK;
 }
 
@@ -273,36 +448,28 @@ static int32_t mkl_gemm(const void *x, const void *w, const void *bias, void *y,
 
 TIR_BYOC_DEFINE_BATCHED_FAMILY(mkl, mkl_gemm, mkl_batched);
 
-/* Step 5. Packing (the protocol of tir_byoc.h, TIR_BYOC_PACKED_WEIGHT). */
+/* Step 6. Packing (the protocol of tir_byoc.h, TIR_BYOC_PACKED_WEIGHT). */
 static double now_seconds(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* One run of the product with MKL's packing `library`, or with the plain weight `w` if
- * `library` is NULL; seconds. */
-static double time_product(const float *x, const float *w, const float *library, float *y,
-                           MKL_INT m, MKL_INT n, MKL_INT k, tir_byoc_layout layout) {
+/* One run of `work`, cut and shared as a call would run it; seconds. */
+static double time_work(const call_work *work) {
   const double start = now_seconds();
-  if (library != NULL)
-    cblas_sgemm_compute(CblasRowMajor, CblasNoTrans, CblasPacked, m, n, k, x, k, library, k,
-                        0.0f, y, n);
-  else
-    plain_product(x, w, y, m, n, k, layout);
+  run_work(work);
   return now_seconds() - start;
 }
 
 /* The best of TIMED_RUNS runs of each form, after one warm-up of each, the two forms
  * alternated so that a machine getting slower or faster meanwhile favours neither. */
 enum { TIMED_RUNS = 5 };
-static void time_forms(const float *x, const float *w, const float *library, float *y,
-                       MKL_INT m, MKL_INT n, MKL_INT k, tir_byoc_layout layout, double *plain,
+static void time_forms(const call_work *plain_work, const call_work *packed_work, double *plain,
                        double *packed) {
   *plain = *packed = 1e30;
   for (int run = 0; run <= TIMED_RUNS; ++run) {
-    const double p = time_product(x, w, NULL, y, m, n, k, layout);
-    const double q = time_product(x, w, library, y, m, n, k, layout);
+    const double p = time_work(plain_work), q = time_work(packed_work);
     if (run == 0) continue;
     if (p < *plain) *plain = p;
     if (q < *packed) *packed = q;
@@ -310,11 +477,11 @@ static void time_forms(const float *x, const float *w, const float *library, flo
 }
 
 /* The form for a call of m rows: MKL's packing unless it is more than 2 % slower than the
- * plain weight.  Timed here, back to back, packing gained 0-5 % at 1024 rows of BERT's layers;
- * inside the model, where other products run between two calls, it gained 10-12 % (Intel Xeon
- * VM, 2026-11-26), so the rule leans to packing.  A single row, where the plain weight goes to
- * sgemv, stays plain: packed, 1 x 4096 -> 4096 took 29 % longer.  TIR_BYOC_MKL_PACK=library|plain
- * names the form instead (for tests). */
+ * plain weight, each form cut into parts as a call would cut it.  Timed here, back to back,
+ * packing gained 0-5 % at 1024 rows of BERT's layers; inside the model, where other products run
+ * between two calls, it gained 10-12 % (Intel Xeon VM, 2026-11-26), so the rule leans to
+ * packing.  A single row, where the plain weight goes to sgemv, stays plain: packed, 1 x 4096 ->
+ * 4096 took 29 % longer.  TIR_BYOC_MKL_PACK=library|plain names the form instead (for tests). */
 static int32_t choose_form(const float *w, MKL_INT m, MKL_INT n, MKL_INT k,
                            tir_byoc_layout layout, int any_m) {
   const char *setting = getenv("TIR_BYOC_MKL_PACK");
@@ -322,19 +489,25 @@ static int32_t choose_form(const float *w, MKL_INT m, MKL_INT n, MKL_INT k,
   if (setting != NULL && strcmp(setting, "library") == 0) return TIR_BYOC_PACK_LIBRARY;
   if (setting != NULL && strcmp(setting, "plain") == 0) return TIR_BYOC_PACK_PLAIN;
   if (m == 0 || n == 0 || k == 0) return TIR_BYOC_PACK_PLAIN;
-  const int nk = layout == TIR_BYOC_LAYOUT_NK;
   float *x = (float *)mkl_calloc((size_t)m * (size_t)k, sizeof(float), 64);
   float *y = (float *)mkl_malloc(sizeof(float) * (size_t)m * (size_t)n, 64);
-  float *library = (float *)mkl_malloc(cblas_sgemm_pack_get_size(CblasBMatrix, m, n, k), 64);
+  tir_byoc_call call;
+  memset(&call, 0, sizeof call);
+  call.x = x, call.w = w, call.y = y, call.m = m, call.n = n, call.k = k;
+  call.dtypes = TIR_BYOC_SIG_F32, call.layout = layout;
+  call.batch.count[0] = call.batch.count[1] = 1;
+  call_work plain = {&call, x, w, NULL, y, CUT_COLUMNS, 1}, packed = plain;
+  cut_work(&plain, 0), cut_work(&packed, 1);
+  float *part[MAX_PARTS];
   int32_t form = TIR_BYOC_PACK_PLAIN;
-  if (x != NULL && y != NULL && library != NULL) {
-    cblas_sgemm_pack(CblasRowMajor, CblasBMatrix, nk ? CblasTrans : CblasNoTrans, m, n, k, 1.0f,
-                     w, nk ? k : n, library);
-    double plain, packed;
-    time_forms(x, w, library, y, m, n, k, layout, &plain, &packed);
-    if (packed <= 1.02 * plain) form = TIR_BYOC_PACK_LIBRARY;
+  if (x != NULL && y != NULL && pack_parts(w, m, n, k, layout, packed.parts, part)) {
+    packed.packed = (const float *const *)part;
+    double plain_time, packed_time;
+    time_forms(&plain, &packed, &plain_time, &packed_time);
+    if (packed_time <= 1.02 * plain_time) form = TIR_BYOC_PACK_LIBRARY;
+    free_parts(part, packed.parts);
   }
-  mkl_free(x), mkl_free(y), mkl_free(library);
+  mkl_free(x), mkl_free(y);
   return form;
 }
 

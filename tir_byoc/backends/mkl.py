@@ -3,8 +3,9 @@ storage, the epilogue after the product with MKL's vector math for erf, exp and 
 
 Source ``intrinsics/mkl/gemm.c``; registry keys ``mkl.<pattern>``, symbols
 ``tir_byoc_mkl_<pattern>``.  Library: the ``mkl-static`` and ``mkl-include`` wheels, linked
-statically (GNU OpenMP threading, the pool oneDNN uses too) with MKL's symbols hidden, so that
-PyTorch's own MKL in the same process is left alone.
+statically with MKL's symbols hidden, so that PyTorch's own MKL in the same process is left
+alone.  MKL is linked sequential: a call shares its work among the threads of TVM's own pool,
+the one TVM's parallel loops run on, so no second pool competes with them for the cores.
 
 Its weights are packed at run time, by the first call (MKL's packed storage may not move, so
 it cannot be stored in a model): see ``intrinsics/mkl/gemm.c``.
@@ -12,7 +13,6 @@ it cannot be stored in a model): see ``intrinsics/mkl/gemm.c``.
 
 from __future__ import annotations
 
-from .. import threads
 from ..registry import REGISTRY, RELU_NAN_BOTH, Backend, LinkSpec
 from ..toolchain import intrinsics_dir
 from .wheels import installed_file
@@ -21,22 +21,20 @@ from .wheels import installed_file
 #: faster than oneDNN 3.2's matmul (benchmarks/README.md); oneDNN keeps bf16, fp16 and int8.
 PRIORITY = 250
 INSTALL = "pip install mkl-static==2026.2.0 mkl-include==2026.2.0"
-#: The static libraries, in link order: LP64 interface, GNU OpenMP threading, core.
-ARCHIVES = ("libmkl_intel_lp64.a", "libmkl_gnu_thread.a", "libmkl_core.a")
+#: The static libraries, in link order: LP64 interface, sequential threading layer, core.
+ARCHIVES = ("libmkl_intel_lp64.a", "libmkl_sequential.a", "libmkl_core.a")
 
 
 def locate() -> LinkSpec:
-    """Headers and static libraries of the installed MKL wheels; applies the OpenMP defaults."""
+    """Headers and static libraries of the installed MKL wheels."""
     header = installed_file("mkl-include", "mkl_cblas.h", INSTALL)
     archives = [str(installed_file("mkl-static", name, INSTALL)) for name in ARCHIVES]
-    threads.configure("openmp")
     return LinkSpec(
         include_dirs=(str(header.parent),),
-        compile_flags=("-fopenmp",),
         # Linked into the intrinsics, MKL's symbols made local: a PyTorch loaded beside them
-        # exports an MKL of its own.  Its threading layer calls libgomp.
+        # exports an MKL of its own.
         archives=tuple(archives),
-        libraries=("gomp", "pthread", "dl"),
+        libraries=("pthread", "dl"),
     )
 
 
