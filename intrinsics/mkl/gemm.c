@@ -206,8 +206,8 @@ typedef struct {
 } call_work;
 
 /* How `work` is cut: batch indices, else columns (the only cut a packed weight has: MKL packs
- * each part), else rows when there are too few columns for every thread.  Few multiply-adds
- * in all, and it is one part. */
+ * each part), else rows when there are too few columns for every thread.  A call with fewer
+ * than MIN_SHARED_WORK multiply-adds is one part. */
 static void cut_work(call_work *work, int packed) {
   const tir_byoc_call *call = work->call;
   const int64_t m = call->m, n = call->n, count = call->batch.count[0] * call->batch.count[1];
@@ -276,7 +276,9 @@ static int run_parts(int task_id, tvm_group_env *env, void *data) {
   return 0;
 }
 
-/* Every part of `work`: on TVM's pool when there is more than one and the pool is there. */
+/* Every part of `work`: on TVM's pool when there is more than one and the pool is there.  A
+ * launch that reports a failure is run again here: each part writes its output whole, so a
+ * part run twice gives the same result. */
 static void run_work(const call_work *work) {
   if (work->parts > 1 && TVMBackendParallelLaunch != NULL &&
       TVMBackendParallelLaunch(run_parts, (void *)work, 0) == 0)
