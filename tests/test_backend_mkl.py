@@ -21,11 +21,11 @@ from backend_checks import (
     check_pattern,
     check_status_codes_of_a_32_bit_blas,
     describe,
-    library,
     require_available,
     run_exported_mlp_in_fresh_process,
     uninstall_every_wheel,
 )
+from mkl_parts_run import functions as mkl_functions
 from tvm import relax
 from tvm.script import relax as R
 
@@ -116,17 +116,7 @@ def test_exported_library_runs_in_a_fresh_process(tmp_path):
 
 
 def _functions():
-    lib = library("mkl")
-    pack = lib.tir_byoc_mkl_pack
-    pack.restype = ctypes.c_int32
-    pack.argtypes = [ctypes.c_void_p, *[ctypes.c_int64] * 3, ctypes.c_int32, ctypes.c_int32,
-                     ctypes.c_int64, *[ctypes.c_double] * 6, ctypes.POINTER(ctypes.c_int32),
-                     ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)]  # fmt: skip
-    gemm = lib.tir_byoc_mkl_gemm
-    gemm.restype = ctypes.c_int32
-    gemm.argtypes = [*[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 3, ctypes.c_int32,
-                     ctypes.c_int32, *[ctypes.c_int64] * 6, ctypes.c_int64,
-                     *[ctypes.c_double] * 6, *[ctypes.c_void_p] * 4]  # fmt: skip
+    gemm, pack, _ = mkl_functions()
     return pack, gemm
 
 
