@@ -44,7 +44,7 @@ enum { VM_CHUNK = 256 };
 /* High accuracy (1 ulp), denormals kept as TVM's code keeps them, no errno or callback. */
 static const MKL_INT64 kVmMode = VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE;
 
-/* `op` over columns [j0, j0 + len) of row i of the (., n) output; `v` points at column j0. */
+/* `op` over columns [j0, j0 + len) of row i of the (., n) output; `v0` points at column j0. */
 static void mkl_op_span(const tir_byoc_op *op, float *v0, int64_t i, int64_t j0, int64_t len,
                         int64_t n) {
   const float c0 = (float)op->c[0], c1 = (float)op->c[1];
@@ -130,7 +130,8 @@ static void batched_product(const float *x, const float *w, float *y, MKL_INT m,
    * dim 0 steps over whole runs of dim 1.  A stride shorter than its matrix (0 broadcasts) is
    * not given to MKL: those batches are a loop of plain products. */
   const int along = b1 == 1 ? 0 : 1;
-  const int across = batch->count[0] == 1 || b1 == 1 || (xs[0] == b1 * xs[1] && ws[0] == b1 * ws[1]);
+  const int across =
+      batch->count[0] == 1 || b1 == 1 || (xs[0] == b1 * xs[1] && ws[0] == b1 * ws[1]);
   const int strided = xs[along] >= (int64_t)m * k && ws[along] >= (int64_t)n * k;
   for (int64_t p = p0, end; p < p1; p = end) {
     const int64_t i0 = p / b1, i1 = p % b1;
@@ -224,14 +225,24 @@ static void cut_work(call_work *work, int packed) {
     work->how = CUT_ROWS, work->parts = (int)threads;
 }
 
+/* An fp32 call of `count` (m, n, k) products without epilogue: what the cut is decided on, and
+ * what the packing's timing runs. */
+static tir_byoc_call product_call(const float *x, const float *w, float *y, int64_t m, int64_t n,
+                                  int64_t k, int64_t count, tir_byoc_layout layout) {
+  tir_byoc_call call;
+  memset(&call, 0, sizeof call);
+  call.x = x, call.w = w, call.y = y, call.m = m, call.n = n, call.k = k;
+  call.dtypes = TIR_BYOC_SIG_F32, call.layout = layout;
+  call.batch.count[0] = count, call.batch.count[1] = 1;
+  return call;
+}
+
 /* How a call of this shape is cut in the calling thread's TVM pool (tests, and reading a
  * profile): returns the cut (0 columns, 1 rows, 2 batch indices) and sets *parts. */
 TIR_BYOC_EXTERN_C TIR_BYOC_EXPORT int32_t tir_byoc_mkl_cut(int64_t m, int64_t n, int64_t k,
                                                            int64_t count, int32_t packed,
                                                            int32_t *parts) {
-  tir_byoc_call call;
-  memset(&call, 0, sizeof call);
-  call.m = m, call.n = n, call.k = k, call.batch.count[0] = count, call.batch.count[1] = 1;
+  const tir_byoc_call call = product_call(NULL, NULL, NULL, m, n, k, count, TIR_BYOC_LAYOUT_NK);
   call_work work = {&call, NULL, NULL, NULL, NULL, CUT_COLUMNS, 1};
   cut_work(&work, packed);
   if (parts != NULL) *parts = work.parts;
@@ -493,11 +504,7 @@ static int32_t choose_form(const float *w, MKL_INT m, MKL_INT n, MKL_INT k,
   if (m == 0 || n == 0 || k == 0) return TIR_BYOC_PACK_PLAIN;
   float *x = (float *)mkl_calloc((size_t)m * (size_t)k, sizeof(float), 64);
   float *y = (float *)mkl_malloc(sizeof(float) * (size_t)m * (size_t)n, 64);
-  tir_byoc_call call;
-  memset(&call, 0, sizeof call);
-  call.x = x, call.w = w, call.y = y, call.m = m, call.n = n, call.k = k;
-  call.dtypes = TIR_BYOC_SIG_F32, call.layout = layout;
-  call.batch.count[0] = call.batch.count[1] = 1;
+  const tir_byoc_call call = product_call(x, w, y, m, n, k, 1, layout);
   call_work plain = {&call, x, w, NULL, y, CUT_COLUMNS, 1}, packed = plain;
   cut_work(&plain, 0), cut_work(&packed, 1);
   float *part[MAX_PARTS];
