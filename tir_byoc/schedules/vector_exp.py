@@ -66,6 +66,15 @@ def _power_of_two(exponent: tirx.PrimExpr) -> tirx.PrimExpr:
     return tirx.reinterpret("float32", tirx.shift_left(exponent + _i32(127), _i32(23)))
 
 
+def _is_nan(x: tirx.PrimExpr) -> tirx.PrimExpr:
+    """Whether float32 ``x`` is NaN, from its bits: an exponent of all ones above a zero
+    mantissa.  Not ``isnan``: TVM's vectoriser has no vector form of that call and turns the
+    whole loop back into scalar code around it.  Not ``x != x`` either: TVM's simplifier folds
+    that to false."""
+    magnitude = tirx.bitwise_and(tirx.reinterpret("int32", x), _i32(0x7FFFFFFF))
+    return magnitude > _i32(0x7F800000)
+
+
 def exp_float32(value: tirx.PrimExpr) -> tirx.PrimExpr:
     """float32 exp of ``value`` in TIR arithmetic; ``value`` is evaluated once (a Let)."""
     x, clamped, n, r = (tirx.Var(name, "float32") for name in ("x", "clamped", "n", "r"))
@@ -77,7 +86,7 @@ def exp_float32(value: tirx.PrimExpr) -> tirx.PrimExpr:
     result = exp_r * _power_of_two(half) * _power_of_two(n_int - half)
     result = tirx.Select(x > _f32(OVERFLOW), _f32(float("inf")), result)
     result = tirx.Select(x < _f32(UNDERFLOW), _f32(0.0), result)
-    result = tirx.Select(tirx.isnan(x), x, result)
+    result = tirx.Select(_is_nan(x), x, result)
     body = tirx.Let(half, tirx.shift_right(n_int, _i32(1)), result)
     body = tirx.Let(n_int, tirx.Cast("int32", n), body)
     body = tirx.Let(r, clamped - n * _f32(_LN2_HIGH) - n * _f32(_LN2_LOW), body)
