@@ -146,9 +146,7 @@ def _flat(result) -> list[np.ndarray]:
     ],
     ids=["rms norm", "scaled masked softmax", "residual layer norm"],
 )
-def test_a_producer_fuses_into_its_row_reduction_and_computes_the_same(
-    module, merged, monkeypatch
-):
+def test_a_producer_fuses_into_its_row_reduction_and_computes_the_same(module, merged, monkeypatch):
     assert _prim_funcs(module) == [merged]
     assert len(_prim_funcs(module, WITHOUT_MERGE)) == 2
 

@@ -264,7 +264,7 @@ def _int64(dim):
 # --------------------------------------------------------------------------------------
 
 
-def _uses(func: relax.Function) -> Counter:
+def variable_uses(func: relax.Function) -> Counter:
     """How often each Relax variable of ``func`` is used (definitions not counted)."""
     counter = _UseCounter()
     counter.visit_expr(func)
@@ -365,7 +365,7 @@ def find_linear_reshapes(mod: tvm.IRModule) -> tuple[LinearReshape | NotFolded, 
         if not _is_plain_relax(func):
             continue
         param_dims = tuple(v for p in func.params for v in relax.analysis.tir_vars_in_type(p.ty))
-        context = _Function(gvar.name_hint, _uses(func), param_dims)
+        context = _Function(gvar.name_hint, variable_uses(func), param_dims)
         for output, chain, values in _candidates(func):
             try:
                 found.append(_check(context, output, chain, values, _Dims()))
@@ -559,7 +559,7 @@ class _Rewriter(relax.PyExprMutator):
     def transform(self) -> tvm.IRModule:
         for gvar, func in self.mod.functions_items():
             if gvar.name_hint in self.functions:
-                self.uses = _uses(func)
+                self.uses = variable_uses(func)
                 self.builder_.update_func(gvar, self.visit_expr(func))
         return self.builder_.get()
 

@@ -35,14 +35,13 @@ repeats until none is left.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import tvm
 import tvm_ffi
 from tvm import ir, relax, s_tir, tirx
 
 from .match.reduction import looks_like_gemm
 from .match.stir import COMM_REDUCE
+from .relax_reshape import variable_uses
 
 _CALL_TIR = ir.Op.get("relax.call_tir")
 #: AnnotateTIROpPattern's kinds up to injective: elementwise 0, broadcast 1, injective 2.
@@ -137,24 +136,6 @@ def _same_tensor_type(a: relax.Expr, b: relax.Expr) -> bool:
     )
 
 
-@relax.expr_functor.visitor
-class _UseCounter(relax.PyExprVisitor):
-    def __init__(self):
-        self.uses = Counter()
-
-    def visit_var_(self, var):
-        self.uses[var] += 1
-
-    def visit_dataflow_var_(self, var):
-        self.uses[var] += 1
-
-
-def _uses(func: relax.Function) -> Counter:
-    counter = _UseCounter()
-    counter.visit_expr(func)
-    return counter.uses
-
-
 # --------------------------------------------------------------------------------------
 # The merge
 # --------------------------------------------------------------------------------------
@@ -164,7 +145,7 @@ def _merge_one(mod: tvm.IRModule, gvar: ir.GlobalVar, func: relax.Function):
     """``mod`` with the first mergeable pair of ``func`` merged, or None if there is none."""
     if not isinstance(func.body, relax.SeqExpr):
         return None
-    uses = _uses(func)
+    uses = variable_uses(func)
     for b, block in enumerate(func.body.blocks):
         if not isinstance(block, relax.DataflowBlock):
             continue
@@ -241,9 +222,7 @@ def _rewrite(mod, gvar, func, b, p_index, c_index, arg_index):
     )
     builder = relax.BlockBuilder(mod)
     merged_gvar = builder.add_func(builder.normalize(merged), _merged_name(mod, producer, consumer))
-    call = builder.normalize(
-        relax.Call(merged_gvar, p_args + [c_args[j] for j in kept])
-    )
+    call = builder.normalize(relax.Call(merged_gvar, p_args + [c_args[j] for j in kept]))
 
     bindings = list(block.bindings)
     bindings[c_index] = relax.VarBinding(consumer_binding.var, call)
