@@ -1,0 +1,201 @@
+"""Multiply by a transposed activation without writing the transpose: attention's ``q @ k^T``.
+
+``torch.export`` writes ``q @ k.transpose(-1, -2)`` on (B, H, S, D) tensors as a transpose, an
+``expand`` and a ``view`` to (B*H, D, S), then ``bmm``; the torch frontend imports that as::
+
+    p = R.permute_dims(y, axes=[0, 1, 3, 2])    # (B, H, D, S): the last two axes swapped
+    e = R.broadcast_to(p, (B, H, D, S))          # the expand: no broadcast at all
+    r = R.reshape(e, (B*H, D, S))
+    m = R.matmul(a, r)                           # (B*H, S, S)
+
+``FuseOps`` fuses the transpose into the function that produces ``y`` (the head split, or
+LLaMA's rotary embedding), which then writes K transposed: a strided write or gather over the
+whole tensor, on every call.  A batched product that reads the second operand as (N, K)
+matrices is one tir_byoc serves as it is (``bmm_dense``), so here ::
+
+    r = R.reshape(y, (B*H, S, D))                # no transpose: the last two axes as in y
+    m = NT_matmul(a, r)                          # m[b, i, j] = sum_k a[b, i, k] * r[b, j, k]
+
+Entry point: :func:`UntransposeBatchMatmuls`, a module pass before ``LegalizeOps``
+(:data:`tir_byoc.model.LOWERING`).  A binding ``m = R.matmul(a, r)`` is rewritten when
+
+1. ``a`` and ``r`` are 3-D float tensors of static shapes, ``m`` of their dtype;
+2. ``r = R.reshape(e, (G, K, N))`` and ``e`` is ``R.broadcast_to(p, shape)`` to p's own shape,
+   or ``p`` itself;
+3. ``p = R.permute_dims(y, axes)`` swaps the last two of y's axes and keeps the others (y is of
+   shape (l..., N, K), p of (l..., K, N)), and y is not a constant (a weight's transpose is
+   :mod:`tir_byoc.relax_fold`'s);
+4. the product of the leading dims l... is G (the reshape merges them and keeps K and N);
+5. ``r``, ``e`` and ``p`` each have no other user.
+
+Why the values are the same: reshapes are row-major, so with ``g = flat(l)``,
+``r[g, k, n] = p[l, k, n] = y[l, n, k]`` and ``reshape(y, (G, N, K))[g, n, k] = y[l, n, k]``;
+``matmul(a, r)[g, i, n] = sum_k a[g, i, k] * r[g, k, n]`` is the NT product of the same
+elements, summed over k in the same order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tvm
+from tvm import ir, relax, te
+
+from .relax_reshape import variable_uses
+
+_MATMUL = ir.Op.get("relax.matmul")
+_RESHAPE = ir.Op.get("relax.reshape")
+_BROADCAST = ir.Op.get("relax.broadcast_to")
+_PERMUTE = ir.Op.get("relax.permute_dims")
+
+
+def untranspose_batch_matmuls(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with each qualifying batched matmul reading its operand untransposed (see the
+    module docstring); ``mod`` itself when there is none.  ``mod`` is never modified."""
+    found = {
+        gvar: sites
+        for gvar, func in mod.functions_items()
+        if isinstance(func, relax.Function) and (sites := _sites(func))
+    }
+    if not found:
+        return mod
+    return _Rewriter(mod, found).transform()
+
+
+def UntransposeBatchMatmuls() -> tvm.transform.Pass:
+    """:func:`untranspose_batch_matmuls` as a module pass."""
+    return tvm.transform.module_pass(
+        lambda mod, _ctx: untranspose_batch_matmuls(mod),
+        opt_level=0,
+        name="tir_byoc.UntransposeBatchMatmuls",
+    )
+
+
+def _static(expr) -> list[int] | None:
+    ty = getattr(expr, "ty", None)
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    dims = ty.shape.values
+    if not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+        return None
+    return [int(d) for d in dims]
+
+
+def _call(values: dict, var, op) -> relax.Call | None:
+    value = values.get(var) if isinstance(var, relax.Var) else None
+    if isinstance(value, relax.Call) and value.op.same_as(op):
+        return value
+    return None
+
+
+def _sites(func: relax.Function) -> dict:
+    """{matmul's variable: (a, y, (G, N, K), chain variables)} for each binding that
+    qualifies."""
+    uses = variable_uses(func)
+    sites = {}
+    for block in func.body.blocks if isinstance(func.body, relax.SeqExpr) else ():
+        if not isinstance(block, relax.DataflowBlock):
+            continue
+        values = {b.var: b.value for b in block.bindings if isinstance(b, relax.VarBinding)}
+        for var, value in values.items():
+            site = _site(var, value, values, uses)
+            if site is not None:
+                sites[var] = site
+    return sites
+
+
+def _site(var, value, values, uses):
+    # Condition 1 (and m a variable of the block only, which the new product can stand for).
+    if not isinstance(value, relax.Call) or not value.op.same_as(_MATMUL):
+        return None
+    if not isinstance(var, relax.DataflowVar):
+        return None
+    a, r = value.args
+    dtype = var.ty.dtype if isinstance(var.ty, relax.TensorType) else None
+    shapes = [_static(x) for x in (a, r, var)]
+    if any(s is None or len(s) != 3 for s in shapes) or not str(dtype).startswith("float"):
+        return None
+    if a.ty.dtype != dtype or r.ty.dtype != dtype:
+        return None
+    # Condition 2.
+    reshape = _call(values, r, _RESHAPE)
+    if reshape is None:
+        return None
+    e = reshape.args[0]
+    chain = [r]
+    broadcast = _call(values, e, _BROADCAST)
+    p = e
+    if broadcast is not None:
+        if _static(broadcast.args[0]) != _static(e):
+            return None
+        p = broadcast.args[0]
+        chain.append(e)
+    # Condition 3.
+    permute = _call(values, p, _PERMUTE)
+    if permute is None:
+        return None
+    y = permute.args[0]
+    y_dims = _static(y)
+    if y_dims is None or len(y_dims) < 3 or isinstance(y, ir.Constant):
+        return None
+    axes = permute.attrs.axes
+    swapped = [*range(len(y_dims) - 2), len(y_dims) - 1, len(y_dims) - 2]
+    if axes is None or [int(x) for x in axes] != swapped:
+        return None
+    chain.append(p)
+    # Condition 4.
+    groups, k, n = shapes[1]
+    if y_dims[-2:] != [n, k] or math.prod(y_dims[:-2]) != groups:
+        return None
+    # Condition 5.
+    if any(uses[v] != 1 for v in chain):
+        return None
+    return a, y, (groups, n, k), tuple(chain)
+
+
+def _nt_matmul(a: te.Tensor, b: te.Tensor) -> te.Tensor:
+    """m[g, i, j] = sum_k a[g, i, k] * b[g, j, k]."""
+    groups, rows, depth = a.shape
+    k = te.reduce_axis((0, depth), name="k")
+    return te.compute(
+        (groups, rows, b.shape[1]),
+        lambda g, i, j: te.sum(a[g, i, k] * b[g, j, k], axis=k),
+        name="NT_matmul",
+    )
+
+
+@relax.expr_functor.mutator
+class _Rewriter(relax.PyExprMutator):
+    """Drops each site's transpose chain and emits the reshape of y and the NT product in the
+    matmul's place; every other binding as it was."""
+
+    def __init__(self, mod: tvm.IRModule, found: dict):
+        super().__init__(mod)
+        self.mod = mod
+        self.found = found
+
+    def transform(self) -> tvm.IRModule:
+        for gvar, sites in self.found.items():
+            self.sites = sites
+            self.dropped = {v for site in sites.values() for v in site[3]}
+            self.builder_.update_func(gvar, self.visit_expr(self.mod[gvar]))
+        return self.builder_.get()
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        if binding.var in self.dropped:
+            return
+        site = self.sites.get(binding.var)
+        if site is None:
+            super().visit_var_binding_(binding)
+            return
+        a, y, shape, _ = site
+        untransposed = self.builder_.emit(
+            relax.op.reshape(self.visit_expr(y), relax.ShapeExpr(list(shape))), "untransposed"
+        )
+        product = self.builder_.emit_te(
+            _nt_matmul, self.visit_expr(a), untransposed, primfunc_name_hint="NT_matmul"
+        )
+        self.set_var_remap(binding.var, product)
+
+
+__all__ = ["UntransposeBatchMatmuls", "untranspose_batch_matmuls"]
