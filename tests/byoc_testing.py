@@ -129,3 +129,12 @@ def lowered(make_output, shape) -> tirx.PrimFunc:
     mod = tvm.transform.Sequential([make_pass() for make_pass in LOWERING])(builder.get())
     (func,) = [f for g, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]
     return func.with_attr("global_symbol", "main")
+
+
+def relax_inputs(mod: tvm.IRModule, seed: int = 0) -> list[np.ndarray]:
+    """Standard-normal float32 arrays for the parameters of ``mod["main"]`` (static shapes)."""
+    rng = np.random.default_rng(seed)
+    return [
+        rng.standard_normal([int(d) for d in p.ty.shape.values]).astype("float32")
+        for p in mod["main"].params
+    ]

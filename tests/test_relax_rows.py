@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
+from byoc_testing import relax_inputs
 from tvm import relax, tirx
 from tvm.script import ir as I
 from tvm.script import relax as R
@@ -125,14 +126,6 @@ def _prim_funcs(mod: tvm.IRModule, passes=LOWERING) -> list[str]:
     return sorted(g.name_hint for g, f in lowered.functions_items() if isinstance(f, tirx.PrimFunc))
 
 
-def _inputs(mod: tvm.IRModule, seed: int = 0) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [
-        rng.standard_normal([int(d) for d in p.ty.shape.values]).astype("float32")
-        for p in mod["main"].params
-    ]
-
-
 def _flat(result) -> list[np.ndarray]:
     return list(result) if isinstance(result, (list, tuple)) else [result]
 
@@ -153,7 +146,7 @@ def test_a_producer_fuses_into_its_row_reduction_and_computes_the_same(module, m
     built = tir_byoc.build_model(module)
     assert dict(built.schedules)[merged] == "dlight"
     assert built.rules[merged] == "VectorRows"
-    inputs = _inputs(module)
+    inputs = relax_inputs(module)
     got = _flat(built(*inputs))
     monkeypatch.setattr(model_module, "LOWERING", WITHOUT_MERGE)
     apart = tir_byoc.build_model(module)

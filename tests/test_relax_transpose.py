@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import tvm
+from byoc_testing import relax_inputs
 from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
@@ -111,14 +111,6 @@ class FourDimensional:
 WITHOUT_REWRITE = tuple(p for p in LOWERING if p is not UntransposeBatchMatmuls)
 
 
-def _inputs(mod: tvm.IRModule) -> list[np.ndarray]:
-    rng = np.random.default_rng(0)
-    return [
-        rng.standard_normal([int(d) for d in p.ty.shape.values]).astype("float32")
-        for p in mod["main"].params
-    ]
-
-
 @pytest.mark.parametrize("module", [Scores, ScoresWithoutExpand], ids=["expand", "no expand"])
 def test_the_product_reads_k_untransposed_and_computes_the_same(module, monkeypatch):
     rewritten = untranspose_batch_matmuls(module)
@@ -130,7 +122,7 @@ def test_the_product_reads_k_untransposed_and_computes_the_same(module, monkeypa
     built = tir_byoc.build_model(module)
     intrinsics = dict(built.intrinsics)
     assert intrinsics["NT_matmul"] and all(i.endswith("bmm_dense") for i in intrinsics["NT_matmul"])
-    inputs = _inputs(module)
+    inputs = relax_inputs(module)
     got = built(*inputs)
     monkeypatch.setattr(model_module, "LOWERING", WITHOUT_REWRITE)
     before = tir_byoc.build_model(module)
