@@ -53,6 +53,41 @@ class ScoresWithoutExpand:
 
 
 @I.ir_module
+class ScaledScores:
+    """nn.MultiheadAttention's: K^T scaled by a constant before the product."""
+
+    @R.function
+    def main(q: R.Tensor((2, 4, 16, 8), "float32"), k: R.Tensor((2, 4, 16, 8), "float32")):
+        with R.dataflow():
+            p = R.permute_dims(k, axes=[0, 1, 3, 2])
+            s = R.multiply(p, R.const(0.25, "float32"))
+            e = R.broadcast_to(s, R.shape([2, 4, 8, 16]))
+            r = R.reshape(e, R.shape([8, 8, 16]))
+            a = R.reshape(q, R.shape([8, 16, 8]))
+            m = R.matmul(a, r)
+            y = R.reshape(m, R.shape([2, 4, 16, 16]))
+            R.output(y)
+        return y
+
+
+@I.ir_module
+class ScaledByATensor:
+    """A product by a tensor is not a scaling that commutes with the transpose: refused."""
+
+    @R.function
+    def main(q: R.Tensor((8, 16, 8), "float32"), k: R.Tensor((2, 4, 16, 8), "float32"),
+             c: R.Tensor((8, 16), "float32")):
+        with R.dataflow():
+            p = R.permute_dims(k, axes=[0, 1, 3, 2])
+            s = R.multiply(p, c)
+            r = R.reshape(s, R.shape([8, 8, 16]))
+            m = R.matmul(q, r)
+            y = R.reshape(m, R.shape([2, 4, 16, 16]))
+            R.output(y)
+        return y
+
+
+@I.ir_module
 class HeadsPermuted:
     """Not the last two axes: a different matrix per group, refused."""
 
@@ -111,8 +146,12 @@ class FourDimensional:
 WITHOUT_REWRITE = tuple(p for p in LOWERING if p is not UntransposeBatchMatmuls)
 
 
-@pytest.mark.parametrize("module", [Scores, ScoresWithoutExpand], ids=["expand", "no expand"])
-def test_the_product_reads_k_untransposed_and_computes_the_same(module, monkeypatch):
+@pytest.mark.parametrize(
+    ("module", "scale"),
+    [(Scores, 1.0), (ScoresWithoutExpand, 1.0), (ScaledScores, 0.25)],
+    ids=["expand", "no expand", "scaled"],
+)
+def test_the_product_reads_k_untransposed_and_computes_the_same(module, scale, monkeypatch):
     rewritten = untranspose_batch_matmuls(module)
     text = rewritten.script()
     assert "permute_dims" not in text and "broadcast_to" not in text
@@ -129,14 +168,21 @@ def test_the_product_reads_k_untransposed_and_computes_the_same(module, monkeypa
     assert "NT_matmul" not in before.intrinsics
     np.testing.assert_allclose(got, before(*inputs), rtol=1e-5, atol=1e-5)
     q, k = inputs
-    expected = q.reshape(8, 16, 8).astype(np.float64) @ k.reshape(8, 16, 8).transpose(0, 2, 1)
+    k_scaled = k.reshape(8, 16, 8).astype(np.float64) * scale
+    expected = q.reshape(8, 16, 8).astype(np.float64) @ k_scaled.transpose(0, 2, 1)
     np.testing.assert_allclose(got.reshape(expected.shape), expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(
     "module",
-    [HeadsPermuted, TransposeUsedTwice, ReshapeSplitsTheMatrix, FourDimensional],
-    ids=["other axes", "transpose used twice", "reshape splits the matrix", "4-D matmul"],
+    [HeadsPermuted, TransposeUsedTwice, ReshapeSplitsTheMatrix, FourDimensional, ScaledByATensor],
+    ids=[
+        "other axes",
+        "transpose used twice",
+        "reshape splits the matrix",
+        "4-D matmul",
+        "scaled by a tensor",
+    ],
 )
 def test_anything_else_comes_back_as_it_was(module):
     assert untranspose_batch_matmuls(module).same_as(module)

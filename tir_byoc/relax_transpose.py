@@ -20,15 +20,18 @@ Entry point: :func:`UntransposeBatchMatmuls`, a module pass before ``LegalizeOps
 (:data:`tir_byoc.model.LOWERING`).  A binding ``m = R.matmul(a, r)`` is rewritten when
 
 1. ``a`` and ``r`` are 3-D float tensors of static shapes, ``m`` of their dtype;
-2. ``r = R.reshape(e, (G, K, N))`` and ``e`` is ``R.broadcast_to(p, shape)`` to p's own shape,
-   or ``p`` itself;
-3. ``p = R.permute_dims(y, axes)`` swaps the last two of y's axes and keeps the others (y is of
-   shape (l..., N, K), p of (l..., K, N)), and y is not a constant (a weight's transpose is
-   :mod:`tir_byoc.relax_fold`'s);
+2. ``r = R.reshape(e, (G, K, N))`` and ``e`` is ``R.broadcast_to(s, shape)`` to s's own shape,
+   or ``s`` itself;
+3. ``s`` is ``p`` multiplied by zero or more scalar constants (``nn.MultiheadAttention``
+   scales K^T), and ``p = R.permute_dims(y, axes)`` swaps the last two of y's axes and keeps
+   the others (y is of shape (l..., N, K), p of (l..., K, N)); y is not a constant (a weight's
+   transpose is :mod:`tir_byoc.relax_fold`'s);
 4. the product of the leading dims l... is G (the reshape merges them and keeps K and N);
 5. ``r``, ``e`` and ``p`` each have no other user.
 
-Why the values are the same: reshapes are row-major, so with ``g = flat(l)``,
+The scalings then apply to y, in the same order: a product by a scalar is elementwise, so
+``(p * c)[l, k, n] = y[l, n, k] * c = (y * c)[l, n, k]``, the same operation on the same
+element.  Why the values are the same: reshapes are row-major, so with ``g = flat(l)``,
 ``r[g, k, n] = p[l, k, n] = y[l, n, k]`` and ``reshape(y, (G, N, K))[g, n, k] = y[l, n, k]``;
 ``matmul(a, r)[g, i, n] = sum_k a[g, i, k] * r[g, k, n]`` is the NT product of the same
 elements, summed over k in the same order.
@@ -47,6 +50,7 @@ _MATMUL = ir.Op.get("relax.matmul")
 _RESHAPE = ir.Op.get("relax.reshape")
 _BROADCAST = ir.Op.get("relax.broadcast_to")
 _PERMUTE = ir.Op.get("relax.permute_dims")
+_MULTIPLY = ir.Op.get("relax.multiply")
 
 
 def untranspose_batch_matmuls(mod: tvm.IRModule) -> tvm.IRModule:
@@ -81,6 +85,11 @@ def _static(expr) -> list[int] | None:
     return [int(d) for d in dims]
 
 
+def _scalar(expr) -> bool:
+    """A constant of one element and rank 0."""
+    return isinstance(expr, ir.Constant) and _static(expr) == []
+
+
 def _call(values: dict, var, op) -> relax.Call | None:
     value = values.get(var) if isinstance(var, relax.Var) else None
     if isinstance(value, relax.Call) and value.op.same_as(op):
@@ -89,7 +98,7 @@ def _call(values: dict, var, op) -> relax.Call | None:
 
 
 def _sites(func: relax.Function) -> dict:
-    """{matmul's variable: (a, y, (G, N, K), chain variables)} for each binding that
+    """{matmul's variable: (a, y, scales, (G, N, K), chain variables)} for each binding that
     qualifies."""
     uses = variable_uses(func)
     sites = {}
@@ -130,7 +139,13 @@ def _site(var, value, values, uses):
             return None
         p = broadcast.args[0]
         chain.append(e)
-    # Condition 3.
+    # Condition 3, after any scalings by a constant scalar (an elementwise op commutes with the
+    # transpose: it is applied to y instead).
+    scales = []
+    while (scaling := _call(values, p, _MULTIPLY)) is not None and _scalar(scaling.args[1]):
+        chain.append(p)
+        scales.append(scaling.args[1])
+        p = scaling.args[0]
     permute = _call(values, p, _PERMUTE)
     if permute is None:
         return None
@@ -150,7 +165,7 @@ def _site(var, value, values, uses):
     # Condition 5.
     if any(uses[v] != 1 for v in chain):
         return None
-    return a, y, (groups, n, k), tuple(chain)
+    return a, y, tuple(reversed(scales)), (groups, n, k), tuple(chain)
 
 
 def _nt_matmul(a: te.Tensor, b: te.Tensor) -> te.Tensor:
@@ -177,7 +192,7 @@ class _Rewriter(relax.PyExprMutator):
     def transform(self) -> tvm.IRModule:
         for gvar, sites in self.found.items():
             self.sites = sites
-            self.dropped = {v for site in sites.values() for v in site[3]}
+            self.dropped = {v for site in sites.values() for v in site[-1]}
             self.builder_.update_func(gvar, self.visit_expr(self.mod[gvar]))
         return self.builder_.get()
 
@@ -188,9 +203,12 @@ class _Rewriter(relax.PyExprMutator):
         if site is None:
             super().visit_var_binding_(binding)
             return
-        a, y, shape, _ = site
+        a, y, scales, shape, _ = site
+        value = self.visit_expr(y)
+        for scale in scales:
+            value = self.builder_.emit(relax.op.multiply(value, scale), "scaled")
         untransposed = self.builder_.emit(
-            relax.op.reshape(self.visit_expr(y), relax.ShapeExpr(list(shape))), "untransposed"
+            relax.op.reshape(value, relax.ShapeExpr(list(shape))), "untransposed"
         )
         product = self.builder_.emit_te(
             _nt_matmul, self.visit_expr(a), untransposed, primfunc_name_hint="NT_matmul"
