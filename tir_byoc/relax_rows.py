@@ -90,13 +90,15 @@ def _prim_funcs(mod: tvm.IRModule, call: relax.Call) -> list[tirx.PrimFunc] | No
         return [callee] if isinstance(callee, tirx.PrimFunc) else None
     if not isinstance(call.op, ir.GlobalVar) or not _is_group(mod[call.op]):
         return None
+    body = mod[call.op].body
+    if not isinstance(body, relax.SeqExpr) or len(body.blocks) != 1:
+        return None  # FuseOps makes one dataflow block per group; anything else is left alone
     funcs = []
-    for block in mod[call.op].body.blocks:
-        for binding in block.bindings:
-            value = binding.value
-            if not isinstance(value, relax.Call) or not value.op.same_as(_CALL_TIR):
-                return None
-            funcs.append(mod[value.args[0]])
+    for binding in body.blocks[0].bindings:
+        value = binding.value
+        if not isinstance(value, relax.Call) or not value.op.same_as(_CALL_TIR):
+            return None
+        funcs.append(mod[value.args[0]])
     return funcs if all(isinstance(f, tirx.PrimFunc) for f in funcs) else None
 
 
