@@ -88,6 +88,21 @@ class ScaledByATensor:
 
 
 @I.ir_module
+class QueryBroadcast:
+    """One query matrix for every group: Relax's matmul broadcasts it, the NT product would not."""
+
+    @R.function
+    def main(q: R.Tensor((1, 16, 8), "float32"), k: R.Tensor((2, 4, 16, 8), "float32")):
+        with R.dataflow():
+            p = R.permute_dims(k, axes=[0, 1, 3, 2])
+            r = R.reshape(p, R.shape([8, 8, 16]))
+            m = R.matmul(q, r)
+            y = R.reshape(m, R.shape([2, 4, 16, 16]))
+            R.output(y)
+        return y
+
+
+@I.ir_module
 class HeadsPermuted:
     """Not the last two axes: a different matrix per group, refused."""
 
@@ -175,13 +190,21 @@ def test_the_product_reads_k_untransposed_and_computes_the_same(module, scale, m
 
 @pytest.mark.parametrize(
     "module",
-    [HeadsPermuted, TransposeUsedTwice, ReshapeSplitsTheMatrix, FourDimensional, ScaledByATensor],
+    [
+        HeadsPermuted,
+        TransposeUsedTwice,
+        ReshapeSplitsTheMatrix,
+        FourDimensional,
+        ScaledByATensor,
+        QueryBroadcast,
+    ],
     ids=[
         "other axes",
         "transpose used twice",
         "reshape splits the matrix",
         "4-D matmul",
         "scaled by a tensor",
+        "query broadcast over the groups",
     ],
 )
 def test_anything_else_comes_back_as_it_was(module):

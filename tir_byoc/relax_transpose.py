@@ -19,7 +19,8 @@ matrices is one tir_byoc serves as it is (``bmm_dense``), so here ::
 Entry point: :func:`UntransposeBatchMatmuls`, a module pass before ``LegalizeOps``
 (:data:`tir_byoc.model.LOWERING`).  A binding ``m = R.matmul(a, r)`` is rewritten when
 
-1. ``a`` and ``r`` are 3-D float tensors of static shapes, ``m`` of their dtype;
+1. ``a`` and ``r`` are 3-D float tensors of static shapes, ``m`` of their dtype, and ``a`` is
+   of shape (G, M, K) (the product broadcasts neither operand over the batch);
 2. ``r = R.reshape(e, (G, K, N))`` and ``e`` is ``R.broadcast_to(s, shape)`` to s's own shape,
    or ``s`` itself;
 3. ``s`` is ``p`` multiplied by zero or more scalar constants (``nn.MultiheadAttention``
@@ -158,9 +159,12 @@ def _site(var, value, values, uses):
     if axes is None or [int(x) for x in axes] != swapped:
         return None
     chain.append(p)
-    # Condition 4.
+    # Condition 4, and no broadcast in the product itself: a of (G, M, K), m of (G, M, N).
     groups, k, n = shapes[1]
     if y_dims[-2:] != [n, k] or math.prod(y_dims[:-2]) != groups:
+        return None
+    rows = shapes[0][1]
+    if shapes[0] != [groups, rows, k] or shapes[2] != [groups, rows, n]:
         return None
     # Condition 5.
     if any(uses[v] != 1 for v in chain):
