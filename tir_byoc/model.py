@@ -559,8 +559,8 @@ def _map_arrays(result, convert):
 __all__ = [
     "DLIGHT",
     "LOWERING",
-    "TUNING_LOWERING",
     "OFFLOADED",
+    "TUNING_LOWERING",
     "UNSCHEDULED",
     "Model",
     "build_model",
