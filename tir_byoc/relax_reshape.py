@@ -229,6 +229,14 @@ def _dims(expr) -> tuple | None:
     return tuple(ty.shape.values)
 
 
+def static_dims(expr) -> list[int] | None:
+    """The dims of a tensor's struct info as integers, or None unless every one is a constant."""
+    dims = _dims(expr)
+    if dims is None or not all(isinstance(d, tirx.IntImm) for d in dims):
+        return None
+    return [int(d) for d in dims]
+
+
 def _shape_text(dims) -> str:
     inner = ", ".join(expr_text(d) for d in dims)
     return f"({inner},)" if len(dims) == 1 else f"({inner})"
@@ -283,7 +291,7 @@ class _UseCounter(relax.PyExprVisitor):
         self.uses[var] += 1
 
 
-def _call(values: dict, var, op=None) -> relax.Call | None:
+def bound_call(values: dict, var, op=None) -> relax.Call | None:
     """The call bound to ``var`` in the dataflow block (of operator ``op``, if given)."""
     value = values.get(var) if isinstance(var, relax.Var) else None
     if not isinstance(value, relax.Call) or not isinstance(value.op, ir.Op):
@@ -322,9 +330,9 @@ def _walk(values: dict, var, dims: _Dims, dead_ends: set, depth: int = 0) -> lis
     the block, however often its values are shared); at most :data:`MAX_EPILOGUE` operations
     are followed.
     """
-    if _call(values, var, _MATMUL) is not None:
+    if bound_call(values, var, _MATMUL) is not None:
         return [var]
-    call = _call(values, var)
+    call = bound_call(values, var)
     if call is None or depth == MAX_EPILOGUE or var in dead_ends:
         return None
     for index in _chain_operands(call, dims):
@@ -344,7 +352,7 @@ def _candidates(func: relax.Function):
         values = {b.var: b.value for b in block.bindings if isinstance(b, relax.VarBinding)}
         dead_ends = set()
         for var, value in values.items():
-            if _call(values, var, _RESHAPE) is None:
+            if bound_call(values, var, _RESHAPE) is None:
                 continue
             chain = _walk(values, value.args[0], dims, dead_ends)
             if chain is not None:
@@ -432,7 +440,7 @@ def _check(context: _Function, output, chain, values, dims: _Dims) -> LinearResh
                 "by the next step towards the reshape"
             )
     # Condition 5. The input is a reshape of the activation.
-    source = _call(values, a, _RESHAPE)
+    source = bound_call(values, a, _RESHAPE)
     if source is None:
         raise _Refused(f"the matmul's input {_name(a)} is not a reshape (folding would add one)")
     activation = source.args[0]

@@ -41,7 +41,7 @@ from tvm import ir, relax, s_tir, tirx
 
 from .match.reduction import looks_like_gemm
 from .match.stir import COMM_REDUCE
-from .relax_reshape import variable_uses
+from .relax_reshape import static_dims, variable_uses
 
 _CALL_TIR = ir.Op.get("relax.call_tir")
 #: AnnotateTIROpPattern's kinds up to injective: elementwise 0, broadcast 1, injective 2.
@@ -126,16 +126,8 @@ def _injective(funcs: list[tirx.PrimFunc]) -> bool:
 
 def _same_tensor_type(a: relax.Expr, b: relax.Expr) -> bool:
     """Condition 4: the same static shape and dtype."""
-    ta, tb = a.ty, b.ty
-    if not isinstance(ta, relax.TensorType) or not isinstance(tb, relax.TensorType):
-        return False
-    if ta.dtype != tb.dtype or ta.shape is None or tb.shape is None:
-        return False
-    dims_a, dims_b = ta.shape.values, tb.shape.values
-    return len(dims_a) == len(dims_b) and all(
-        isinstance(x, tirx.IntImm) and isinstance(y, tirx.IntImm) and int(x) == int(y)
-        for x, y in zip(dims_a, dims_b)
-    )
+    dims = static_dims(a)
+    return dims is not None and dims == static_dims(b) and a.ty.dtype == b.ty.dtype
 
 
 # --------------------------------------------------------------------------------------

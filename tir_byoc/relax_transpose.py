@@ -45,7 +45,7 @@ import math
 import tvm
 from tvm import ir, relax, te
 
-from .relax_reshape import variable_uses
+from .relax_reshape import bound_call, static_dims, variable_uses
 
 _MATMUL = ir.Op.get("relax.matmul")
 _RESHAPE = ir.Op.get("relax.reshape")
@@ -76,26 +76,9 @@ def UntransposeBatchMatmuls() -> tvm.transform.Pass:
     )
 
 
-def _static(expr) -> list[int] | None:
-    ty = getattr(expr, "ty", None)
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    dims = ty.shape.values
-    if not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
-        return None
-    return [int(d) for d in dims]
-
-
 def _scalar(expr) -> bool:
     """A constant of one element and rank 0."""
-    return isinstance(expr, ir.Constant) and _static(expr) == []
-
-
-def _call(values: dict, var, op) -> relax.Call | None:
-    value = values.get(var) if isinstance(var, relax.Var) else None
-    if isinstance(value, relax.Call) and value.op.same_as(op):
-        return value
-    return None
+    return isinstance(expr, ir.Constant) and static_dims(expr) == []
 
 
 def _sites(func: relax.Function) -> dict:
@@ -122,36 +105,36 @@ def _site(var, value, values, uses):
         return None
     a, r = value.args
     dtype = var.ty.dtype if isinstance(var.ty, relax.TensorType) else None
-    shapes = [_static(x) for x in (a, r, var)]
+    shapes = [static_dims(x) for x in (a, r, var)]
     if any(s is None or len(s) != 3 for s in shapes) or not str(dtype).startswith("float"):
         return None
     if a.ty.dtype != dtype or r.ty.dtype != dtype:
         return None
     # Condition 2.
-    reshape = _call(values, r, _RESHAPE)
+    reshape = bound_call(values, r, _RESHAPE)
     if reshape is None:
         return None
     e = reshape.args[0]
     chain = [r]
-    broadcast = _call(values, e, _BROADCAST)
+    broadcast = bound_call(values, e, _BROADCAST)
     p = e
     if broadcast is not None:
-        if _static(broadcast.args[0]) != _static(e):
+        if static_dims(broadcast.args[0]) != static_dims(e):
             return None
         p = broadcast.args[0]
         chain.append(e)
     # Condition 3, after any scalings by a constant scalar (an elementwise op commutes with the
     # transpose: it is applied to y instead).
     scales = []
-    while (scaling := _call(values, p, _MULTIPLY)) is not None and _scalar(scaling.args[1]):
+    while (scaling := bound_call(values, p, _MULTIPLY)) is not None and _scalar(scaling.args[1]):
         chain.append(p)
         scales.append(scaling.args[1])
         p = scaling.args[0]
-    permute = _call(values, p, _PERMUTE)
+    permute = bound_call(values, p, _PERMUTE)
     if permute is None:
         return None
     y = permute.args[0]
-    y_dims = _static(y)
+    y_dims = static_dims(y)
     if y_dims is None or len(y_dims) < 3 or isinstance(y, ir.Constant):
         return None
     axes = permute.attrs.axes

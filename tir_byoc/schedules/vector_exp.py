@@ -68,9 +68,9 @@ def _power_of_two(exponent: tirx.PrimExpr) -> tirx.PrimExpr:
 
 def _is_nan(x: tirx.PrimExpr) -> tirx.PrimExpr:
     """Whether float32 ``x`` is NaN, from its bits: without the sign they exceed infinity's (an
-    exponent of all ones and a mantissa that is not zero).  Not ``isnan``: TVM's vectoriser has no vector form of that call and turns the
-    whole loop back into scalar code around it.  Not ``x != x`` either: TVM's simplifier folds
-    that to false."""
+    exponent of all ones and a mantissa that is not zero).  Not ``isnan``: TVM's vectoriser has
+    no vector form of that call and turns the whole loop back into scalar code around it.  Not
+    ``x != x`` either: TVM's simplifier folds that to false."""
     magnitude = tirx.bitwise_and(tirx.reinterpret("int32", x), _i32(0x7FFFFFFF))
     return magnitude > _i32(0x7F800000)
 
