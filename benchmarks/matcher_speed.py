@@ -9,7 +9,9 @@ passes, for the median and the slowest PrimFunc of each module.
 The modules: the seed MLP, a Linear-GELU-Linear-add-LayerNorm block, BERT-, GPT-2- and
 LLaMA-like models (two layers of the base widths, from :func:`models.build`, random weights)
 exported with torch and lowered the way :func:`tir_byoc.build_model` lowers them, and the
-synthetic modules built from the patterns' own descriptions and decoys.
+synthetic modules built from the patterns' own descriptions and decoys.  Last, each Relax
+pass of the lowering on BERT-like models of 2, 12 and 24 layers, in ms per layer: tir_byoc's
+own passes must stay linear in the model's size, as TVM's do.
 """
 
 from __future__ import annotations
@@ -69,6 +71,35 @@ def lowered_torch(name: str) -> tvm.IRModule:
     model, x = build(name, **REAL_SHAPE)
     mod, _ = import_torch(model, (x,))
     return tvm.transform.Sequential([make_pass() for make_pass in LOWERING])(mod)
+
+
+#: Layer counts of the BERT-like model the Relax passes are timed on (linear: the same ms per
+#: layer at each).
+PASS_LAYERS = (2, 12, 24)
+
+
+def time_relax_passes(name: str = "bert", repeats: int = 3) -> dict[int, dict[str, float]]:
+    """Layers -> {pass: ms} for each pass of :data:`LOWERING` before ``FuseTIR`` (tir_byoc's
+    own Relax passes and, beside them, TVM's), each on the module the passes before it made,
+    medians of ``repeats`` runs."""
+    from models import build
+
+    from tir_byoc.frontend import import_torch
+
+    times = {}
+    for layers in PASS_LAYERS:
+        model, x = build(name, layers=layers, batch=1, sequence=REAL_SHAPE["sequence"])
+        mod, _ = import_torch(model, (x,))
+        times[layers] = {}
+        for make_pass in LOWERING[:-1]:
+            runs = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                out = make_pass()(mod)
+                runs.append(time.perf_counter() - start)
+            times[layers][make_pass.__name__] = statistics.median(runs) * 1e3
+            mod = out
+    return times
 
 
 def synthetic(count: int = 1000) -> tvm.IRModule:
@@ -147,6 +178,14 @@ def main() -> int:
             f"| {name:<58} | {statistics.median(times.values()):6.3f} | {times[worst]:5.3f} | "
             f"{described(modules[name], worst)} |"
         )
+    passes = time_relax_passes()
+    names = list(next(iter(passes.values())))
+    print("\nThe lowering's Relax passes on the BERT-like model, ms per layer (median of 3):\n")
+    print("| layers | " + " | ".join(names) + " |")
+    print("|-------:|" + "|".join("-" * (len(n) + 1) + ":" for n in names) + "|")
+    for layers, times in passes.items():
+        cells = " | ".join(f"{times[n] / layers:{len(n)}.2f}" for n in names)
+        print(f"| {layers:6d} | {cells} |")
     return 0
 
 

@@ -29,11 +29,13 @@ product and the sum it feeds now in one loop (RMS norm's squares), LLVM may fuse
 multiply-add, which TVM's code generator allows, and the sum then differs in the last bit.
 ``FuseTIR`` then makes one PrimFunc of it, and the default schedule
 (:class:`tir_byoc.schedules.rows.VectorRows`) computes P's blocks inside each row, so the
-intermediate tensor shrinks to one row.  A merged group can take another producer; the pass
-repeats until none is left.
+intermediate tensor shrinks to one row.  A merged group can take another producer: a
+consumer takes its producers one after another in a single pass over the block.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
@@ -50,18 +52,22 @@ _INJECTIVE = 2
 
 def fuse_into_rows(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with each producer merged into its row reduction (see the module docstring);
-    ``mod`` itself when there is none.  ``mod`` is never modified."""
-    changed = True
-    while changed:
-        changed = False
-        for gvar, func in list(mod.functions_items()):
-            if not isinstance(func, relax.Function) or _is_group(func):
-                continue
-            merged = _merge_one(mod, gvar, func)
-            if merged is not None:
-                mod, changed = merged, True
-                break
-    return mod
+    ``mod`` itself when there is none.  ``mod`` is never modified.
+
+    One pass over each dataflow block: a consumer takes its producers one after another (a
+    merged group's new arguments are candidates too), and the module is rebuilt once, at the
+    end, so the cost grows with the module's size, not with its size times its merges.
+    """
+    merger = _Merger(mod)
+    rewritten = {}
+    for gvar, func in mod.functions_items():
+        if isinstance(func, relax.Function) and not _is_group(func):
+            new_func = merger.function(func)
+            if new_func is not None:
+                rewritten[gvar] = new_func
+    if not rewritten:
+        return mod
+    return merger.module(rewritten)
 
 
 def FuseIntoRows() -> tvm.transform.Pass:
@@ -78,28 +84,6 @@ def FuseIntoRows() -> tvm.transform.Pass:
 
 def _is_group(func) -> bool:
     return isinstance(func, relax.Function) and bool((func.attrs or {}).get("Primitive", False))
-
-
-def _prim_funcs(mod: tvm.IRModule, call: relax.Call) -> list[tirx.PrimFunc] | None:
-    """The PrimFuncs a binding's value runs: one ``call_tir``'s, or every ``call_tir``'s of the
-    group it calls; None for anything else."""
-    if call.op.same_as(_CALL_TIR):
-        if len(call.args) != 2 or not isinstance(call.args[1], relax.Tuple):
-            return None  # symbolic shapes passed as tir_vars, or a tuple from elsewhere
-        callee = mod[call.args[0]]
-        return [callee] if isinstance(callee, tirx.PrimFunc) else None
-    if not isinstance(call.op, ir.GlobalVar) or not _is_group(mod[call.op]):
-        return None
-    body = mod[call.op].body
-    if not isinstance(body, relax.SeqExpr) or len(body.blocks) != 1:
-        return None  # FuseOps makes one dataflow block per group; anything else is left alone
-    funcs = []
-    for binding in body.blocks[0].bindings:
-        value = binding.value
-        if not isinstance(value, relax.Call) or not value.op.same_as(_CALL_TIR):
-            return None
-        funcs.append(mod[value.args[0]])
-    return funcs if all(isinstance(f, tirx.PrimFunc) for f in funcs) else None
 
 
 def _reduction_blocks(func: tirx.PrimFunc) -> list:
@@ -135,130 +119,237 @@ def _same_tensor_type(a: relax.Expr, b: relax.Expr) -> bool:
 # --------------------------------------------------------------------------------------
 
 
-def _merge_one(mod: tvm.IRModule, gvar: ir.GlobalVar, func: relax.Function):
-    """``mod`` with the first mergeable pair of ``func`` merged, or None if there is none."""
-    if not isinstance(func.body, relax.SeqExpr):
+@dataclass
+class _Merged:
+    """A group made by merging, not yet in the module: its function, arguments and name."""
+
+    group: relax.Function
+    args: list[relax.Expr]
+    name: str
+
+
+class _Merger:
+    """Merges producers into row reductions, function by function, then rebuilds the module."""
+
+    def __init__(self, mod: tvm.IRModule):
+        self.mod = mod
+        self.builder = relax.BlockBuilder(mod)
+        self.taken = {g.name_hint for g in mod.get_global_vars()}
+        self.absorbed: set[ir.GlobalVar] = set()  # groups merged away, dropped if no longer called
+        self._funcs: dict[ir.GlobalVar, list[tirx.PrimFunc] | None] = {}
+        self._reduces: dict[ir.GlobalVar, bool] = {}
+
+    # What a binding's value runs ------------------------------------------------------
+
+    def _callee(self, call: relax.Call) -> ir.GlobalVar | None:
+        if call.op.same_as(_CALL_TIR):
+            if len(call.args) != 2 or not isinstance(call.args[1], relax.Tuple):
+                return None  # symbolic shapes passed as tir_vars, or a tuple from elsewhere
+            return call.args[0]
+        return call.op if isinstance(call.op, ir.GlobalVar) else None
+
+    def prim_funcs(self, call: relax.Call) -> list[tirx.PrimFunc] | None:
+        """The PrimFuncs a call runs: one ``call_tir``'s, or every ``call_tir``'s of the group
+        it calls; None for anything else."""
+        callee = self._callee(call)
+        if callee is None:
+            return None
+        if callee not in self._funcs:
+            self._funcs[callee] = _prim_funcs_of(self.mod, callee, call.op.same_as(_CALL_TIR))
+        return self._funcs[callee]
+
+    def reduces_rows(self, value) -> bool:
+        if isinstance(value, _Merged):
+            return True  # a row reduction with producers merged in
+        if not isinstance(value, relax.Call):
+            return False
+        funcs = self.prim_funcs(value)
+        if funcs is None:
+            return False
+        callee = self._callee(value)
+        if callee not in self._reduces:
+            self._reduces[callee] = _reduces_rows(funcs)
+        return self._reduces[callee]
+
+    def injective(self, value) -> bool:
+        if not isinstance(value, relax.Call):
+            return False  # a merged group reduces
+        funcs = self.prim_funcs(value)
+        return funcs is not None and _injective(funcs)
+
+    # One function -----------------------------------------------------------------------
+
+    def function(self, func: relax.Function) -> relax.Function | None:
+        """``func`` with its producers merged, or None if there is nothing to merge."""
+        if not isinstance(func.body, relax.SeqExpr):
+            return None
+        uses = None
+        blocks = list(func.body.blocks)
+        changed = False
+        for b, block in enumerate(blocks):
+            if not isinstance(block, relax.DataflowBlock):
+                continue
+            values = [binding.value for binding in block.bindings]
+            position = {binding.var: i for i, binding in enumerate(block.bindings)}
+            merged_away = set()
+            for c, binding in enumerate(block.bindings):
+                if not self.reduces_rows(values[c]):
+                    continue
+                uses = uses if uses is not None else variable_uses(func)
+                while (found := self._producer(values, position, binding.var, uses)) is not None:
+                    p, arg_index = found
+                    values[c] = self._merge(values[p], values[c], arg_index, uses)
+                    merged_away.add(p)
+            if not merged_away:
+                continue
+            bindings = []
+            for i, binding in enumerate(block.bindings):
+                if i in merged_away:
+                    continue
+                if isinstance(values[i], _Merged):
+                    binding = relax.VarBinding(binding.var, self._add(values[i]))
+                bindings.append(binding)
+            blocks[b] = relax.DataflowBlock(bindings)
+            changed = True
+        if not changed:
+            return None
+        return relax.Function(
+            func.params,
+            relax.SeqExpr(blocks, func.body.body),
+            func.ret_ty,
+            func.is_pure,
+            func.attrs,
+        )
+
+    def _producer(self, values, position, result: relax.Var, uses) -> tuple[int, int] | None:
+        """The first argument of the consumer bound to ``result`` that may merge into it:
+        (its binding's index, the argument's index); conditions 2-4 of the module docstring."""
+        consumer = values[position[result]]
+        for arg_index, arg in enumerate(_arguments(consumer)):
+            if not isinstance(arg, relax.Var) or arg not in position or uses[arg] != 1:
+                continue
+            p = position[arg]
+            if self.injective(values[p]) and _same_tensor_type(arg, result):
+                return p, arg_index
         return None
-    uses = variable_uses(func)
-    for b, block in enumerate(func.body.blocks):
-        if not isinstance(block, relax.DataflowBlock):
-            continue
-        bound = {binding.var: (i, binding.value) for i, binding in enumerate(block.bindings)}
-        for c_index, binding in enumerate(block.bindings):
-            consumer = binding.value
-            if not isinstance(consumer, relax.Call):
+
+    def _merge(self, producer: relax.Call, consumer, arg_index: int, uses) -> _Merged:
+        """One group computing ``producer``'s bindings, then ``consumer``'s reading them."""
+        p_group, c_group = self._group(producer), self._group(consumer)
+        p_args, c_args = _arguments(producer), _arguments(consumer)
+        (p_block,) = p_group.body.blocks
+
+        # The consumer's parameter for `p` becomes the producer's result; a parameter the
+        # producer also takes (the same Relax variable passed to both) becomes the producer's.
+        binds = {c_group.params[arg_index]: p_group.body.body}
+        for j, arg in enumerate(c_args):
+            if j == arg_index or not isinstance(arg, relax.Var):
                 continue
-            c_funcs = _prim_funcs(mod, consumer)
-            if c_funcs is None or not _reduces_rows(c_funcs):
-                continue
-            for arg_index, arg in enumerate(_arguments(consumer)):
-                if not isinstance(arg, relax.Var) or arg not in bound or uses[arg] != 1:
-                    continue
-                p_index, producer = bound[arg]
-                if not isinstance(producer, relax.Call):
-                    continue
-                p_funcs = _prim_funcs(mod, producer)
-                if p_funcs is None or not _injective(p_funcs):
-                    continue
-                if not _same_tensor_type(arg, binding.var):
-                    continue
-                return _rewrite(mod, gvar, func, b, p_index, c_index, arg_index)
-    return None
+            for i, p_arg in enumerate(p_args):
+                if p_arg.same_as(arg):
+                    binds[c_group.params[j]] = p_group.params[i]
+                    uses[arg] -= 1  # passed once now
+                    break
+        kept = [j for j in range(len(c_args)) if c_group.params[j] not in binds]
+        c_bound = c_group.bind_params(binds)
+        (c_block,) = c_bound.body.blocks
+        group = relax.Function(
+            list(p_group.params) + [c_group.params[j] for j in kept],
+            relax.SeqExpr(
+                [relax.DataflowBlock(list(p_block.bindings) + list(c_block.bindings))],
+                c_bound.body.body,
+            ),
+            c_group.ret_ty,
+            attrs=c_group.attrs,
+        )
+        for call in (producer, consumer):
+            if isinstance(call, relax.Call) and not call.op.same_as(_CALL_TIR):
+                self.absorbed.add(call.op)
+        args = p_args + [c_args[j] for j in kept]
+        return _Merged(self.builder.normalize(group), args, self._name(producer, consumer))
+
+    def _group(self, value) -> relax.Function:
+        """What a binding's value computes, as a group on fresh variables: the group it calls
+        or was merged into, or a group of its one ``call_tir``."""
+        if isinstance(value, _Merged):
+            return relax.utils.copy_with_new_vars(value.group)
+        if not value.op.same_as(_CALL_TIR):
+            return relax.utils.copy_with_new_vars(self.mod[value.op])
+        params = [relax.Var(f"p{i}", arg.ty) for i, arg in enumerate(value.args[1].fields)]
+        result = relax.Var("y", value.ty)
+        call = relax.Call(
+            value.op, [value.args[0], relax.Tuple(params)], value.attrs, value.ty_args
+        )
+        body = relax.SeqExpr([relax.DataflowBlock([relax.VarBinding(result, call)])], result)
+        return relax.Function(params, body, value.ty).with_attr("Primitive", True)
+
+    def _name(self, producer: relax.Call, consumer) -> str:
+        def stem(value):
+            if isinstance(value, _Merged):
+                name = value.name
+            else:
+                name = (value.args[0] if value.op.same_as(_CALL_TIR) else value.op).name_hint
+            return name[len("fused_") :] if name.startswith("fused_") else name
+
+        base = f"fused_{stem(producer)}_{stem(consumer)}"
+        name, n = base, 1
+        while name in self.taken:
+            name, n = f"{base}{n}", n + 1
+        self.taken.add(name)
+        return name
+
+    def _add(self, merged: _Merged) -> relax.Call:
+        """The merged group added to the module, and the call of it."""
+        gvar = self.builder.add_func(merged.group, merged.name)
+        return self.builder.normalize(relax.Call(gvar, merged.args))
+
+    # The module -------------------------------------------------------------------------
+
+    def module(self, rewritten: dict[ir.GlobalVar, relax.Function]) -> tvm.IRModule:
+        """The module with ``rewritten`` functions, and without the groups merged away."""
+        for gvar, func in rewritten.items():
+            self.builder.update_func(gvar, self.builder.normalize(func))
+        new_mod = self.builder.get()
+        called = _called(new_mod)
+        functions = {
+            gvar: func
+            for gvar, func in new_mod.functions_items()
+            if gvar not in self.absorbed or gvar in called
+        }
+        return tvm.IRModule(functions, attrs=new_mod.attrs, global_infos=new_mod.global_infos)
 
 
-def _as_group(mod: tvm.IRModule, call: relax.Call) -> relax.Function:
-    """What a binding's value computes, as a group on fresh variables: the group it calls, or
-    a group of its one ``call_tir``."""
-    if not call.op.same_as(_CALL_TIR):
-        return relax.utils.copy_with_new_vars(mod[call.op])
-    params = [relax.Var(f"p{i}", arg.ty) for i, arg in enumerate(call.args[1].fields)]
-    result = relax.Var("y", call.ty)
-    value = relax.Call(call.op, [call.args[0], relax.Tuple(params)], call.attrs, call.ty_args)
-    body = relax.SeqExpr([relax.DataflowBlock([relax.VarBinding(result, value)])], result)
-    return relax.Function(params, body, call.ty).with_attr("Primitive", True)
+def _prim_funcs_of(mod: tvm.IRModule, callee: ir.GlobalVar, is_call_tir: bool):
+    if is_call_tir:
+        func = mod[callee]
+        return [func] if isinstance(func, tirx.PrimFunc) else None
+    if not _is_group(mod[callee]):
+        return None
+    body = mod[callee].body
+    if not isinstance(body, relax.SeqExpr) or len(body.blocks) != 1:
+        return None  # FuseOps makes one dataflow block per group; anything else is left alone
+    funcs = []
+    for binding in body.blocks[0].bindings:
+        value = binding.value
+        if not isinstance(value, relax.Call) or not value.op.same_as(_CALL_TIR):
+            return None
+        funcs.append(mod[value.args[0]])
+    return funcs if all(isinstance(f, tirx.PrimFunc) for f in funcs) else None
 
 
-def _arguments(call: relax.Call) -> list[relax.Expr]:
-    return list(call.args[1].fields) if call.op.same_as(_CALL_TIR) else list(call.args)
+def _arguments(value) -> list[relax.Expr]:
+    if isinstance(value, _Merged):
+        return list(value.args)
+    return list(value.args[1].fields) if value.op.same_as(_CALL_TIR) else list(value.args)
 
 
-def _rewrite(mod, gvar, func, b, p_index, c_index, arg_index):
-    block = func.body.blocks[b]
-    producer = block.bindings[p_index].value
-    consumer_binding = block.bindings[c_index]
-    consumer = consumer_binding.value
-    p_group, c_group = _as_group(mod, producer), _as_group(mod, consumer)
-    p_args, c_args = _arguments(producer), _arguments(consumer)
-    (p_block,) = p_group.body.blocks
-
-    # The consumer's parameter for `p` becomes the producer's result; a parameter the producer
-    # also takes (the same Relax variable passed to both) becomes the producer's.
-    binds = {c_group.params[arg_index]: p_group.body.body}
-    for j, arg in enumerate(c_args):
-        if j == arg_index or not isinstance(arg, relax.Var):
-            continue
-        for i, p_arg in enumerate(p_args):
-            if p_arg.same_as(arg):
-                binds[c_group.params[j]] = p_group.params[i]
-                break
-    kept = [j for j in range(len(c_args)) if c_group.params[j] not in binds]
-    c_bound = c_group.bind_params(binds)
-    (c_block,) = c_bound.body.blocks
-
-    merged = relax.Function(
-        list(p_group.params) + [c_group.params[j] for j in kept],
-        relax.SeqExpr(
-            [relax.DataflowBlock(list(p_block.bindings) + list(c_block.bindings))],
-            c_bound.body.body,
-        ),
-        c_group.ret_ty,
-        attrs=c_group.attrs,
-    )
-    builder = relax.BlockBuilder(mod)
-    merged_gvar = builder.add_func(builder.normalize(merged), _merged_name(mod, producer, consumer))
-    call = builder.normalize(relax.Call(merged_gvar, p_args + [c_args[j] for j in kept]))
-
-    bindings = list(block.bindings)
-    bindings[c_index] = relax.VarBinding(consumer_binding.var, call)
-    del bindings[p_index]
-    blocks = list(func.body.blocks)
-    blocks[b] = relax.DataflowBlock(bindings)
-    rewritten = relax.Function(
-        func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure, func.attrs
-    )
-    builder.update_func(gvar, builder.normalize(rewritten))
-    new_mod = builder.get()
-    dropped = [c.op for c in (producer, consumer) if not c.op.same_as(_CALL_TIR)]
-    functions = dict(new_mod.functions_items())
-    for group in dropped:
-        if not _still_called(new_mod, group):
-            functions.pop(group)
-    return tvm.IRModule(functions, attrs=new_mod.attrs, global_infos=new_mod.global_infos)
-
-
-def _merged_name(mod, producer: relax.Call, consumer: relax.Call) -> str:
-    def stem(call):
-        gv = call.args[0] if call.op.same_as(_CALL_TIR) else call.op
-        name = gv.name_hint
-        return name[len("fused_") :] if name.startswith("fused_") else name
-
-    base = f"fused_{stem(producer)}_{stem(consumer)}"
-    taken = {g.name_hint for g in mod.get_global_vars()}
-    name, n = base, 1
-    while name in taken:
-        name, n = f"{base}{n}", n + 1
-    return name
-
-
-def _still_called(mod: tvm.IRModule, gvar: ir.GlobalVar) -> bool:
-    found = []
+def _called(mod: tvm.IRModule) -> set[ir.GlobalVar]:
+    """Every GlobalVar a Relax function of ``mod`` refers to."""
+    found = set()
     for _, func in mod.functions_items():
         if isinstance(func, relax.Function):
-            tvm_ffi.structural_walk(
-                func.body,
-                (ir.GlobalVar, lambda g: found.append(g) if g.same_as(gvar) else None),
-            )
-    return bool(found)
+            tvm_ffi.structural_walk(func.body, (ir.GlobalVar, found.add))
+    return found
 
 
 __all__ = ["FuseIntoRows", "fuse_into_rows"]
