@@ -42,17 +42,19 @@ from .export import export_library
 from .offload import offload as offload_module
 from .relax_reshape import FoldLinearReshapes
 from .relax_rows import FuseIntoRows
+from .relax_split import SliceSplits
 from .relax_transpose import UntransposeBatchMatmuls
 from .rewrite import calls_in_parallel_loops, intrinsic_calls
 
 logger = logging.getLogger("tir_byoc")
 
 #: The standard Relax lowering, in order: the reshapes around each Linear on an N-D activation
-#: folded away (so its activation or residual add fuses with the GEMM), attention's ``q @ k^T``
-#: on K as it is, operators to TIR, fused into PrimFuncs, each elementwise op before a row
-#: reduction fused into it.
+#: folded away (so its activation or residual add fuses with the GEMM), a packed q/k/v split
+#: read as slices, attention's ``q @ k^T`` on K as it is, operators to TIR, fused into
+#: PrimFuncs, each elementwise op before a row reduction fused into it.
 LOWERING = (
     FoldLinearReshapes,
+    SliceSplits,
     UntransposeBatchMatmuls,
     relax.transform.LegalizeOps,
     relax.transform.AnnotateTIROpPattern,
