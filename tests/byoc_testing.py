@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
-from tvm import tirx
+import tvm_ffi
+from tvm import s_tir, tirx
 
 import tir_byoc
 from tir_byoc.rewrite import intrinsic_calls
@@ -138,3 +139,23 @@ def relax_inputs(mod: tvm.IRModule, seed: int = 0) -> list[np.ndarray]:
         rng.standard_normal([int(d) for d in p.ty.shape.values]).astype("float32")
         for p in mod["main"].params
     ]
+
+
+def vector_loads(func: tirx.PrimFunc) -> list:
+    """The vector loads left in ``func`` once TVM's vectoriser has run over it, simplified
+    first as TVM's lowering does (a condition the simplifier folds is then gone)."""
+    passes = [
+        s_tir.transform.LowerInitBlock(),
+        s_tir.transform.ConvertBlocksToOpaque(),
+        s_tir.transform.LowerOpaqueBlock(),
+        tirx.transform.FlattenBuffer(),
+        tirx.transform.StmtSimplify(),
+        tirx.transform.VectorizeLoop(True),
+    ]
+    mod = tvm.transform.Sequential(passes)(tvm.IRModule({"main": func}))
+    loads = []
+    tvm_ffi.structural_walk(
+        mod["main"].body,
+        (tvm.ir.TensorLoad, lambda load: loads.append(load) if load.ty.dtype.lanes > 1 else None),
+    )
+    return loads

@@ -2,10 +2,11 @@
 and that a scheduled function computes exactly what the unscheduled one computes."""
 
 import numpy as np
+import pytest
 import tvm
 import tvm_ffi
-from byoc_testing import lowered
-from tvm import tirx
+from byoc_testing import lowered, vector_loads
+from tvm import s_tir, tirx
 from tvm.script import tirx as T
 
 from tir_byoc import schedules
@@ -55,6 +56,33 @@ def total_sum(A: T.Buffer((65536,), "float32"), S: T.Buffer((1,), "float32")):
             S[0] = S[0] + A[vk]
 
 
+@T.prim_func(s_tir=True)
+def rotate_half(A: T.Buffer((512, 64), "float32"), B: T.Buffer((512, 64), "float32")):
+    """A concatenation on the last axis, as TVM's ``concatenate`` writes LLaMA's rotary
+    embedding: the condition as ``32 <= j``, which TVM's simplifier does not fold per vector."""
+    for i, j in T.grid(512, 64):
+        with T.sblock("concat"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            B[vi, vj] = T.if_then_else(32 <= vj, A[vi, vj - 32], A[vi, vj + 32] * T.float32(-1))
+
+
+@T.prim_func(s_tir=True)
+def uneven_concat(A: T.Buffer((512, 64), "float32"), B: T.Buffer((512, 64), "float32")):
+    """The parts meet inside a vector (at 30): no partition keeps every lane's branch fixed."""
+    for i, j in T.grid(512, 64):
+        with T.sblock("concat"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            B[vi, vj] = T.if_then_else(30 <= vj, A[vi, vj - 30], A[vi, vj + 34])
+
+
+@T.prim_func(s_tir=True)
+def data_dependent_select(A: T.Buffer((512, 64), "float32"), B: T.Buffer((512, 64), "float32")):
+    for i, j in T.grid(512, 64):
+        with T.sblock("relu"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            B[vi, vj] = T.Select(A[vi, vj] > T.float32(0), A[vi, vj], T.float32(0))
+
+
 @T.prim_func
 def plain_loops(A: T.Buffer((64,), "float32"), B: T.Buffer((64,), "float32")):
     for i in range(64):
@@ -95,6 +123,48 @@ def test_an_elementwise_function_is_inlined_parallel_outside_and_vectorised_insi
     arrays = _random([(256, 128), (128, 256)])
     np.testing.assert_array_equal(_run(scheduled, arrays)[1], _run(add_transpose, arrays)[1])
     assert dict(report.serial_blocks) == {}
+
+
+def test_a_concatenation_on_the_vector_axis_is_partitioned_where_its_parts_meet():
+    """Each vector's lanes all on one side of the boundary: TVM's simplifier folds the branch
+    and the loop stays vector (with the branch varying between lanes, TVM's vectoriser turns
+    the whole loop back into scalar code)."""
+    lanes = loops.vector_lanes(TARGET, 32)
+    scheduled = _schedule(rotate_half).module["main"]
+    kinds = _loop_kinds(scheduled)
+    assert kinds.count(tirx.ForKind.PARALLEL) == 1
+    assert kinds.count(tirx.ForKind.VECTORIZED) == 2  # one vector loop per part
+    assert vector_loads(scheduled) and all(
+        load.ty.dtype.lanes == lanes for load in vector_loads(scheduled)
+    )
+    # Without the partition the same split is scalar code again.
+    assert vector_loads(_split_only(rotate_half, lanes)) == []
+    arrays = _random([(512, 64), (512, 64)])
+    np.testing.assert_array_equal(_run(scheduled, arrays)[1], _run(rotate_half, arrays)[1])
+
+
+def _split_only(func: tirx.PrimFunc, lanes: int) -> tirx.PrimFunc:
+    """The schedule without the partition: the vectors' loop fused into the parallel one."""
+    sch = s_tir.Schedule(func)
+    block = sch.get_sblock("concat")
+    outer, inner = sch.get_loops(block)
+    rest, vector = sch.split(inner, factors=[None, lanes])
+    sch.parallel(sch.fuse(outer, rest))
+    sch.vectorize(vector)
+    return sch.mod["main"]
+
+
+@pytest.mark.parametrize(
+    "func",
+    [uneven_concat, data_dependent_select],
+    ids=["boundary inside a vector", "select on data"],
+)
+def test_a_branch_not_fixed_per_vector_keeps_the_plain_split(func):
+    scheduled = _schedule(func).module["main"]
+    kinds = _loop_kinds(scheduled)
+    assert kinds.count(tirx.ForKind.VECTORIZED) == 1
+    arrays = _random([(512, 64), (512, 64)])
+    np.testing.assert_array_equal(_run(scheduled, arrays)[1], _run(func, arrays)[1])
 
 
 def test_a_small_block_stays_on_one_thread_and_says_why():

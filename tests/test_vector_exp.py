@@ -4,8 +4,7 @@ exp over float32's range, libm's special values, and where the default schedule 
 import numpy as np
 import pytest
 import tvm
-import tvm_ffi
-from byoc_testing import lowered
+from byoc_testing import lowered, vector_loads
 from tvm import s_tir, te, tirx
 
 from tir_byoc import schedules
@@ -28,24 +27,6 @@ def _exp_func(lanes: int) -> tirx.PrimFunc:
     return sch.mod["main"]
 
 
-def _vector_loads(func: tirx.PrimFunc) -> list:
-    """The vector loads left in ``func`` once TVM's vectoriser has run over it."""
-    passes = [
-        s_tir.transform.LowerInitBlock(),
-        s_tir.transform.ConvertBlocksToOpaque(),
-        s_tir.transform.LowerOpaqueBlock(),
-        tirx.transform.FlattenBuffer(),
-        tirx.transform.VectorizeLoop(True),
-    ]
-    mod = tvm.transform.Sequential(passes)(tvm.IRModule({"main": func}))
-    loads = []
-    tvm_ffi.structural_walk(
-        mod["main"].body,
-        (tvm.ir.TensorLoad, lambda load: loads.append(load) if load.ty.dtype.lanes > 1 else None),
-    )
-    return loads
-
-
 def _run(built, x: np.ndarray) -> np.ndarray:
     padded = np.zeros(POINTS, "float32")
     padded[: x.size] = x
@@ -63,7 +44,7 @@ def built(request):
 def test_a_vectorised_loop_stays_vector():
     # The vectoriser turns a whole loop back into scalar code around any call it has no vector
     # form of (`isnan` was one): the 16-lane loop must still load 16 lanes at a time.
-    assert [load.ty.dtype.lanes for load in _vector_loads(_exp_func(16))] == [16]
+    assert [load.ty.dtype.lanes for load in vector_loads(_exp_func(16))] == [16]
 
 
 def test_within_one_ulp_of_the_exact_exp_over_floats_range(built):

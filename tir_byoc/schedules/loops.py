@@ -12,7 +12,8 @@ serial loop (a maximum or minimum is the same in any order): see :mod:`.rows`.
 
 from __future__ import annotations
 
-from tvm import s_tir
+import tvm_ffi
+from tvm import ir, s_tir, tirx
 from tvm.s_tir.dlight.base import get_extent
 from tvm.target import Target
 from tvm.target.codegen import llvm_get_vector_width
@@ -67,7 +68,10 @@ def parallel_vectorize(sch: s_tir.Schedule, block, target: Target) -> str | None
 
     The innermost loop is split by the vector width when the width divides it (a remainder
     would put a predicate in the vector loop, which TVM's vectoriser turns back into scalar
-    code); the loops outside it are fused into one parallel loop.
+    code); the loops outside it are fused into one parallel loop.  Where a branch of the block
+    (a concatenation on that axis) changes at multiples of the width, the vectors' loop is
+    partitioned there instead (:func:`_vectorize_between`), so that each vector takes one
+    branch.
 
     Returns
     -------
@@ -83,16 +87,104 @@ def parallel_vectorize(sch: s_tir.Schedule, block, target: Target) -> str | None
     extent = _static(sch, inner)
     outer = list(loops[:-1])
     if extent is not None and extent % lanes == 0 and extent >= lanes:
-        if extent > lanes:
+        bounds = _branch_bounds(sch, inner, extent) if extent > lanes and outer else None
+        if extent == lanes:
+            sch.vectorize(inner)
+        elif bounds and all(b % lanes == 0 for b in bounds):
+            _vectorize_between(sch, inner, [b // lanes for b in bounds], lanes)
+        else:
             rest, vector = sch.split(inner, factors=[None, lanes])
             outer.append(rest)
-        else:
-            vector = inner
-        sch.vectorize(vector)
+            sch.vectorize(vector)
     elif not outer:
         # One loop that the vector width does not divide: parallel over it as it is.
         outer = [inner]
     return _parallel(sch, outer, work)
+
+
+def _branch_bounds(sch: s_tir.Schedule, loop, extent: int) -> list[int] | None:
+    """Where the block under ``loop`` changes branch along it: the points in (0, extent) at
+    which a condition of its ``if_then_else`` or ``select`` (a concatenation, a pad) changes
+    value, sorted; ``None`` when a condition reads the loop's iterator other than by comparing
+    it with a constant, or the loop holds more than one block."""
+    realize = sch.get(loop).body
+    if not isinstance(realize, s_tir.SBlockRealize):
+        return None
+    loop_var = sch.get(loop).loop_var
+    bound = [
+        iv.var
+        for iv, value in zip(realize.block.iter_vars, realize.iter_values, strict=True)
+        if value.same_as(loop_var)
+    ]
+    if len(bound) != 1:
+        return None
+    (var,) = bound
+    conditions = []
+
+    def on_call(call):
+        if isinstance(call.op, ir.Op) and call.op.name == "prim.if_then_else":
+            conditions.append(call.args[0])
+
+    tvm_ffi.structural_walk(
+        realize.block.body,
+        [(ir.Call, on_call), (tirx.Select, lambda select: conditions.append(select.condition))],
+    )
+    points = set()
+    for condition in conditions:
+        found = _compared(condition, var)
+        if found is None:
+            return None
+        points |= found
+    return sorted(p for p in points if 0 < p < extent)
+
+
+#: A comparison of the iterator with a constant c, as the point where its value changes:
+#: ``v < c`` changes at c, ``v <= c`` at c + 1 (and the mirrored forms likewise).
+_CHANGES_AT = {tirx.LT: 0, tirx.GE: 0, tirx.LE: 1, tirx.GT: 1}
+_MIRRORED = {tirx.LT: tirx.GT, tirx.GT: tirx.LT, tirx.LE: tirx.GE, tirx.GE: tirx.LE}
+
+
+def _compared(condition, var) -> set[int] | None:
+    """The points where ``condition`` can change value along ``var``: None if it reads ``var``
+    other than in comparisons with a constant (combined by and, or, not)."""
+    if isinstance(condition, tirx.And | tirx.Or):
+        a, b = _compared(condition.a, var), _compared(condition.b, var)
+        return None if a is None or b is None else a | b
+    if isinstance(condition, tirx.Not):
+        return _compared(condition.a, var)
+    kind = type(condition)
+    if kind in _CHANGES_AT:
+        a, b = condition.a, condition.b
+        if isinstance(a, tirx.IntImm) and b.same_as(var):
+            a, b, kind = b, a, _MIRRORED[kind]
+        if a.same_as(var) and isinstance(b, tirx.IntImm):
+            return {int(b.value) + _CHANGES_AT[kind]}
+    if isinstance(condition, tirx.EQ | tirx.NE):
+        a, b = condition.a, condition.b
+        if isinstance(a, tirx.IntImm) and b.same_as(var):
+            a, b = b, a
+        if a.same_as(var) and isinstance(b, tirx.IntImm):
+            return {int(b.value), int(b.value) + 1}
+    return None if _reads(condition, var) else set()
+
+
+def _reads(expr, var) -> bool:
+    found = []
+    tvm_ffi.structural_walk(expr, (tirx.Var, lambda v: found.append(v) if v.same_as(var) else None))
+    return bool(found)
+
+
+def _vectorize_between(sch: s_tir.Schedule, loop, points: list[int], lanes: int) -> None:
+    """Split ``loop`` into vectors of ``lanes`` and partition the vectors' loop at ``points``
+    (in vectors), each part's lanes vectorised: in each part every branch condition has one
+    value for all its lanes, which TVM's simplifier then folds.  A condition whose value
+    differs between the lanes of one vector makes TVM's vectoriser turn the whole loop back
+    into scalar code (a concatenation on the last axis: LLaMA's rotary embedding)."""
+    rest, _ = sch.split(loop, factors=[None, lanes])
+    sizes = [b - a for a, b in zip([0, *points[:-1]], points, strict=True)]
+    for part in sch.loop_partition(rest, factors=sizes):
+        for block in sch.get_child_blocks(part):
+            sch.vectorize(sch.get_loops(block)[-1])
 
 
 def parallel_rows(sch: s_tir.Schedule, block, leading: int) -> str | None:
