@@ -18,6 +18,7 @@ from tvm.script import relax as R
 
 import tir_byoc
 from tir_byoc import model as model_module
+from tir_byoc.meta_schedule import load_report
 from tir_byoc.model import LOWERING
 from tir_byoc.relax_rows import FuseIntoRows, fuse_into_rows
 
@@ -173,13 +174,19 @@ def test_a_module_without_a_merge_comes_back_as_it_was():
     assert len([f for _, f in merged.functions_items() if isinstance(f, relax.Function)]) == 2
 
 
-def test_tuning_lowers_without_the_row_fusion_and_completes(tmp_path):
+def test_tuning_a_merged_function_metaschedule_cannot_space_leaves_it_to_the_rules(tmp_path):
     # TVM 0.27's MetaSchedule raises in its design-space generation on the merged softmax
-    # (reverse-compute-at), which ended the whole tuning run; build_model's tuning path lowers
-    # with TUNING_LOWERING instead.
-    assert FuseIntoRows in LOWERING and FuseIntoRows not in model_module.TUNING_LOWERING
+    # (reverse-compute-at), which ended the whole tuning run. Its task is dropped now: the
+    # function is reported as not tuned, with why, and the default rules schedule it.
+    merged = "fused_reshape_multiply_add_softmax"
     built = tir_byoc.build_model(ScaledMaskedSoftmax, tune_trials=8, work_dir=tmp_path)
-    assert "fused_reshape_multiply_add_softmax" not in built.schedules
+    assert built.rules[merged] == "VectorRows"
+    (report,) = [f for f in load_report(tmp_path).functions if f.name == merged]
+    assert report.choice == "unchanged" and report.trials == 0
+    assert report.note == (
+        "not tuned: MetaSchedule's design space raised: ScheduleError: An error occurred in "
+        "the schedule primitive 'reverse-compute-at'."
+    )
     a, mask = relax_inputs(ScaledMaskedSoftmax)
     z = a.reshape(2, 4, 16, 32) * np.float32(0.125) + mask
     e = np.exp(z - z.max(-1, keepdims=True))

@@ -215,4 +215,3 @@ def test_anything_else_comes_back_as_it_was(module):
 
 def test_the_lowering_slices_before_the_operators_become_tir():
     assert LOWERING.index(SliceSplits) < LOWERING.index(relax.transform.LegalizeOps)
-    assert SliceSplits in model_module.TUNING_LOWERING

@@ -151,7 +151,8 @@ def causal_mask(sequence: int, dtype=None):
 def first_line(error: BaseException) -> str:
     """The first non-empty line of ``error``'s message, with its type."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"
+    first, kind = (lines[0] if lines else ""), type(error).__name__
+    return first if first.startswith(f"{kind}: ") else f"{kind}: {first}"
 
 
 def is_torch_module(obj) -> bool:

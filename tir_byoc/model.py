@@ -62,11 +62,6 @@ LOWERING = (
     FuseIntoRows,
     relax.transform.FuseTIR,
 )
-#: The lowering before MetaSchedule: :data:`LOWERING` without the row fusion.  TVM 0.27's
-#: MetaSchedule fails inside its design-space generation on a softmax with its scale and mask
-#: fused in (``reverse-compute-at`` raises in ``TaskSchedulerTune``), and the error ends the
-#: whole tuning run; tuned functions are scheduled by MetaSchedule anyway.
-TUNING_LOWERING = tuple(p for p in LOWERING if p is not FuseIntoRows)
 #: How a PrimFunc of a built model runs (:attr:`Model.schedules`): it calls an intrinsic, a
 #: default rule scheduled it (dlight's or :mod:`tir_byoc.schedules`'), or it runs as TVM wrote it.
 OFFLOADED, DLIGHT, UNSCHEDULED = "tir_byoc", "dlight", "unscheduled"
@@ -219,8 +214,7 @@ def build_model(
     # Step 2. The standard lowering (Relax), then the offload.
     tuned = tune_trials != 0 or work_dir is not None
     if is_relax:
-        lowering = TUNING_LOWERING if tuned else LOWERING
-        mod = tvm.transform.Sequential([p() for p in lowering])(mod)
+        mod = tvm.transform.Sequential([p() for p in LOWERING])(mod)
     signature = TirSignature.of(mod[entry]) if not is_relax else None
     if tuned:
         mod = _tune(mod, resolved, is_relax, tune_trials, work_dir, offload, backends, tune_options)
@@ -562,7 +556,6 @@ __all__ = [
     "DLIGHT",
     "LOWERING",
     "OFFLOADED",
-    "TUNING_LOWERING",
     "UNSCHEDULED",
     "Model",
     "build_model",

@@ -26,6 +26,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 
 from .. import toolchain
+from ..frontend import first_line
 from ..offload import apply
 from ..packing import PackedVariant, PackReport, install_packed, packed_variant
 from ..registry import REGISTRY, Registry
@@ -148,6 +149,10 @@ def _task_loggers(work_dir: str, names: list[str]):
             handler.close()
 
 
+#: The offload rule's mode for each variant a task tunes.
+RULE_MODE = {"offload": "always", "native": "never", "plain": "never"}
+
+
 def _run_search(tasks, target, work_dir, max_trials_global, options: TuneOptions, rejections):
     """Tune ``tasks``; returns the database and the trial counter.
 
@@ -173,7 +178,6 @@ def _run_search(tasks, target, work_dir, max_trials_global, options: TuneOptions
     model = options.cost_model
     if isinstance(model, str) and model == "xgb":
         model = cost_model(ms.TuneContext(num_threads=options.num_tuning_cores).num_threads)
-    rule_mode = {"offload": "always", "native": "never", "plain": "never"}
     per_task = options.max_trials_per_task or max_trials_global
     with _task_loggers(work_dir, [t.name for t in tasks]) as loggers:
         task_logger = dict(zip((t.name for t in tasks), loggers))
@@ -187,7 +191,7 @@ def _run_search(tasks, target, work_dir, max_trials_global, options: TuneOptions
                     target=target,
                     space_generator=design_space(
                         target,
-                        rule_mode[task.variant],
+                        RULE_MODE[task.variant],
                         options.backends,
                         options.registry,
                         rejections,
@@ -237,6 +241,39 @@ def _run_search(tasks, target, work_dir, max_trials_global, options: TuneOptions
             seed = options.seed + 1 if paired and options.seed is not None else options.seed
             search(rest, budget, per_task, seed)
     return database, counter
+
+
+def _with_design_space(tasks, target, options: TuneOptions, rejections):
+    """The tasks whose design space MetaSchedule can generate, and the functions left with no
+    task, with why.
+
+    A schedule rule that raises while MetaSchedule generates a task's design space ends the
+    whole tuning run (TVM 0.27 raises ``reverse-compute-at`` on a softmax with its scale and
+    mask fused in).  Such a task is dropped here instead; its function keeps no tuned
+    schedule, and ``build_model`` schedules it with the default rules.
+    """
+    kept, errors = [], {}
+    for task in tasks:
+        space = design_space(
+            target, RULE_MODE[task.variant], options.backends, options.registry, rejections
+        )
+        context = ms.TuneContext(mod=task.workload, target=target, space_generator=space)
+        try:
+            context.generate_design_space()
+        except Exception as error:
+            logger.info("task %s dropped: %s", task.name, error)
+            errors[task.name] = first_line(error)
+            continue
+        kept.append(task)
+    covered = {name for task in kept for name in task.members}
+    failed = {
+        name: f"not tuned: MetaSchedule's design space raised: {reason}"
+        for task in tasks
+        if (reason := errors.get(task.name))
+        for name in task.members
+        if name not in covered
+    }
+    return kept, failed
 
 
 def _paired(tasks: list[Task]) -> list[Task]:
@@ -466,6 +503,10 @@ def _tune_functions(
         )
     # Step 2. Tune every task in one search; then keep the faster variant per function.
     rejections = Rejections()
+    if tasks and max_trials_global:
+        tasks, failed = _with_design_space(tasks, target, options, rejections)
+        for name, reason in failed.items():
+            reports[name] = FunctionReport(name, "unchanged", note=reason)
     if tasks:
         if max_trials_global == 0:  # the database of an earlier run, as it is
             database, counter = _database(options, work_dir), Progress(display=False)
