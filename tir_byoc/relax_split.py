@@ -36,7 +36,6 @@ computed: nothing is rounded.  The chain's bindings that only the takes read are
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 
 import tvm
@@ -74,7 +73,7 @@ def SliceSplits() -> tvm.transform.Pass:
 def _sites(func: relax.Function) -> tuple[dict, set]:
     """({take's variable: (y, last axis of y, begin, end)} for each binding that qualifies,
     the variables of the chains that only those takes read)."""
-    sites, chains = {}, {}
+    sites, chains, lost = {}, {}, Counter()
     for block in func.body.blocks if isinstance(func.body, relax.SeqExpr) else ():
         if not isinstance(block, relax.DataflowBlock):
             continue
@@ -85,34 +84,23 @@ def _sites(func: relax.Function) -> tuple[dict, set]:
                 if site is not None:
                     *part, chain = site
                     sites[var], chains[chain[0]] = tuple(part), chain
-    return sites, _unused_after(func, sites, chains)
+                    lost[chain[0]] += 1  # the take, now a slice, no longer reads it
+    return sites, (_unused_after(func, chains, lost) if sites else set())
 
 
-def _unused_after(func: relax.Function, sites: dict, chains: dict) -> set:
+def _unused_after(func: relax.Function, chains: dict, lost: Counter) -> set:
     """The chain variables (from the take's argument back to the reshape's result) left
-    without a user once the takes of ``sites`` are slices."""
+    without a user once the takes are slices; ``lost`` counts the uses the takes made."""
     uses = variable_uses(func)
-    lost = Counter(take.args[0] for take in _takes(func, sites))
     unused = set()
     for chain in chains.values():
-        for var, argument in itertools.pairwise(chain):
+        for i, var in enumerate(chain):
             if uses[var] != lost[var]:
                 break
             unused.add(var)
-            lost[argument] += 1  # var's binding, dropped, read its argument once
-        else:
-            if uses[chain[-1]] == lost[chain[-1]]:
-                unused.add(chain[-1])
+            if i + 1 < len(chain):
+                lost[chain[i + 1]] += 1  # var's binding, dropped, read its argument once
     return unused
-
-
-def _takes(func: relax.Function, sites: dict) -> list[relax.Call]:
-    return [
-        b.value
-        for block in func.body.blocks
-        for b in block.bindings
-        if isinstance(b, relax.VarBinding) and b.var in sites
-    ]
 
 
 def _site(var, take: relax.Call, values: dict):
