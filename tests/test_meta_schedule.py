@@ -21,6 +21,9 @@ import tir_byoc
 from tir_byoc import demo
 from tir_byoc import meta_schedule as tms
 from tir_byoc.rewrite import intrinsic_calls
+from tir_byoc.schedules import RULE_ATTR, default_schedule, first_rule
+from tir_byoc.schedules.vector_exp import applies as vector_exp_applies
+from tir_byoc.schedules.vector_exp import expand_exp
 
 pytestmark = pytest.mark.usefixtures("reference_backend")
 
@@ -550,8 +553,86 @@ def test_mlp_layers_offloaded_whole_are_not_tuned(tmp_path):
         for r in database.get_all_tuning_records()
     }
     assert tuned_names and tuned_names <= {"transpose", "transpose1"}
+    # Each transpose's best record was measured again beside the default rule's schedule,
+    # and the faster one is in the module.
+    for name in ("transpose", "transpose1"):
+        transpose = report[name]
+        assert transpose.default_rule == "Elementwise" and transpose.best_default_ms > 0
+        assert transpose.choice in ("default", "none"), transpose
+        kept = (tuned[name].attrs or {}).get(RULE_ATTR)
+        assert kept == ("Elementwise" if transpose.choice == "default" else None)
     result, expected = run_mlp(tuned)
     np.testing.assert_allclose(result, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("faster", ["rule", "record"])
+def test_a_function_left_to_tvm_keeps_the_default_rule_schedule_if_it_measures_faster(
+    tmp_path, monkeypatch, faster
+):
+    # The measurement is replaced (the decision, not the timing, is under test): the best
+    # record and the rule's schedule come in one batch, the record first.
+    from tir_byoc.meta_schedule import tune as tune_module
+
+    batches = []
+
+    def measured(funcs, target, builder, runner):
+        batches.append(funcs)
+        return [(2.0, ""), (1.0, "")] if faster == "rule" else [(1.0, ""), (2.0, "")]
+
+    monkeypatch.setattr(tune_module, "measure", measured)
+    tuned = tms.tune_tir(as_module(exp_only), TARGET, str(tmp_path), 4, **EXP_OPTIONS)
+    report = tms.load_report(tmp_path)["main"]
+    ((record, rule),) = batches
+    rule_name, scheduled, _ = first_rule(as_module(exp_only)["main"], TARGET)
+    built = expand_exp(scheduled) if vector_exp_applies(TARGET) else scheduled  # as measured
+    tvm.ir.assert_structural_equal(rule.body, built.body)
+    assert report.default_rule == rule_name == "Elementwise" and report.best_default_ms == 2.0 - (
+        faster == "rule"
+    )
+    if faster == "rule":
+        assert report.choice == "default" and report.best_ms == 1.0
+        assert "the default rule Elementwise kept: 1.0000 ms against" in report.note
+        tvm.ir.assert_structural_equal(tuned["main"].body, scheduled.body)
+        assert tuned["main"].attrs[RULE_ATTR] == "Elementwise"
+    else:
+        assert report.choice == "none" and report.best_ms != 2.0
+        assert "the default rule Elementwise: 2.0000 ms, the best record again 1.0000" in (
+            report.note
+        )
+        tvm.ir.assert_structural_equal(tuned["main"].body, record.body)
+        assert RULE_ATTR not in tuned["main"].attrs
+    assert tuned["main"].attrs["tirx.is_scheduled"]
+    # build_model names the rule that scheduled the function, or the tuner.
+    schedule = default_schedule(tuned, TARGET, scheduled_by="MetaSchedule")
+    assert schedule.rules["main"] == ("Elementwise" if faster == "rule" else "MetaSchedule")
+    data = np.random.default_rng(0).standard_normal((128, 256)).astype("float32")
+    out = tvm.runtime.tensor(np.zeros_like(data))
+    tvm.compile(tuned, TARGET)["main"](tvm.runtime.tensor(data), out)
+    np.testing.assert_allclose(out.numpy(), np.exp(data), rtol=1e-5)
+
+
+def test_default_rules_false_measures_no_rule_schedule(tmp_path, monkeypatch):
+    from tir_byoc.meta_schedule import tune as tune_module
+
+    def measured(*args):
+        raise AssertionError("measured with default_rules=False")
+
+    monkeypatch.setattr(tune_module, "measure", measured)
+    tuned = tms.tune_tir(
+        as_module(exp_only), TARGET, str(tmp_path), 4, default_rules=False, **EXP_OPTIONS
+    )
+    report = tms.load_report(tmp_path)["main"]
+    assert report.choice == "none" and report.default_rule == "" and report.best_default_ms is None
+    assert RULE_ATTR not in tuned["main"].attrs
+
+
+EXP_OPTIONS = dict(
+    num_trials_per_iter=2,
+    strategy=ms.search_strategy.ReplayTrace(),
+    cost_model="random",
+    progress=False,
+    seed=0,
+)
 
 
 def test_the_fast_stack_for_tensor_intrinsics_is_inspect_stack_without_its_module_scan():

@@ -16,7 +16,7 @@ from tvm.script import relax as R
 
 from tir_byoc import meta_schedule as tms
 from tir_byoc import toolchain
-from tir_byoc.meta_schedule import packed as packed_measure
+from tir_byoc.meta_schedule import measure as measuring
 from tir_byoc.model import LOWERING
 from tir_byoc.rewrite import intrinsic_calls
 
@@ -147,5 +147,6 @@ def test_a_runner_that_cannot_take_blocks_leaves_the_weight_plain_and_says_why(t
         pass
 
     func = _primfuncs(_lowered())[TAIL]
-    latency, why = packed_measure.measure_packed(func, {}, TARGET, None, Elsewhere())
+    block = tvm.runtime.tensor(np.zeros(16, "uint8"))
+    ((latency, why),) = measuring.measure([func], TARGET, None, Elsewhere(), {1: block})
     assert latency is None and why == "the runner Elsewhere cannot be given packed weights"

@@ -18,8 +18,8 @@ function and its rewrite):
 - ``space.py``: :func:`offload_space` (rule + postproc in the target's default space) and
   :func:`candidate_builder`.
 - ``progress.py``: :class:`Progress`, the measure callback that prints and counts trials.
-- ``packed.py``: :func:`~.packed.measure_packed`, an offloaded candidate measured with its
-  constant weights packed.
+- ``measure.py``: :func:`~.measure.measure`, candidates measured again after the search: an
+  offloaded one with its constant weights packed, a function's default-rule schedule.
 - ``report.py``: :class:`FunctionReport`, :class:`TuningReport`, :func:`load_report` and
   :data:`REPORT_FILE`.
 - ``options.py``: ``TuneOptions``, the ``**options`` of :func:`tune_tir` checked once.
@@ -54,7 +54,7 @@ How a matched chain travels through the search:
    postproc applied again, :func:`apply_record`) into the final module.  With
    ``offload="always"`` a function made only of offloaded chains gets no task at all.
 5. In a Relax module, a function whose offloaded chains read constant weights has its best
-   offloaded record measured once more with the weights packed (``packed.py``; the backend
+   offloaded record measured once more with the weights packed (``measure.py``; the backend
    chooses each form by timing, as :func:`tir_byoc.offload` does), and that is the offloaded
    time compared; if offload wins, the Relax calls passing the constants call the packed
    variant (:func:`tir_byoc.packing.install_packed`).

@@ -63,7 +63,13 @@ class TuneOptions:
         :func:`tir_byoc.offload` does; :mod:`tir_byoc.relax_fold`).
     pack_weights : bool
         Relax modules: an offloaded function whose weights are constants is measured, and
-        built, with them packed (:mod:`tir_byoc.meta_schedule.packed`).
+        built, with them packed (:mod:`tir_byoc.meta_schedule.measure`).
+    default_rules : bool
+        A function left to TVM's code (no chain offloaded, in any variant) has its best
+        record measured again beside the schedule the default rules of
+        :mod:`tir_byoc.schedules` give it, in one batch, and keeps the faster: the untuned
+        build's schedule is a candidate too, so tuning never makes such a function slower
+        than ``build_model`` without tuning would (as measured).
     native_cutoff : float or None
         ``offload="choice"``: after a first round of ``first_round_trials`` trials per
         variant, a native variant slower than this many times its offloaded variant gets no
@@ -98,6 +104,7 @@ class TuneOptions:
     progress: bool | TextIO = True
     fold_transposes: bool = True
     pack_weights: bool = True
+    default_rules: bool = True
     native_cutoff: float | None = 2.0
     first_round_trials: int = 16
 

@@ -26,7 +26,9 @@ class FunctionReport:
     choice : str
         ``"offload"`` (chains call intrinsics), ``"native"`` (the tuned schedule was faster),
         ``"mixed"`` (several chains, decided differently), ``"none"`` (no chain to offload),
-        ``"offload-untuned"`` (the whole function is offloaded; not tuned) or ``"unchanged"``.
+        ``"offload-untuned"`` (the whole function is offloaded; not tuned), ``"default"`` (no
+        chain; the default rule's schedule measured faster than the best record) or
+        ``"unchanged"``.
     trials : int
         Candidates measured for it (0 when it was not tuned).
     best_ms : float or None
@@ -36,6 +38,11 @@ class FunctionReport:
     best_packed_ms : float or None
         The best offloaded candidate measured again with its constant weights packed; when
         set, it is the offloaded time the choice compared.
+    default_rule : str
+        The default rule of :mod:`tir_byoc.schedules` measured against the best record
+        (``TuneOptions.default_rules``), or ``""``.
+    best_default_ms : float or None
+        That rule's schedule, measured in one batch with the best record measured again.
     packed : tuple of str
         The forms of the weights packed in the final function (``"transposed"``,
         ``"library"``); empty if none was.
@@ -52,6 +59,8 @@ class FunctionReport:
     best_offload_ms: float | None = None
     best_native_ms: float | None = None
     best_packed_ms: float | None = None
+    default_rule: str = ""
+    best_default_ms: float | None = None
     packed: tuple[str, ...] = ()
     intrinsics: tuple[str, ...] = ()
     note: str = ""

@@ -6,7 +6,9 @@ record of a workload with its chosen chains offloaded).  A call goes: options ch
 (:class:`~.options.TuneOptions`); every function planned once and turned into tasks
 (:func:`plan_tasks`); all tasks tuned in one search over :func:`~.space.design_space`
 (:func:`_run_search`); per function, the faster variant's best record replayed
-(:func:`_decide`); the :class:`~.report.TuningReport` written.
+(:func:`_decide`); a function left to TVM's code measured again beside the default rules'
+schedule, and the faster kept (:func:`_against_default_rules`); the
+:class:`~.report.TuningReport` written.
 """
 
 from __future__ import annotations
@@ -31,9 +33,12 @@ from ..offload import apply
 from ..packing import PackedVariant, PackReport, install_packed, packed_variant
 from ..registry import REGISTRY, Registry
 from ..rewrite import RewriteError, intrinsic_calls, rewrite_function
+from ..schedules import RULE_ATTR, first_rule
+from ..schedules.vector_exp import applies as vector_exp_applies
+from ..schedules.vector_exp import expand_exp
 from .features import cost_model
+from .measure import measure
 from .options import TuneOptions
-from .packed import measure_packed
 from .postproc import CandidateRejected, OffloadPostproc, Rejections
 from .progress import FAILED_RUN, Progress, mean_seconds
 from .report import REPORT_FILE, FunctionReport, TuningReport
@@ -400,6 +405,62 @@ def _decide(name, tasks, functions, database, target, counter, options, planned,
     )
 
 
+def _against_default_rules(tasks, originals, functions, reports, target, options: TuneOptions):
+    """Functions left to TVM's code keep the default rules' schedule where it measures faster.
+
+    For each task with no offloaded variant whose best record was replayed, the record (as
+    replayed into ``functions``) and the first of :data:`tir_byoc.schedules.RULES` applied to
+    the original are measured in one batch, both as they will be built (float32 ``exp``
+    written out where the target allows, as ``build_model`` does); the faster schedule goes
+    into ``functions`` for every member of the task, and ``reports`` say both times.
+    """
+    offloadable = {name for task in tasks if task.variant == "offload" for name in task.members}
+    compared = []
+    for task in tasks:
+        name = task.members[0]
+        if task.variant == "offload" or offloadable & set(task.members):
+            continue
+        if reports[name].best_ms is None:  # no record: build_model applies the rules anyway
+            continue
+        try:
+            applied = first_rule(originals[name], target)
+        except Exception as error:  # a rule's bug leaves the tuned schedule
+            logger.info("%s: default rules raised: %s", name, first_line(error))
+            continue
+        if applied is not None:
+            compared.append((task, applied[0], applied[1]))
+    if not compared:
+        return
+    built = expand_exp if vector_exp_applies(target) else (lambda func: func)
+    candidates = [(functions[task.members[0]], scheduled) for task, _, scheduled in compared]
+    times = measure(
+        [built(func) for pair in candidates for func in pair],
+        target,
+        options.builder,
+        options.runner,
+    )
+    for i, (task, rule, scheduled) in enumerate(compared):
+        (tuned_ms, _), (rule_ms, why) = times[2 * i], times[2 * i + 1]
+        if rule_ms is None:
+            logger.warning("%s: the default rule %s not measured: %s", task.name, rule, why)
+            continue
+        again = "not measured" if tuned_ms is None else f"{tuned_ms:.4f} ms"
+        kept = tuned_ms is None or rule_ms <= tuned_ms
+        for name in task.members:
+            report = reports[name]
+            if kept:
+                functions[name] = _scheduled(scheduled, originals[name]).with_attr(RULE_ATTR, rule)
+                note = (
+                    f"the default rule {rule} kept: {rule_ms:.4f} ms against the best record "
+                    f"measured again, {again}"
+                )
+                report = replace(report, choice="default", best_ms=rule_ms)
+            else:
+                note = f"the default rule {rule}: {rule_ms:.4f} ms, the best record again {again}"
+            notes = "; ".join(n for n in (report.note, note) if n)
+            reports[name] = replace(report, default_rule=rule, best_default_ms=rule_ms, note=notes)
+
+
 def _scheduled(func: tirx.PrimFunc, original: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` (a replayed record) under ``original``'s attributes, marked scheduled."""
     return tirx.PrimFunc(func.params, func.body, func.ret_type, attrs=original.attrs).with_attr(
@@ -412,7 +473,7 @@ class _Packs:
 
     ``measure`` gives a function's best offloaded record its packed variant
     (:func:`tir_byoc.packing.packed_variant`, which chooses each weight's form by timing) and
-    measures it (:func:`~.packed.measure_packed`); functions sharing a task and forms share
+    measures it (:func:`~.measure.measure`); functions sharing a task and forms share
     the measurement.  ``chosen`` collects the variants of functions offload won, for
     :func:`tir_byoc.packing.install_packed`.
     """
@@ -446,13 +507,13 @@ class _Packs:
             return None, None, "; ".join(why)
         key = (task_name, variant.forms)
         if key not in self._measured:
-            self._measured[key] = measure_packed(
-                variant.func,
-                variant.blocks(),
+            self._measured[key] = measure(
+                [variant.func],
                 self.target,
                 self.options.builder,
                 self.options.runner,
-            )
+                variant.blocks(),
+            )[0]
         packed_ms, why = self._measured[key]
         if packed_ms is None:
             logger.warning("%s: weights left plain: %s", name, why)
@@ -482,7 +543,7 @@ def _tune_functions(
     """
     target = cpu_target(target)
     os.makedirs(work_dir, exist_ok=True)
-    functions = dict(functions)
+    originals, functions = functions, dict(functions)
     # Step 1. Which functions are tuned (in which variants), offloaded whole, or left alone.
     tasks, untuned, plans = plan_tasks(functions, options)
     reports = {}
@@ -520,6 +581,8 @@ def _tune_functions(
                 reports[name] = _decide(
                     name, mine, functions, database, target, counter, options, plans[name], packs
                 )
+        if options.default_rules:
+            _against_default_rules(tasks, originals, functions, reports, target, options)
     # Step 3. Load the libraries the result calls, so that tvm.compile resolves them here.
     registry = options.registry
     for backend in sorted({registry[i].backend for r in reports.values() for i in r.intrinsics}):

@@ -62,6 +62,10 @@ RULES = (dlight.cpu.GEMV, VectorRows, dlight.cpu.Reduction, RowReduction, Elemen
 
 _SCHEDULED_ATTR = "tirx.is_scheduled"
 
+#: Set by a tuner that kept a rule's schedule for a function: the rule's name, which
+#: :func:`default_schedule` reports for it instead of ``scheduled_by``.
+RULE_ATTR = "tir_byoc.rule"
+
 
 def is_scheduled(func: tirx.PrimFunc) -> bool:
     """Whether ``func`` carries ``tirx.is_scheduled`` (a rule or a tuner has scheduled it)."""
@@ -168,8 +172,9 @@ def recomputed_reduction(func: tirx.PrimFunc) -> str | None:
     return visit(func.body, [])
 
 
-def _apply(func: tirx.PrimFunc, target: tvm.target.Target):
-    """The first rule of :data:`RULES` that schedules ``func``: (rule name, function, notes).
+def first_rule(func: tirx.PrimFunc, target: tvm.target.Target):
+    """The first rule of :data:`RULES` that schedules ``func``: (rule name, function, notes),
+    or None.  The function is marked scheduled, its float32 ``exp`` not yet written out.
 
     A rule whose schedule repeats a whole reduction (:func:`recomputed_reduction`) counts as
     declining, and the next one is tried."""
@@ -196,7 +201,8 @@ def default_schedule(
     """Schedule each PrimFunc of ``mod`` that calls no intrinsic with the first of :data:`RULES`
     that applies; a PrimFunc already scheduled (``tirx.is_scheduled``) keeps its schedule (its
     float32 ``exp`` written out as the rules' is) and is reported in
-    :attr:`ScheduleReport.rules` as ``scheduled_by``.
+    :attr:`ScheduleReport.rules` as ``scheduled_by`` (or as the rule named by its
+    :data:`RULE_ATTR`).
 
     A rule that raises leaves its function as it was (recorded in
     :attr:`ScheduleReport.failures`); ``mod`` itself is not changed.
@@ -210,7 +216,7 @@ def default_schedule(
         name, offloaded = gvar.name_hint, bool(intrinsic_calls(func))
         if is_scheduled(func):
             if not offloaded:
-                rules[name] = scheduled_by
+                rules[name] = str(func.attrs.get(RULE_ATTR, scheduled_by))
                 if vector_exp:  # a tuner's schedule, with the rules' exp
                     result.update_func(gvar, expand_exp(func))
             continue
@@ -222,7 +228,7 @@ def default_schedule(
                 }
             continue
         try:
-            applied = _apply(func, target)
+            applied = first_rule(func, target)
         except Exception as error:  # a rule's bug must not stop the build
             failures[name] = unscheduled[name] = first_line(error)
             continue
@@ -244,10 +250,12 @@ def default_schedule(
 
 __all__ = [
     "RULES",
+    "RULE_ATTR",
     "Elementwise",
     "RowReduction",
     "ScheduleReport",
     "VectorRows",
     "default_schedule",
+    "first_rule",
     "recomputed_reduction",
 ]
