@@ -609,6 +609,10 @@ def test_a_function_left_to_tvm_keeps_the_default_rule_schedule_if_it_measures_f
     out = tvm.runtime.tensor(np.zeros_like(data))
     tvm.compile(tuned, TARGET)["main"](tvm.runtime.tensor(data), out)
     np.testing.assert_allclose(out.numpy(), np.exp(data), rtol=1e-5)
+    # A rebuild from the database takes the tuning run's choice again, measuring nothing.
+    monkeypatch.setattr(tune_module, "measure", None)
+    rebuilt = tms.tune_tir(as_module(exp_only), TARGET, str(tmp_path), 0, **EXP_OPTIONS)
+    tvm.ir.assert_structural_equal(rebuilt, tuned)
 
 
 def test_default_rules_false_measures_no_rule_schedule(tmp_path, monkeypatch):

@@ -41,7 +41,7 @@ from .measure import measure
 from .options import TuneOptions
 from .postproc import CandidateRejected, OffloadPostproc, Rejections
 from .progress import FAILED_RUN, Progress, mean_seconds
-from .report import REPORT_FILE, FunctionReport, TuningReport
+from .report import REPORT_FILE, FunctionReport, TuningReport, load_report
 from .rule import cpu_target, logger, only_function
 from .space import candidate_builder, design_space
 from .tasks import Task, plan_tasks
@@ -405,7 +405,9 @@ def _decide(name, tasks, functions, database, target, counter, options, planned,
     )
 
 
-def _against_default_rules(tasks, originals, functions, reports, target, options: TuneOptions):
+def _against_default_rules(
+    tasks, originals, functions, reports, target, options: TuneOptions, decided=None
+):
     """Functions left to TVM's code keep the default rules' schedule where it measures faster.
 
     For each task with no offloaded variant whose best record was replayed, the record (as
@@ -413,7 +415,12 @@ def _against_default_rules(tasks, originals, functions, reports, target, options
     the original are measured in one batch, both as they will be built (float32 ``exp``
     written out where the target allows, as ``build_model`` does); the faster schedule goes
     into ``functions`` for every member of the task, and ``reports`` say both times.
+
+    ``decided`` (a replay: the tuning run's report, by function) gives a function the same
+    choice again without measuring, so that a rebuild is the module the tuning run returned
+    even where the two schedules measure within noise of each other.
     """
+    decided = decided or {}
     offloadable = {name for task in tasks if task.variant == "offload" for name in task.members}
     compared = []
     for task in tasks:
@@ -427,8 +434,26 @@ def _against_default_rules(tasks, originals, functions, reports, target, options
         except Exception as error:  # a rule's bug leaves the tuned schedule
             logger.info("%s: default rules raised: %s", name, first_line(error))
             continue
-        if applied is not None:
-            compared.append((task, applied[0], applied[1]))
+        if applied is None:
+            continue
+        rule, scheduled = applied[0], applied[1]
+        earlier = decided.get(name)
+        if earlier is not None and earlier.default_rule == rule:
+            for member in task.members:
+                if earlier.choice == "default":
+                    functions[member] = _scheduled(scheduled, originals[member]).with_attr(
+                        RULE_ATTR, rule
+                    )
+                reports[member] = replace(
+                    reports[member],
+                    choice=earlier.choice,
+                    best_ms=earlier.best_ms,
+                    default_rule=rule,
+                    best_default_ms=earlier.best_default_ms,
+                    note=earlier.note,
+                )
+            continue
+        compared.append((task, rule, scheduled))
     if not compared:
         return
     built = expand_exp if vector_exp_applies(target) else (lambda func: func)
@@ -459,6 +484,17 @@ def _against_default_rules(tasks, originals, functions, reports, target, options
                 note = f"the default rule {rule}: {rule_ms:.4f} ms, the best record again {again}"
             notes = "; ".join(n for n in (report.note, note) if n)
             reports[name] = replace(report, default_rule=rule, best_default_ms=rule_ms, note=notes)
+
+
+def _earlier_choices(work_dir) -> dict[str, FunctionReport]:
+    """The functions the tuning run in ``work_dir`` measured against a default rule, by name
+    (none when it left no report)."""
+    try:
+        saved = load_report(work_dir)
+    except (FileNotFoundError, ValueError, KeyError, TypeError) as error:
+        logger.info("no earlier choices of the default rules: %s", first_line(error))
+        return {}
+    return {f.name: f for f in saved.functions if f.default_rule}
 
 
 def _scheduled(func: tirx.PrimFunc, original: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -582,7 +618,8 @@ def _tune_functions(
                     name, mine, functions, database, target, counter, options, plans[name], packs
                 )
         if options.default_rules:
-            _against_default_rules(tasks, originals, functions, reports, target, options)
+            decided = _earlier_choices(work_dir) if max_trials_global == 0 else None
+            _against_default_rules(tasks, originals, functions, reports, target, options, decided)
     # Step 3. Load the libraries the result calls, so that tvm.compile resolves them here.
     registry = options.registry
     for backend in sorted({registry[i].backend for r in reports.values() for i in r.intrinsics}):
