@@ -615,6 +615,32 @@ def test_a_function_left_to_tvm_keeps_the_default_rule_schedule_if_it_measures_f
     tvm.ir.assert_structural_equal(rebuilt, tuned)
 
 
+@pytest.mark.parametrize("offload", ["never", "choice"])
+def test_a_function_without_a_record_is_offloaded_only_if_offload_is_allowed(tmp_path, offload):
+    # An empty database: no function has a valid record.  offload="never" is the TVM-only
+    # build (build_model(offload=False)), whose chains must stay TVM code all the same.
+    tuned = tms.tune_tir(
+        as_module(dense_relu_exp),
+        TARGET,
+        str(tmp_path),
+        0,
+        offload=offload,
+        database="memory",
+        progress=False,
+    )
+    offloaded = intrinsic_calls(tuned["main"])
+    assert offloaded == ({} if offload == "never" else {"ref.dense_bias_relu": 1}), offloaded
+    result, expected = run_dense_relu_exp(tuned["main"])
+    np.testing.assert_allclose(result, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_report_durations_keep_a_small_function_readable():
+    from tir_byoc.meta_schedule.report import duration
+
+    assert duration(0.0133) == "0.0133 ms" and duration(2.5) == "2.5000 ms"
+    assert duration(0.0000312) == "0.03 us" and duration(0.0042) == "4.20 us"
+
+
 def test_default_rules_false_measures_no_rule_schedule(tmp_path, monkeypatch):
     from tir_byoc.meta_schedule import tune as tune_module
 

@@ -41,7 +41,7 @@ from .measure import measure
 from .options import TuneOptions
 from .postproc import CandidateRejected, OffloadPostproc, Rejections
 from .progress import FAILED_RUN, Progress, mean_seconds
-from .report import REPORT_FILE, FunctionReport, TuningReport, load_report
+from .report import REPORT_FILE, FunctionReport, TuningReport, duration, load_report
 from .rule import cpu_target, logger, only_function
 from .space import candidate_builder, design_space
 from .tasks import Task, plan_tasks
@@ -338,7 +338,8 @@ def _decide(name, tasks, functions, database, target, counter, options, planned,
     trials = sum(counter.trials.get(t.name, 0) for t in tasks)
     original = functions[name]
     if not measured:
-        functions[name] = apply(planned)
+        if options.offload != "never":  # offload="never" offloads nothing, tuned or not
+            functions[name] = apply(planned)
         intrinsics = _called_intrinsics(functions[name])
         # build_model gives such a function the default rules afterwards (model.rules).
         note = "no valid measured candidate; " + (
@@ -469,19 +470,19 @@ def _against_default_rules(
         if rule_ms is None:
             logger.warning("%s: the default rule %s not measured: %s", task.name, rule, why)
             continue
-        again = "not measured" if tuned_ms is None else f"{tuned_ms:.4f} ms"
+        again = "not measured again" if tuned_ms is None else f"again {duration(tuned_ms)}"
         kept = tuned_ms is None or rule_ms <= tuned_ms
         for name in task.members:
             report = reports[name]
             if kept:
                 functions[name] = _scheduled(scheduled, originals[name]).with_attr(RULE_ATTR, rule)
                 note = (
-                    f"the default rule {rule} kept: {rule_ms:.4f} ms against the best record "
-                    f"measured again, {again}"
+                    f"the default rule {rule} kept: {duration(rule_ms)} against the best record "
+                    f"{again}"
                 )
                 report = replace(report, choice="default", best_ms=rule_ms)
             else:
-                note = f"the default rule {rule}: {rule_ms:.4f} ms, the best record again {again}"
+                note = f"the default rule {rule}: {duration(rule_ms)}, the best record {again}"
             notes = "; ".join(n for n in (report.note, note) if n)
             reports[name] = replace(report, default_rule=rule, best_default_ms=rule_ms, note=notes)
 
