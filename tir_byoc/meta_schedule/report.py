@@ -15,6 +15,12 @@ from pathlib import Path
 REPORT_FILE = "tir_byoc_report.json"
 
 
+def duration(ms: float) -> str:
+    """A latency in ms for the report: ``0.0133 ms``, or ``3.20 us`` below 0.01 ms (a small
+    function's time would read ``0.0000 ms``)."""
+    return f"{ms * 1e3:.2f} us" if ms < 0.01 else f"{ms:.4f} ms"
+
+
 @dataclass(frozen=True)
 class FunctionReport:
     """How one function of the tuned module was decided.
@@ -70,19 +76,20 @@ class FunctionReport:
         if self.trials:
             parts.append(f"{self.trials} trials")
         if self.best_ms is not None:
-            parts.append(f"best {self.best_ms:.4f} ms")
+            parts.append(f"best {duration(self.best_ms)}")
         offload = self.best_offload_ms
         if offload is not None and self.best_packed_ms is not None:
             offload = self.best_packed_ms
         compared = [
-            f"{label} {ms_:.4f} ms"
+            f"{label} {duration(ms_)}"
             for label, ms_ in (("offload", offload), ("native", self.best_native_ms))
             if ms_ is not None
         ]
         if len(compared) == 2:
             parts.append("measured " + " vs ".join(compared))
         if self.best_packed_ms is not None:
-            plain = "" if self.best_offload_ms is None else f", {self.best_offload_ms:.4f} ms plain"
+            offload = self.best_offload_ms
+            plain = "" if offload is None else f", {duration(offload)} plain"
             parts.append(f"offload measured packed ({', '.join(self.packed)}{plain})")
         elif self.packed:
             parts.append(f"weights packed ({', '.join(self.packed)})")
