@@ -63,31 +63,25 @@ def alloc_rpc(blocks: dict[int, str], session, device, args_info, alloc_repeat: 
 def _runner(runner, blocks: dict[int, str]):
     """A runner configured like ``runner`` whose workers take the blocks; None if none can.
 
-    Without blocks, ``runner`` itself (``"local"``: a ``LocalRunner``)."""
-    if isinstance(runner, str) and runner == "local":
-        if not blocks:
-            return ms.runner.LocalRunner()
-        return ms.runner.LocalRunner(f_alloc_argument=functools.partial(alloc_local, blocks))
+    Without blocks, ``runner`` itself (a name: the runner MetaSchedule creates for it)."""
     if not blocks:
         return runner if isinstance(runner, ms.Runner) else ms.Runner.create(runner)
+    if isinstance(runner, str) and runner == "local":
+        return ms.runner.LocalRunner(f_alloc_argument=functools.partial(alloc_local, blocks))
+    if not isinstance(runner, ms.runner.LocalRunner | ms.runner.RPCRunner):
+        return None
+    like = dict(
+        evaluator_config=runner.evaluator_config,
+        cooldown_sec=runner.cooldown_sec,
+        alloc_repeat=runner.alloc_repeat,
+    )
     if isinstance(runner, ms.runner.LocalRunner):
-        return ms.runner.LocalRunner(
-            timeout_sec=runner.timeout_sec,
-            evaluator_config=runner.evaluator_config,
-            cooldown_sec=runner.cooldown_sec,
-            alloc_repeat=runner.alloc_repeat,
-            f_alloc_argument=functools.partial(alloc_local, blocks),
-        )
-    if isinstance(runner, ms.runner.RPCRunner):
-        return ms.runner.RPCRunner(
-            rpc_config=runner.rpc_config,
-            evaluator_config=runner.evaluator_config,
-            cooldown_sec=runner.cooldown_sec,
-            alloc_repeat=runner.alloc_repeat,
-            f_alloc_argument=functools.partial(alloc_rpc, blocks),
-            max_workers=1,
-        )
-    return None
+        alloc = functools.partial(alloc_local, blocks)
+        return ms.runner.LocalRunner(timeout_sec=runner.timeout_sec, f_alloc_argument=alloc, **like)
+    alloc = functools.partial(alloc_rpc, blocks)
+    return ms.runner.RPCRunner(
+        rpc_config=runner.rpc_config, f_alloc_argument=alloc, max_workers=1, **like
+    )
 
 
 def measure(
