@@ -6,6 +6,7 @@ minutes on a 2-core machine; longer tuning runs belong in benchmarks/.  No timin
 
 from __future__ import annotations
 
+import io
 import logging
 
 import numpy as np
@@ -635,10 +636,17 @@ def test_a_function_without_a_record_is_offloaded_only_if_offload_is_allowed(tmp
 
 
 def test_report_durations_keep_a_small_function_readable():
+    from tir_byoc.meta_schedule.progress import Progress
     from tir_byoc.meta_schedule.report import duration
 
     assert duration(0.0133) == "0.0133 ms" and duration(2.5) == "2.5000 ms"
     assert duration(0.0000312) == "0.03 us" and duration(0.0042) == "4.20 us"
+    # The progress lines print the same way.
+    stream = io.StringIO()
+    progress = Progress(stream=stream)
+    progress.trials["small"], progress.best["small"] = 3, (3.2e-6, "native")
+    progress._print("small")
+    assert "small: 3 trials (0 failed), best 3.20 us (native)" in stream.getvalue()
 
 
 def test_default_rules_false_measures_no_rule_schedule(tmp_path, monkeypatch):

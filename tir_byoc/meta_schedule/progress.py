@@ -13,6 +13,7 @@ from typing import TextIO
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 
+from .report import duration
 from .rule import recorded_choice
 
 FAILED_RUN = 1e9  # seconds; MetaSchedule records failed runs as 1e10
@@ -64,7 +65,7 @@ class Progress(PyMeasureCallback):
 
     def _print(self, task: str) -> None:
         seconds, choice = self.best.get(task, (float("inf"), "none"))
-        best = f"{seconds * 1e3:.4f} ms" if seconds != float("inf") else "none yet"
+        best = duration(seconds * 1e3) if seconds != float("inf") else "none yet"
         variant = f" ({choice})" if choice != "none" else ""
         total = sum(self.trials.values())
         print(

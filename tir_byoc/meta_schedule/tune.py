@@ -302,8 +302,8 @@ def _far_behind(paired, database, target, cutoff: float, counter: Progress) -> l
         if native_ms > cutoff * offload_ms:
             behind.append(task)
             counter.note(
-                f"{task.name}: no more trials, {native_ms:.4f} ms after "
-                f"{counter.trials.get(task.name, 0)} against {offload_ms:.4f} ms offloaded "
+                f"{task.name}: no more trials, {duration(native_ms)} after "
+                f"{counter.trials.get(task.name, 0)} against {duration(offload_ms)} offloaded "
                 f"(native_cutoff {cutoff:g})"
             )
     return behind
