@@ -21,7 +21,8 @@ from backend_checks import (
 )
 
 import tir_byoc
-from tir_byoc.backends import onednn
+from tir_byoc.backends import mkl, onednn
+from tir_byoc.backends.cpu import cpuinfo_field
 from tir_byoc.registry import BackendUnavailable, Registry
 from tir_byoc.signature import DtypeSignature
 
@@ -62,10 +63,16 @@ def test_integer_sums_beyond_fp32_precision_are_exact_or_refused():
     np.testing.assert_array_equal(y, expected)
 
 
-def test_priority_prefers_mkl_then_onednn_then_openblas_then_ref(monkeypatch):
+def test_priority_prefers_mkl_or_onednn_by_cpu_then_openblas_then_ref(monkeypatch):
     func = describe("dense_bias_relu", "float32")
-    # fp32 goes to MKL first; oneDNN is next, and first for every other dtype.
-    assert [m.intrinsic for m in tir_byoc.scan(func)] == ["mkl.dense_bias_relu"]
+    # fp32 goes to MKL first on an Intel CPU and to oneDNN first elsewhere (the other is next);
+    # oneDNN is first for every other dtype.
+    intel = cpuinfo_field("vendor_id") in ("GenuineIntel", "")
+    assert mkl.PRIORITY == (mkl.INTEL_PRIORITY if intel else mkl.OTHER_PRIORITY)
+    assert mkl.OTHER_PRIORITY < onednn.PRIORITY < mkl.INTEL_PRIORITY
+    first = "mkl" if intel else "onednn"
+    assert [m.intrinsic for m in tir_byoc.scan(func)] == [f"{first}.dense_bias_relu"]
+    assert {i.priority for i in tir_byoc.REGISTRY.of_backend("mkl")} == {mkl.PRIORITY}
     assert [m.intrinsic for m in tir_byoc.scan(func, backends=["onednn", "openblas"])] == [
         "onednn.dense_bias_relu"
     ]

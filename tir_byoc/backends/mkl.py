@@ -15,11 +15,15 @@ from __future__ import annotations
 
 from ..registry import REGISTRY, RELU_NAN_BOTH, Backend, LinkSpec
 from ..toolchain import intrinsics_dir
+from .cpu import cpuinfo_field
 from .wheels import installed_file
 
-#: Above oneDNN's: on the models of benchmarks/models.py MKL's packed sgemm ran their fp32 GEMMs
-#: faster than oneDNN 3.2's matmul (benchmarks/README.md); oneDNN keeps bf16, fp16 and int8.
-PRIORITY = 250
+#: On Intel CPUs above oneDNN's (200): on the models of benchmarks/models.py MKL's packed sgemm
+#: ran their fp32 GEMMs faster than oneDNN 3.2's matmul on an AVX-512 Xeon; on other CPUs below
+#: it: on an AMD EPYC (Zen 3, AVX2) oneDNN's took less time on most of them (benchmarks/README.md,
+#: 2026-11-26, night).  oneDNN keeps bf16, fp16 and int8 either way.
+INTEL_PRIORITY, OTHER_PRIORITY = 250, 150
+PRIORITY = INTEL_PRIORITY if cpuinfo_field("vendor_id") in ("GenuineIntel", "") else OTHER_PRIORITY
 INSTALL = "pip install mkl-static==2026.2.0 mkl-include==2026.2.0"
 #: The static libraries, in link order: LP64 interface, sequential threading layer, core.
 ARCHIVES = ("libmkl_intel_lp64.a", "libmkl_sequential.a", "libmkl_core.a")
@@ -50,4 +54,4 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["ARCHIVES", "INSTALL", "PRIORITY", "locate"]
+__all__ = ["ARCHIVES", "INSTALL", "INTEL_PRIORITY", "OTHER_PRIORITY", "PRIORITY", "locate"]

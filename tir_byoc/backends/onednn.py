@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from pathlib import Path
 
 from .. import threads
 from ..epilogues import OPS
@@ -20,6 +19,7 @@ from ..match import Match
 from ..registry import REGISTRY, RELU_NAN_BOTH, Backend, LinkSpec
 from ..signature import DtypeSignature
 from ..toolchain import intrinsics_dir, load_backend
+from .cpu import cpuinfo_field
 from .wheels import installed_file
 
 PRIORITY = 200
@@ -52,14 +52,7 @@ def locate() -> LinkSpec:
 @functools.cache
 def cpu_flags() -> frozenset[str]:
     """The instruction-set flags of this CPU (``/proc/cpuinfo``); empty where unreadable."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.partition(":")[2].split())
-    return frozenset()
+    return frozenset(cpuinfo_field("flags").split())
 
 
 def cpu_supports(signature: DtypeSignature) -> str | None:
