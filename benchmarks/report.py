@@ -17,6 +17,8 @@ from pathlib import Path
 from implementations import IMPLEMENTATIONS
 from workloads import FLOPS
 
+from tir_byoc.backends.cpu import cpuinfo_field
+
 
 @dataclass
 class Row:
@@ -122,12 +124,5 @@ def chart(rows: list[Row], path: Path) -> str:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpuinfo_field("model name") or platform.processor() or platform.machine()
     return f"{cpu}, {os.cpu_count()} logical cores, Linux {platform.release()}"
