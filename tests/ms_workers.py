@@ -1,4 +1,5 @@
-"""A TVM RPC tracker and server on 127.0.0.1 for the tests of MetaSchedule's RPCRunner."""
+"""MetaSchedule's worker processes in the tests: a one-worker builder, and a TVM RPC tracker
+and server on 127.0.0.1 for ``RPCRunner``."""
 
 import contextlib
 import os
@@ -10,6 +11,19 @@ import time
 
 import tvm
 from tvm.s_tir import meta_schedule as ms
+
+from tir_byoc import meta_schedule as tms
+
+
+def one_worker_builder():
+    """:func:`tir_byoc.meta_schedule.candidate_builder` with one worker process.
+
+    ``LocalBuilder`` starts its workers anew for every batch, and each imports TVM (and torch,
+    through tvm_ffi): about 4.5 s of CPU on the 2-vCPU VM, where the tests' small candidates
+    build in milliseconds.  The default (a worker per core) doubles that cost, and under
+    pytest-xdist the two test processes compete for the same cores.
+    """
+    return tms.candidate_builder(max_workers=1)
 
 
 def _free_port() -> int:

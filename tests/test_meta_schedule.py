@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
-from rpc_servers import rpc_runner
+from ms_workers import one_worker_builder, rpc_runner
 from tvm import relax, s_tir, tirx
 from tvm.s_tir import meta_schedule as ms
 from tvm.script import tirx as T
@@ -280,6 +280,7 @@ def test_mixed_function_chain_offloaded_rest_tuned_with_local_runner(tmp_path, c
         num_trials_per_iter=2,
         strategy=small_strategy(),
         cost_model="random",
+        builder=one_worker_builder(),
         runner=ms.runner.LocalRunner(),
         seed=0,
     )
@@ -335,6 +336,7 @@ def test_an_offload_record_that_no_longer_offloads_leaves_the_native_one(tmp_pat
         num_trials_per_iter=2,
         strategy=ms.search_strategy.ReplayTrace(),
         cost_model="random",
+        builder=one_worker_builder(),
         progress=False,
         seed=0,
     )
@@ -383,6 +385,7 @@ def test_a_native_variant_far_behind_gets_no_more_trials_and_the_rest_gets_the_b
         num_trials_per_iter=4,
         strategy=ms.search_strategy.ReplayTrace(),
         cost_model="random",
+        builder=one_worker_builder(),
         seed=0,
     )
     tms.tune_tir(module, TARGET, str(tmp_path), 12, first_round_trials=2, **options)
@@ -432,6 +435,7 @@ def test_a_batched_chain_is_offloaded_and_measured_in_the_runner_process(tmp_pat
         num_trials_per_iter=2,
         strategy=small_strategy(),
         cost_model="random",
+        builder=one_worker_builder(),
         runner=ms.runner.LocalRunner(),
         seed=0,
     )
@@ -457,6 +461,7 @@ def test_rpc_runner_measures_both_variants_on_localhost(tmp_path, capsys):
             num_trials_per_iter=2,
             strategy=small_strategy(),
             cost_model="random",
+            builder=one_worker_builder(),
             runner=runner,
             progress=False,
             seed=0,
@@ -493,6 +498,7 @@ def test_mlp_relax_flow_keeps_the_faster_variant_per_layer_and_zero_trials_rebui
         num_trials_per_iter=2,
         strategy=small_strategy(),
         cost_model="random",
+        builder=one_worker_builder(),
         progress=False,
         seed=0,
     )
@@ -540,6 +546,7 @@ def test_mlp_layers_offloaded_whole_are_not_tuned(tmp_path):
         num_trials_per_iter=2,
         strategy=small_strategy(),
         cost_model="random",
+        builder=one_worker_builder(),
         progress=False,
         seed=0,
     )
@@ -668,6 +675,7 @@ EXP_OPTIONS = dict(
     num_trials_per_iter=2,
     strategy=ms.search_strategy.ReplayTrace(),
     cost_model="random",
+    builder=one_worker_builder(),
     progress=False,
     seed=0,
 )

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tvm
 from byoc_testing import relax_inputs
+from ms_workers import one_worker_builder
 from tvm import relax, tirx
 from tvm.script import ir as I
 from tvm.script import relax as R
@@ -179,7 +180,12 @@ def test_tuning_a_merged_function_metaschedule_cannot_space_leaves_it_to_the_rul
     # (reverse-compute-at), which ended the whole tuning run. Its task is dropped now: the
     # function is reported as not tuned, with why, and the default rules schedule it.
     merged = "fused_reshape_multiply_add_softmax"
-    built = tir_byoc.build_model(ScaledMaskedSoftmax, tune_trials=8, work_dir=tmp_path)
+    built = tir_byoc.build_model(
+        ScaledMaskedSoftmax,
+        tune_trials=8,
+        work_dir=tmp_path,
+        tune_options={"builder": one_worker_builder()},
+    )
     assert built.rules[merged] == "VectorRows"
     (report,) = [f for f in load_report(tmp_path).functions if f.name == merged]
     assert report.choice == "unchanged" and report.trials == 0
