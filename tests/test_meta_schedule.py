@@ -656,6 +656,20 @@ def test_report_durations_keep_a_small_function_readable():
     assert "small: 3 trials (0 failed), best 3.20 us (native)" in stream.getvalue()
 
 
+def test_a_report_line_compares_the_packed_offload_and_gives_the_plain_time_beside_it():
+    from tir_byoc.meta_schedule.report import FunctionReport
+
+    measured = dict(best_native_ms=3.0, best_packed_ms=1.5, packed=("W",))
+    line = str(FunctionReport("f", "offload", best_ms=1.5, best_offload_ms=2.0, **measured))
+    assert line == (
+        "f: offload; best 1.5000 ms; measured offload 1.5000 ms vs native 3.0000 ms; "
+        "offload measured packed (W, 2.0000 ms plain)"
+    )
+    # No plain time: nothing to compare the native one with, the packed one named alone.
+    line = str(FunctionReport("f", "native", best_ms=3.0, **measured))
+    assert line == "f: native; best 3.0000 ms; offload measured packed (W)"
+
+
 def test_default_rules_false_measures_no_rule_schedule(tmp_path, monkeypatch):
     from tir_byoc.meta_schedule import tune as tune_module
 

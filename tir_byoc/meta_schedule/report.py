@@ -77,9 +77,9 @@ class FunctionReport:
             parts.append(f"{self.trials} trials")
         if self.best_ms is not None:
             parts.append(f"best {duration(self.best_ms)}")
-        offload = self.best_offload_ms
-        if offload is not None and self.best_packed_ms is not None:
-            offload = self.best_packed_ms
+        plain = self.best_offload_ms  # the offloaded variant with its weights as given
+        packed = self.best_packed_ms
+        offload = packed if plain is not None and packed is not None else plain
         compared = [
             f"{label} {duration(ms_)}"
             for label, ms_ in (("offload", offload), ("native", self.best_native_ms))
@@ -87,10 +87,9 @@ class FunctionReport:
         ]
         if len(compared) == 2:
             parts.append("measured " + " vs ".join(compared))
-        if self.best_packed_ms is not None:
-            offload = self.best_offload_ms
-            plain = "" if offload is None else f", {duration(offload)} plain"
-            parts.append(f"offload measured packed ({', '.join(self.packed)}{plain})")
+        if packed is not None:
+            as_given = "" if plain is None else f", {duration(plain)} plain"
+            parts.append(f"offload measured packed ({', '.join(self.packed)}{as_given})")
         elif self.packed:
             parts.append(f"weights packed ({', '.join(self.packed)})")
         if self.intrinsics:
