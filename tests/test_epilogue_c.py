@@ -11,7 +11,9 @@ oracle has them.  Then the refused calls, and, for oneDNN, which ops its primiti
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import math
+import platform
 import zlib
 from dataclasses import dataclass, field
 
@@ -20,6 +22,7 @@ import pytest
 from backend_checks import TOLERANCES, library
 
 from tir_byoc import toolchain
+from tir_byoc.backends.cpu import cpuinfo_field
 from tir_byoc.epilogues import OPS, RELU_KEEP_NAN_CODE, reference
 from tir_byoc.signature import DtypeSignature
 
@@ -318,6 +321,32 @@ def test_special_values_reach_the_epilogue():
     assert np.isnan(expected(operands, NK, (Op("gelu"),))).any()  # gelu(-inf) = -inf * 0
     assert not np.isnan(expected(operands, NK, (Op("relu"),))).any()
     assert np.isnan(expected(operands, NK, (RELU_KEEP_NAN,))).any()
+
+
+def _glibc_vector_math_expected() -> bool:
+    """Whether this machine should give the C epilogue libmvec's AVX2 erff, tanhf and expf:
+    x86-64 Linux with AVX2, glibc 2.35 or later (its first with erff and tanhf) and libmvec."""
+    libc, version = platform.libc_ver()
+    if platform.machine() != "x86_64" or libc != "glibc" or not version:
+        return False
+    major, minor = (int(part) for part in version.split(".")[:2])
+    return (
+        (major, minor) >= (2, 35)
+        and "avx2" in cpuinfo_field("flags").split()
+        and ctypes.util.find_library("mvec") is not None
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_c_epilogue_calls_glibc_vector_math_where_the_machine_has_it(backend):
+    # The shapes above run the vector variants over each row's leading multiple of 8 (the
+    # special column's rows too) and libm's scalar functions over the rest; this checks the
+    # variants are really found where they exist, so those comparisons covered them.
+    reason = toolchain.unavailable(backend)
+    if reason is not None:
+        pytest.skip(reason)
+    found = _glibc_vector_math_expected() and backend != "mkl"  # MKL has its own vector math
+    assert toolchain.vector_math(backend) == (toolchain.VECTOR_FUNCTIONS if found else ())
 
 
 BASE = Shape("error_paths", 2, 3, 4)

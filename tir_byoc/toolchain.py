@@ -289,3 +289,21 @@ def _check_symbols(backend: str, library: ctypes.CDLL, registry: Registry) -> No
                 f"{intrinsic.extern_symbol} (with TIR_BYOC_EXPORT visibility); define it or "
                 "unregister the intrinsic"
             )
+
+
+#: The libm functions the C epilogue (``intrinsics/include/tir_byoc_epilogue.h``) can call
+#: through glibc's vector math library, in the bit order of ``tir_byoc_<backend>_vector_math``.
+VECTOR_FUNCTIONS = ("erff", "tanhf", "expf")
+
+
+def vector_math(backend: str, registry: Registry = REGISTRY) -> tuple[str, ...]:
+    """The functions of :data:`VECTOR_FUNCTIONS` that ``backend``'s C epilogue calls 8 values at
+    a time on this machine (libmvec's AVX2 variants; the others are libm's scalar ones).  ``()``
+    also for a backend whose library does not say (MKL computes them with its own VM)."""
+    library = ctypes.CDLL(str(load_backend(backend, registry)))
+    function = getattr(library, f"tir_byoc_{backend}_vector_math", None)
+    if function is None:
+        return ()
+    function.restype = ctypes.c_int32
+    bits = function()
+    return tuple(name for i, name in enumerate(VECTOR_FUNCTIONS) if bits >> i & 1)

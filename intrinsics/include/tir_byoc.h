@@ -507,7 +507,8 @@ typedef int32_t (*tir_byoc_call_fn)(const tir_byoc_call *call);
 
 /* TIR_BYOC_DEFINE_GEMM_FROM_FAMILY(backend, impl): the gemm entry point of a backend that
  * has only a 2-D product (the `impl` of TIR_BYOC_DEFINE_FAMILY): the product per batch index,
- * then tir_byoc_run_epilogue over the whole output.  fp32 only; no packed weights. */
+ * then tir_byoc_run_epilogue over the whole output.  fp32 only; no packed weights.  Also
+ * defines tir_byoc_<backend>_vector_math (tir_byoc_epilogue.h). */
 #define TIR_BYOC_DEFINE_GEMM_FROM_FAMILY(backend, impl)                                        \
   static int32_t tir_byoc_##backend##_call_(const tir_byoc_call *call) {                       \
     int32_t status;                                                                            \
@@ -519,6 +520,7 @@ typedef int32_t (*tir_byoc_call_fn)(const tir_byoc_call *call);
                           call->m * call->batch.count[0] * call->batch.count[1], call->n);     \
     return TIR_BYOC_OK;                                                                        \
   }                                                                                            \
-  TIR_BYOC_DEFINE_GEMM(backend, tir_byoc_##backend##_call_)
+  TIR_BYOC_DEFINE_GEMM(backend, tir_byoc_##backend##_call_)                                    \
+  TIR_BYOC_DEFINE_VECTOR_MATH(backend)
 
 #endif /* TIR_BYOC_H_ */

@@ -6,12 +6,129 @@
  * Each formula is written as TVM's lowering of the recognised TIR computes it (fp32
  * arithmetic, the same comparisons), so a NaN or an infinity gives what the TIR gives.  The
  * loops run one op over one row at a time: the row stays in cache across the ops, and the
- * arithmetic ones are plain loops gcc vectorises at -O3.
+ * arithmetic ones are plain loops gcc vectorises at -O3.  The transcendental ones (the gelus,
+ * silu, sigmoid, tanh) call erff, tanhf or expf per value, which gcc cannot vectorise; where
+ * glibc's vector math library serves this CPU they take 8 values a call (below).
  */
 #ifndef TIR_BYOC_EPILOGUE_H_
 #define TIR_BYOC_EPILOGUE_H_
 
 #include <math.h>
+
+/* ------------------------------------------------------------------------------------------
+ * glibc's vector math library (libmvec): its AVX2 variants of erff, tanhf (glibc 2.35 on) and
+ * expf, found at run time with dlopen, so that a library built here and loaded on a machine
+ * without them, or without AVX2, runs the scalar loops instead.  Around each call the op's
+ * arithmetic is the formula of the scalar loop, in the same order and without fused
+ * multiply-adds (the functions are compiled for AVX2 alone, not FMA): only the function
+ * differs from libm's, by an ulp or two (glibc's tables of ulps), and both give libm's values
+ * at NaN, the infinities and zeros.  Measured on an AMD EPYC (Zen 3), one thread, over a
+ * 128 x 3072 output in [-3, 3]: gelu 6.1 -> 0.5 ms, gelu_tanh 5.0-7.6 -> 1.3-1.8 ms.
+ */
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__GLIBC__) && \
+    (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
+#define TIR_BYOC_LIBMVEC 1
+#include <dlfcn.h>
+#include <immintrin.h>
+#include <pthread.h>
+
+/* The variants found, each NULL where absent; resolved once per library. */
+typedef struct {
+  void *erff, *tanhf, *expf;
+} tir_byoc_libmvec_table;
+
+static tir_byoc_libmvec_table tir_byoc_libmvec_found;
+
+static inline void tir_byoc_libmvec_resolve(void) {
+  void *library;
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2")) return;
+  library = dlopen("libmvec.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (library == NULL) return;
+  tir_byoc_libmvec_found.erff = dlsym(library, "_ZGVdN8v_erff");
+  tir_byoc_libmvec_found.tanhf = dlsym(library, "_ZGVdN8v_tanhf");
+  tir_byoc_libmvec_found.expf = dlsym(library, "_ZGVdN8v_expf");
+}
+
+static inline const tir_byoc_libmvec_table *tir_byoc_libmvec(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, tir_byoc_libmvec_resolve);
+  return &tir_byoc_libmvec_found;
+}
+
+typedef __m256 (*tir_byoc_vector_fn)(__m256);
+
+/* The leading multiple of 8 of `len` values of `row` through op `code` (a transcendental one)
+ * with the variant `f`; returns how many values it did. */
+__attribute__((target("avx2"))) static inline int64_t tir_byoc_vector_span(
+    int32_t code, void *f, float c0, float c1, float *row, int64_t len) {
+  const tir_byoc_vector_fn fn = (tir_byoc_vector_fn)f;
+  const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+  const __m256 a = _mm256_set1_ps(c0), b = _mm256_set1_ps(c1);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  int64_t j;
+  for (j = 0; j + 8 <= len; j += 8) {
+    const __m256 v = _mm256_loadu_ps(row + j);
+    __m256 r;
+    switch (code) {
+      case TIR_BYOC_OP_GELU: /* v * (0.5 + erf(v * c0) * 0.5) */
+        r = _mm256_mul_ps(v, _mm256_add_ps(half, _mm256_mul_ps(fn(_mm256_mul_ps(v, a)), half)));
+        break;
+      case TIR_BYOC_OP_GELU_TANH: { /* 0.5 * v * (1 + tanh(c0 * (v + c1 * (v * v * v)))) */
+        const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(v, v), v);
+        const __m256 u = _mm256_mul_ps(a, _mm256_add_ps(v, _mm256_mul_ps(b, cube)));
+        r = _mm256_mul_ps(_mm256_mul_ps(half, v), _mm256_add_ps(one, fn(u)));
+        break;
+      }
+      case TIR_BYOC_OP_SILU: /* v * (1 / (1 + exp(-v))) */
+        r = _mm256_mul_ps(v, _mm256_div_ps(one, _mm256_add_ps(one, fn(_mm256_xor_ps(v, sign)))));
+        break;
+      case TIR_BYOC_OP_SIGMOID: /* 1 / (1 + exp(-v)) */
+        r = _mm256_div_ps(one, _mm256_add_ps(one, fn(_mm256_xor_ps(v, sign))));
+        break;
+      default: /* TIR_BYOC_OP_TANH */
+        r = fn(v);
+        break;
+    }
+    _mm256_storeu_ps(row + j, r);
+  }
+  return j;
+}
+#endif
+
+/* How many leading values of `row` the vector variants computed through the transcendental op
+ * `op` (0 where this build or machine has none; the scalar loop does the rest). */
+static inline int64_t tir_byoc_vector_op(const tir_byoc_op *op, float *row, int64_t len) {
+#ifdef TIR_BYOC_LIBMVEC
+  const tir_byoc_libmvec_table *found = tir_byoc_libmvec();
+  void *f = found->expf; /* silu, sigmoid */
+  if (op->code == TIR_BYOC_OP_GELU) f = found->erff;
+  if (op->code == TIR_BYOC_OP_GELU_TANH || op->code == TIR_BYOC_OP_TANH) f = found->tanhf;
+  if (f == NULL) return 0;
+  return tir_byoc_vector_span(op->code, f, (float)op->c[0], (float)op->c[1], row, len);
+#else
+  (void)op, (void)row, (void)len;
+  return 0;
+#endif
+}
+
+/* Which functions the loops below call through the vector variants on this machine: bit 0
+ * erff, bit 1 tanhf, bit 2 expf (tir_byoc_<backend>_vector_math, for reports and tests). */
+static inline int32_t tir_byoc_vector_math(void) {
+#ifdef TIR_BYOC_LIBMVEC
+  const tir_byoc_libmvec_table *found = tir_byoc_libmvec();
+  return (found->erff != NULL) | (found->tanhf != NULL) << 1 | (found->expf != NULL) << 2;
+#else
+  return 0;
+#endif
+}
+
+/* TIR_BYOC_DEFINE_VECTOR_MATH(backend) exports tir_byoc_vector_math as
+ * tir_byoc_<backend>_vector_math, in a backend whose transcendental epilogue ops run here. */
+#define TIR_BYOC_DEFINE_VECTOR_MATH(backend)                                         \
+  TIR_BYOC_EXTERN_C TIR_BYOC_EXPORT int32_t tir_byoc_##backend##_vector_math(void) { \
+    return tir_byoc_vector_math();                                                   \
+  }
 
 /* One op over `len` values of row i of an (., n) output, from column j0: row[0] is column j0.
  * A bias is read from column j0 on, a full tensor from element i * n + j0 on. */
@@ -37,22 +154,25 @@ static inline void tir_byoc_op_span(const tir_byoc_op *op, float *row, int64_t i
       for (j = 0; j < len; ++j) row[j] = row[j] < 0.0f ? 0.0f : row[j];
       break;
     case TIR_BYOC_OP_GELU:
-      for (j = 0; j < len; ++j) row[j] = row[j] * (0.5f + erff(row[j] * c0) * 0.5f);
+      for (j = tir_byoc_vector_op(op, row, len); j < len; ++j)
+        row[j] = row[j] * (0.5f + erff(row[j] * c0) * 0.5f);
       break;
     case TIR_BYOC_OP_GELU_TANH:
-      for (j = 0; j < len; ++j) {
+      for (j = tir_byoc_vector_op(op, row, len); j < len; ++j) {
         const float v = row[j];
         row[j] = 0.5f * v * (1.0f + tanhf(c0 * (v + c1 * (v * v * v))));
       }
       break;
     case TIR_BYOC_OP_SILU:
-      for (j = 0; j < len; ++j) row[j] = row[j] * (1.0f / (1.0f + expf(-row[j])));
+      for (j = tir_byoc_vector_op(op, row, len); j < len; ++j)
+        row[j] = row[j] * (1.0f / (1.0f + expf(-row[j])));
       break;
     case TIR_BYOC_OP_SIGMOID:
-      for (j = 0; j < len; ++j) row[j] = 1.0f / (1.0f + expf(-row[j]));
+      for (j = tir_byoc_vector_op(op, row, len); j < len; ++j)
+        row[j] = 1.0f / (1.0f + expf(-row[j]));
       break;
     case TIR_BYOC_OP_TANH:
-      for (j = 0; j < len; ++j) row[j] = tanhf(row[j]);
+      for (j = tir_byoc_vector_op(op, row, len); j < len; ++j) row[j] = tanhf(row[j]);
       break;
     case TIR_BYOC_OP_CLIP:
       for (j = 0; j < len; ++j) {
