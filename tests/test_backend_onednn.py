@@ -21,6 +21,7 @@ from backend_checks import (
 )
 
 import tir_byoc
+from tir_byoc import toolchain
 from tir_byoc.backends import mkl, onednn
 from tir_byoc.backends.cpu import cpuinfo_field
 from tir_byoc.registry import BackendUnavailable, Registry
@@ -201,6 +202,17 @@ def test_an_op_is_fused_only_where_onednn_computes_it_as_the_tir_does():
     assert not onednn.fuses("add")
     with pytest.raises(ValueError, match=r"'softmax' is not an epilogue op \(expected one of"):
         onednn.fuses("softmax")
+
+
+def test_tanh_and_gelu_tanh_run_in_c_where_onednn_has_no_avx512_and_c_has_vector_tanh():
+    # Speed, not exactness: on AVX2 oneDNN's tanh-based eltwises took 3-4x as long as the C
+    # epilogue's libmvec tanhf (matmul.cpp, FasterInC).  oneDNN's avx512_core needs these four.
+    avx512_core = {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= onednn.cpu_flags()
+    if avx512_core or "tanhf" not in toolchain.vector_math("onednn"):
+        pytest.skip("oneDNN has AVX-512 here, or the C epilogue has no vector tanhf")
+    assert not onednn.fuses("gelu_tanh")
+    assert not onednn.fuses("tanh")
+    assert onednn.fuses("gelu") and onednn.fuses("silu")  # no tanh in them: fused as before
 
 
 def test_status_codes_at_entry():

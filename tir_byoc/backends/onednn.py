@@ -74,8 +74,10 @@ def fuses(op: str, constants: tuple[float, ...] | None = None) -> bool:
     it on NaN, infinities, huge values and a sweep of [-10, 10].  An op that agrees wherever
     its value is finite is fused and guarded: on AVX-512 oneDNN's erf GELU gives NaN for +inf
     and overflows past 1.7e38, so a call whose output holds an infinity or a NaN is computed
-    again with the GELU in C.  ``constants`` default to the op's example
-    (:data:`tir_byoc.epilogues.OPS`).  Compiles and loads the library if needed.
+    again with the GELU in C.  tanh and gelu_tanh run in C on CPUs without AVX-512 when the C
+    epilogue has glibc's vector tanhf: there oneDNN's took 3-4x as long.  ``constants`` default
+    to the op's example (:data:`tir_byoc.epilogues.OPS`).  Compiles and loads the library if
+    needed.
     """
     if op not in OPS:
         raise ValueError(f"{op!r} is not an epilogue op (expected one of {list(OPS)})")
