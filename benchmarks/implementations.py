@@ -439,6 +439,22 @@ def _numpy_gelu(y, _, scratch):
     y *= poly
 
 
+def _numpy_gelu_tanh(y, _, scratch):
+    """0.5 y (1 + tanh(sqrt(2 / pi) (y + 0.044715 y^3))) in place, in fp32."""
+    import numpy as np
+
+    u = scratch[0]
+    np.multiply(y, y, out=u)
+    u *= y
+    u *= np.float32(0.044715)
+    u += y
+    u *= np.float32((2.0 / np.pi) ** 0.5)
+    np.tanh(u, out=u)
+    u += 1
+    u *= np.float32(0.5)
+    y *= u
+
+
 def _numpy_silu(y, _, scratch):
     """y / (1 + exp(-y)) in place, in fp32."""
     import numpy as np
@@ -459,6 +475,7 @@ def _numpy_ops():
         "bias": lambda y, t, _: np.add(y, t, out=y),
         "relu": lambda y, t, _: np.maximum(y, 0, out=y),
         "gelu": _numpy_gelu,
+        "gelu_tanh": _numpy_gelu_tanh,
         "silu": _numpy_silu,
         "add": lambda y, t, _: np.add(y, t, out=y),
         "mul": lambda y, t, _: np.multiply(y, t, out=y),
@@ -506,6 +523,7 @@ def _torch_ops(torch):
         "bias": lambda y, t: y.add_(t),
         "relu": lambda y, t: y.relu_(),
         "gelu": lambda y, t: functional.gelu(y),
+        "gelu_tanh": lambda y, t: functional.gelu(y, approximate="tanh"),
         "silu": lambda y, t: functional.silu(y, inplace=True),
         "add": lambda y, t: y.add_(t),
         "mul": lambda y, t: y.mul_(t),

@@ -145,6 +145,9 @@ WORKLOADS = (
     # Relax lowers it), LLaMA's gated MLP silu(x Wg) * (x Wu) as Relax fuses it (the up
     # projection, then the gate GEMM with its SiLU and multiply), a Linear + residual add.
     Workload("Linear+GELU 256x768->3072", 256, 3072, 768, "dense_bias_gelu"),
+    # GPT-2's MLP projection with its tanh GELU over 128 tokens (its K x N weight, packed once
+    # to N x K as a constant, is a dense weight here).
+    Workload("Linear+GELU(tanh) 128x768->3072", 128, 3072, 768, "dense_bias_gelu_tanh"),
     Workload("gated MLP 256x768->2x2048", 256, 2048, 768, "dense_silu_mul", tail_from="dense"),
     Workload("Linear+residual 256x768->768", 256, 768, 768, "dense_bias_add"),
 )
@@ -308,6 +311,9 @@ def expected(workload: Workload, operands):
         "bias": lambda z: z + next(tensors),
         "relu": lambda z: np.maximum(z, 0.0),
         "gelu": lambda z: 0.5 * z * (1.0 + erf(z / math.sqrt(2.0))),
+        "gelu_tanh": lambda z: (
+            0.5 * z * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * z**3)))
+        ),
         "silu": lambda z: z / (1.0 + np.exp(-z)),
         "add": lambda z: z + next(tensors),
         "mul": lambda z: z * next(tensors),

@@ -21,6 +21,7 @@ import tvm_ffi
 from tvm import ir, relax, tirx
 
 import tir_byoc
+from tir_byoc.backends import onednn
 from tir_byoc.offload import apply
 from tir_byoc.patterns import BATCH_FORMS
 
@@ -80,6 +81,12 @@ EPILOGUE_WORKLOADS = {
         2 * 256 * 768 * 3072,
         [("main", "dense_bias_gelu", "ref.gemm")],
         ["256:3072:768:f32:dense:1:gelu"],
+    ),
+    "Linear+GELU(tanh) 128x768->3072": (
+        [(128, 768), (3072, 768), (3072,)],
+        2 * 128 * 768 * 3072,
+        [("main", "dense_bias_gelu_tanh", "ref.gemm")],
+        ["128:3072:768:f32:dense:1:gelu_tanh"],
     ),
     "gated MLP 256x768->2x2048": (
         [(256, 768), (2048, 768), (2048, 768)],
@@ -336,6 +343,9 @@ def test_every_implementation_checks_its_epilogue_result_before_timing_it(
             "Linear+GELU 256x768->3072": r"\S+ \+bias \+eltwise_gelu_erf",
             "gated MLP 256x768->2x2048": r"\S+, \S+ \+eltwise_swish \+binary_mul",
             "Linear+residual 256x768->768": r"\S+ \+bias \+binary_add",
+            # fused where oneDNN is faster at it than the C epilogue (FasterInC in matmul.cpp)
+            "Linear+GELU(tanh) 128x768->3072": r"\S+ \+bias"
+            + (r" \+eltwise_gelu_tanh" if onednn.fuses("gelu_tanh") else ""),
         }[name]
         assert re.search(f"oneDNN ran {fused}(;|$)", note), note
 
