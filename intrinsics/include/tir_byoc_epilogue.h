@@ -23,7 +23,8 @@
  * multiply-adds (the functions are compiled for AVX2 alone, not FMA): only the function
  * differs from libm's, by an ulp or two (glibc's tables of ulps), and both give libm's values
  * at NaN, the infinities and zeros.  Measured on an AMD EPYC (Zen 3), one thread, over a
- * 128 x 3072 output in [-3, 3]: gelu 6.1 -> 0.5 ms, gelu_tanh 5.0-7.6 -> 1.3-1.8 ms.
+ * 128 x 3072 output in [-3, 3]: gelu 4.7-7.1 -> 0.49 ms, gelu_tanh 7.3-11.0 -> 0.72 ms,
+ * tanh 10.1 -> 0.55 ms (benchmarks/README.md, 2026-11-27).
  */
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__GLIBC__) && \
     (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))

@@ -542,10 +542,10 @@ int32_t BatchedGemm(const void *x, const void *w, const void *bias, void *y, int
  *                  a tensor of y's shape
  *
  * The gelus are fused only with the constants oneDNN builds in (sqrt(1/2); sqrt(2/pi) and
- * 0.044715), clip only with lo <= hi; tanh and gelu_tanh not on CPUs without AVX-512 where
- * the C epilogue is faster at them (FasterInC).  A div by a c whose reciprocal is inexact is not the
- * same op (z * (1/3) is 1 ulp off z / 3 for a third of all z), so it runs in C.  A kernel
- * oneDNN implements only by reference code is never given post-ops (Create).
+ * 0.044715), clip only with lo <= hi; tanh and gelu_tanh not on CPUs without AVX-512, where
+ * the C epilogue is faster at them (FasterInC).  A div by a c whose reciprocal is inexact is
+ * not the same op (z * (1/3) is 1 ulp off z / 3 for a third of all z), so it runs in C.  A
+ * kernel oneDNN implements only by reference code is never given post-ops (Create).
  *
  * The table holds for the kernels measured, not for every CPU: on AVX-512 (Intel Xeon with
  * AMX, oneDNN's brgemm kernels) eltwise_gelu_erf gives NaN for +inf and inf for 3e38, where C
