@@ -13,9 +13,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import math
+import os
 import platform
+import subprocess
+import sys
 import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -347,6 +351,41 @@ def test_the_c_epilogue_calls_glibc_vector_math_where_the_machine_has_it(backend
         pytest.skip(reason)
     found = _glibc_vector_math_expected() and backend != "mkl"  # MKL has its own vector math
     assert toolchain.vector_math(backend) == (toolchain.VECTOR_FUNCTIONS if found else ())
+
+
+#: The backends whose epilogue runs in tir_byoc_run_epilogue (MKL shares its own parts).
+C_EPILOGUE_BACKENDS = ("ref", "openblas", "onednn")
+
+
+def _parts_run(tmp_path, threads: int, backends) -> dict:
+    out = tmp_path / f"epilogue-parts-{threads}.npz"
+    env = {**os.environ, "TVM_NUM_THREADS": str(threads)}
+    script = Path(__file__).with_name("epilogue_parts_run.py")
+    done = subprocess.run(
+        [sys.executable, str(script), str(out), ",".join(backends)], env=env,
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return dict(np.load(out))
+
+
+def test_the_c_epilogue_shared_among_tvm_threads_computes_what_one_thread_computes(tmp_path):
+    """Two threads in TVM's pool, then one: a large output's epilogue is cut into two blocks
+    of rows (301 rows: uneven), a small one's is not, and the outputs are the same bits."""
+    backends = [b for b in C_EPILOGUE_BACKENDS if toolchain.unavailable(b) is None]
+    shared, alone = _parts_run(tmp_path, 2, backends), _parts_run(tmp_path, 1, backends)
+    if int(shared["threads"]) < 2:
+        pytest.skip("TVM's pool has one thread on this machine: nothing is shared")
+    for backend in backends:
+        for name, parts_at_two in (("large", 2), ("small", 1)):
+            key = f"{backend}.{name}"
+            assert int(shared[f"{key}.parts"]) == parts_at_two, key
+            assert int(alone[f"{key}.parts"]) == 1, key
+            for result in (shared, alone):
+                np.testing.assert_allclose(
+                    result[key], result[f"{key}.expected"], rtol=1e-5, atol=1e-5, err_msg=key
+                )
+            np.testing.assert_array_equal(shared[key], alone[key], err_msg=key)
 
 
 BASE = Shape("error_paths", 2, 3, 4)

@@ -478,6 +478,53 @@ static inline int32_t tir_byoc_decode_epilogue(tir_byoc_call *call, int64_t ops,
 /* A backend's implementation of a whole gemm call (see TIR_BYOC_DEFINE_GEMM). */
 typedef int32_t (*tir_byoc_call_fn)(const tir_byoc_call *call);
 
+/* TVM's thread pool: TVMParallelGroupEnv, FTVMParallelLambda and TVMBackendParallelLaunch as
+ * tvm/runtime/c_backend_api.h declares them.  TVM's parallel loops run on it, and so do the
+ * parts of a call that a backend shares among threads (oneMKL's products, the C epilogue), so
+ * that one pool serves the whole model: no other pool's worker spins on a core TVM's next
+ * loop needs.  The symbol is weak: outside TVM's runtime (a library loaded by ctypes alone) it
+ * is NULL and the parts run one after the other on the calling thread. */
+typedef struct {
+  void *sync_handle;
+  int32_t num_task;
+} tir_byoc_tvm_group_env;
+typedef int (*tir_byoc_tvm_lambda)(int task_id, tir_byoc_tvm_group_env *env, void *data);
+TIR_BYOC_EXTERN_C int TVMBackendParallelLaunch(tir_byoc_tvm_lambda lambda, void *data,
+                                               int num_task) __attribute__((weak));
+
+#define TIR_BYOC_MAX_PARTS 64
+
+static inline int tir_byoc_count_threads_(int task_id, tir_byoc_tvm_group_env *env,
+                                          void *data) {
+  if (task_id == 0) *(int *)data = env->num_task;
+  return 0;
+}
+
+/* The number of threads of TVM's pool (1 without it, at most TIR_BYOC_MAX_PARTS), asked once
+ * per library: the pool's size is fixed when it starts (TVM_NUM_THREADS, or one per core). */
+static inline int tir_byoc_pool_threads(void) {
+  static int threads; /* 0 until asked */
+  int t = __atomic_load_n(&threads, __ATOMIC_RELAXED);
+  if (t == 0) {
+    t = 1;
+    if (TVMBackendParallelLaunch != NULL)
+      TVMBackendParallelLaunch(tir_byoc_count_threads_, &t, 0);
+    if (t < 1) t = 1;
+    if (t > TIR_BYOC_MAX_PARTS) t = TIR_BYOC_MAX_PARTS;
+    __atomic_store_n(&threads, t, __ATOMIC_RELAXED);
+  }
+  return t;
+}
+
+/* Part s of `parts` of [0, total): [*lo, *hi), each part a multiple of `align` but the last. */
+static inline void tir_byoc_part_range(int64_t total, int parts, int s, int64_t align,
+                                       int64_t *lo, int64_t *hi) {
+  int64_t size = (total + parts - 1) / parts;
+  size = (size + align - 1) / align * align;
+  *lo = s * size < total ? s * size : total;
+  *hi = *lo + size < total ? *lo + size : total;
+}
+
 #include "tir_byoc_epilogue.h"
 
 /* TIR_BYOC_DEFINE_GEMM(backend, impl) defines tir_byoc_<backend>_gemm, which decodes its
@@ -508,7 +555,7 @@ typedef int32_t (*tir_byoc_call_fn)(const tir_byoc_call *call);
 /* TIR_BYOC_DEFINE_GEMM_FROM_FAMILY(backend, impl): the gemm entry point of a backend that
  * has only a 2-D product (the `impl` of TIR_BYOC_DEFINE_FAMILY): the product per batch index,
  * then tir_byoc_run_epilogue over the whole output.  fp32 only; no packed weights.  Also
- * defines tir_byoc_<backend>_vector_math (tir_byoc_epilogue.h). */
+ * defines tir_byoc_<backend>_vector_math and _epilogue_parts (tir_byoc_epilogue.h). */
 #define TIR_BYOC_DEFINE_GEMM_FROM_FAMILY(backend, impl)                                        \
   static int32_t tir_byoc_##backend##_call_(const tir_byoc_call *call) {                       \
     int32_t status;                                                                            \
@@ -521,6 +568,6 @@ typedef int32_t (*tir_byoc_call_fn)(const tir_byoc_call *call);
     return TIR_BYOC_OK;                                                                        \
   }                                                                                            \
   TIR_BYOC_DEFINE_GEMM(backend, tir_byoc_##backend##_call_)                                    \
-  TIR_BYOC_DEFINE_VECTOR_MATH(backend)
+  TIR_BYOC_DEFINE_EPILOGUE_INFO(backend)
 
 #endif /* TIR_BYOC_H_ */

@@ -149,51 +149,11 @@ static void batched_product(const float *x, const float *w, float *y, MKL_INT m,
 
 /* Step 3. The work of a call, cut into parts that TVM's threads share (see the top). */
 
-/* TVMParallelGroupEnv, FTVMParallelLambda and TVMBackendParallelLaunch, as
- * tvm/runtime/c_backend_api.h declares them; the symbol is weak so that the library also loads,
- * and runs its parts in turn, where TVM's runtime is not loaded. */
-typedef struct {
-  void *sync_handle;
-  int32_t num_task;
-} tvm_group_env;
-typedef int (*tvm_lambda)(int task_id, tvm_group_env *env, void *data);
-extern int TVMBackendParallelLaunch(tvm_lambda lambda, void *data, int num_task)
-    __attribute__((weak));
-
 /* Below this many multiply-adds (m * n * k over the whole call) one thread does the work: waking
  * another costs more than it saves. */
 #define MIN_SHARED_WORK (1 << 20)
 /* Column parts start on a multiple of this many columns (one AVX-512 register of fp32). */
-enum { COLUMN_ALIGN = 16, MAX_PARTS = 64 };
-
-static int count_threads(int task_id, tvm_group_env *env, void *data) {
-  if (task_id == 0) *(int *)data = env->num_task;
-  return 0;
-}
-
-/* The number of threads in the calling thread's TVM pool, asked once (the pool's size is set
- * when it starts: TVM_NUM_THREADS, or one thread per core). */
-static int pool_threads(void) {
-  static int threads; /* 0 until asked */
-  int t = __atomic_load_n(&threads, __ATOMIC_RELAXED);
-  if (t == 0) {
-    t = 1;
-    if (TVMBackendParallelLaunch != NULL) TVMBackendParallelLaunch(count_threads, &t, 0);
-    if (t < 1) t = 1;
-    if (t > MAX_PARTS) t = MAX_PARTS;
-    __atomic_store_n(&threads, t, __ATOMIC_RELAXED);
-  }
-  return t;
-}
-
-/* Part s of `parts` of [0, total), each part a multiple of `align` but the last. */
-static void part_range(int64_t total, int parts, int s, int64_t align, int64_t *lo,
-                       int64_t *hi) {
-  int64_t size = (total + parts - 1) / parts;
-  size = (size + align - 1) / align * align;
-  *lo = s * size < total ? s * size : total;
-  *hi = *lo + size < total ? *lo + size : total;
-}
+enum { COLUMN_ALIGN = 16 };
 
 typedef enum { CUT_COLUMNS, CUT_ROWS, CUT_BATCHES } cut;
 
@@ -213,7 +173,7 @@ static void cut_work(call_work *work, int packed) {
   const tir_byoc_call *call = work->call;
   const int64_t m = call->m, n = call->n, count = call->batch.count[0] * call->batch.count[1];
   const double madds = (double)m * (double)n * (double)call->k * (double)count;
-  const int64_t threads = madds < MIN_SHARED_WORK ? 1 : pool_threads();
+  const int64_t threads = madds < MIN_SHARED_WORK ? 1 : tir_byoc_pool_threads();
   const int64_t column_parts = n / COLUMN_ALIGN < threads ? n / COLUMN_ALIGN : threads;
   work->how = count > 1 ? CUT_BATCHES : CUT_COLUMNS, work->parts = 1;
   if (threads == 1) return;
@@ -255,7 +215,7 @@ static void run_part(const call_work *work, int s) {
   int64_t lo, hi;
   switch (work->how) {
     case CUT_COLUMNS:
-      part_range(n, work->parts, s, COLUMN_ALIGN, &lo, &hi);
+      tir_byoc_part_range(n, work->parts, s, COLUMN_ALIGN, &lo, &hi);
       if (lo == hi) return;
       if (work->packed != NULL)
         cblas_sgemm_compute(CblasRowMajor, CblasNoTrans, CblasPacked, m, (MKL_INT)(hi - lo), k,
@@ -266,14 +226,14 @@ static void run_part(const call_work *work, int s) {
       mkl_epilogue(&call->epilogue, work->y, 0, m, lo, hi, n);
       break;
     case CUT_ROWS:
-      part_range(m, work->parts, s, 1, &lo, &hi);
+      tir_byoc_part_range(m, work->parts, s, 1, &lo, &hi);
       if (lo == hi) return;
       plain_product(work->x + lo * k, work->w, work->y + lo * n, (MKL_INT)(hi - lo), n, k,
                     call->layout, 0, n);
       mkl_epilogue(&call->epilogue, work->y, lo, hi, 0, n, n);
       break;
     case CUT_BATCHES:
-      part_range(call->batch.count[0] * call->batch.count[1], work->parts, s, 1, &lo, &hi);
+      tir_byoc_part_range(call->batch.count[0] * call->batch.count[1], work->parts, s, 1, &lo, &hi);
       if (lo == hi) return;
       batched_product(work->x, work->w, work->y, m, n, k, call->layout, &call->batch, lo, hi);
       mkl_epilogue(&call->epilogue, work->y, lo * m, hi * m, 0, n, n);
@@ -281,7 +241,7 @@ static void run_part(const call_work *work, int s) {
   }
 }
 
-static int run_parts(int task_id, tvm_group_env *env, void *data) {
+static int run_parts(int task_id, tir_byoc_tvm_group_env *env, void *data) {
   const call_work *work = (const call_work *)data;
   for (int s = task_id; s < work->parts; s += env->num_task) run_part(work, s);
   return 0;
@@ -346,7 +306,7 @@ static int pack_parts(const float *w, MKL_INT m, MKL_INT n, MKL_INT k, tir_byoc_
   for (int s = 0; s < parts; ++s) part[s] = NULL;
   for (int s = 0; s < parts; ++s) {
     int64_t lo, hi;
-    part_range(n, parts, s, COLUMN_ALIGN, &lo, &hi);
+    tir_byoc_part_range(n, parts, s, COLUMN_ALIGN, &lo, &hi);
     const MKL_INT cols = (MKL_INT)(hi - lo);
     if (cols == 0) continue;
     part[s] = (float *)mkl_malloc(cblas_sgemm_pack_get_size(CblasBMatrix, m, cols, k), 64);
@@ -507,7 +467,7 @@ static int32_t choose_form(const float *w, MKL_INT m, MKL_INT n, MKL_INT k,
   const tir_byoc_call call = product_call(x, w, y, m, n, k, 1, layout);
   call_work plain = {&call, x, w, NULL, y, CUT_COLUMNS, 1}, packed = plain;
   cut_work(&plain, 0), cut_work(&packed, 1);
-  float *part[MAX_PARTS];
+  float *part[TIR_BYOC_MAX_PARTS];
   int32_t form = TIR_BYOC_PACK_PLAIN;
   if (x != NULL && y != NULL && pack_parts(w, m, n, k, layout, packed.parts, part)) {
     packed.packed = (const float *const *)part;

@@ -923,7 +923,7 @@ int32_t Gemm(const void *x, const void *w, const void *bias, void *y, int64_t m,
 
 TIR_BYOC_DEFINE_BATCHED_FAMILY(onednn, Gemm, BatchedGemm);
 TIR_BYOC_DEFINE_GEMM(onednn, Call);
-TIR_BYOC_DEFINE_VECTOR_MATH(onednn)  // the ops oneDNN does not fuse run in C
+TIR_BYOC_DEFINE_EPILOGUE_INFO(onednn)  // the ops oneDNN does not fuse run in C
 
 
 /* The Key of a gemm call without x, y and the epilogue's tensors (they do not shape the
