@@ -10,7 +10,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean bench bench-matcher bench-threads bench-bridge bench-models
+.PHONY: demo test install clean bench bench-matcher bench-threads bench-bridge bench-models \
+	bench-epilogue
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +56,10 @@ bench-bridge: $(STAMP)
 # How TVM's, OpenMP's and OpenBLAS's thread pools get along, with and without tir_byoc's settings.
 bench-threads: $(STAMP)
 	$(BIN)/python benchmarks/threads.py
+
+# The C epilogue alone (one op over a GEMM output) against torch eager's op, at 1 and 2 threads.
+bench-epilogue: $(STAMP)
+	$(BIN)/python benchmarks/epilogue.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

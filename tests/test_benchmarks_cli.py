@@ -49,3 +49,39 @@ def test_a_workload_or_group_name_passes_the_check(name):
     result = _run("--workload", name, "--only", "nosuchname")
     assert result.returncode == 2 and "--workload" not in result.stderr
     assert "--only 'nosuchname' is not an implementation" in result.stderr
+
+
+EPILOGUE = RUN.with_name("epilogue.py")
+
+
+def test_the_epilogue_benchmark_times_every_op_at_each_thread_count():
+    done = subprocess.run(
+        [sys.executable, str(EPILOGUE), "--backend", "ref", "--rows", "8", "--cols", "64",
+         "--threads", "1,2", "--budget", "0.02"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| ")]
+    cells = [[cell.strip() for cell in row] for row in rows[2:]]  # after the header and rule
+    ops = ["gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "add"]
+    assert [(c[0], c[1]) for c in cells] == [(op, t) for t in "12" for op in ops]
+    for op, _, c_ms, parts, torch_ms, ratio in cells:
+        assert float(c_ms) >= 0 and float(torch_ms) > 0 and float(ratio) > 0, op
+        assert parts == "1", op  # 8 x 64 values: too few to share
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--threads", "0"], "--threads '0': expected thread counts >= 1"),
+        (["--rows", "0"], "expected --rows, --cols >= 1 and --budget > 0"),
+        (["--backend", "mkl"], "argument --backend: invalid choice: 'mkl'"),
+    ],
+    ids=["threads", "rows", "mkl"],
+)
+def test_the_epilogue_benchmark_refuses_bad_arguments_in_one_line(argv, expected):
+    done = subprocess.run(
+        [sys.executable, str(EPILOGUE), *argv], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2
+    assert expected in done.stderr.strip().splitlines()[-1]

@@ -31,6 +31,8 @@ from tir_byoc.epilogues import OPS, RELU_KEEP_NAN_CODE, reference
 from tir_byoc.signature import DtypeSignature
 
 BACKENDS = ("ref", "openblas", "mkl", "onednn")
+#: The backends whose epilogue runs in tir_byoc_run_epilogue (MKL shares its own parts).
+C_EPILOGUE_BACKENDS = ("ref", "openblas", "onednn")
 F32 = DtypeSignature.parse("float32").code
 BF16 = DtypeSignature.parse("bfloat16,bfloat16->float32").code
 PACKED_WEIGHT = 1 << 25  # TIR_BYOC_PACKED_WEIGHT
@@ -47,6 +49,10 @@ ARGTYPES = (
     + [ctypes.c_void_p] * 4  # t0..t3
 )
 
+#: tir_byoc_<backend>_epilogue's arguments: y, rows, n, ops, c0..c5, t0..t3.
+EPILOGUE_ARGTYPES = (
+    [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_double] * 6 + [ctypes.c_void_p] * 4
+)
 
 # ------------------------------------------------------------------------------------------
 # Epilogues as data.
@@ -316,6 +322,51 @@ def test_epilogue_matches_numpy(backend, chain, layout, shape):
     assert_matches(operands.y, want, shape.k, term_scale(operands, layout), what)
 
 
+@pytest.mark.parametrize("chain", list(CHAINS), ids=str)
+@pytest.mark.parametrize("backend", C_EPILOGUE_BACKENDS)
+def test_the_epilogue_entry_point_runs_every_op_in_c(backend, chain):
+    """``tir_byoc_<backend>_epilogue`` (what benchmarks/epilogue.py times) over values with the
+    specials in them: every op in C, as the oracle computes it."""
+    reason = toolchain.unavailable(backend)
+    if reason is not None:
+        pytest.skip(reason)
+    function = getattr(library(backend), f"tir_byoc_{backend}_epilogue")
+    function.argtypes = EPILOGUE_ARGTYPES
+    function.restype = ctypes.c_int32
+    ops = CHAINS[chain]
+    rng = np.random.default_rng(zlib.crc32(chain.encode()))
+    z = rng.standard_normal((len(SPECIAL), 41)).astype(np.float32) * 4
+    z[:, 0], z[:, 40] = SPECIAL, SPECIAL[::-1]  # the vector part and the scalar tail
+    operands = make_operands(Shape("alone", *z.shape, 1), NK, ops, rng)
+    y = z.copy()
+    code, constants = pack(ops)
+    tensors = [t.ctypes.data for t in operands.tensors]
+    tensors += [None] * (4 - len(tensors))
+    assert function(y.ctypes.data, *y.shape, code, *constants, *tensors) == OK
+    want = z
+    for op, tensor in zip(ops, _tensors_of(ops, operands.tensors), strict=True):
+        want = reference(op.name, want, op.values, tensor, keep_nan=op.keep_nan)
+    assert_matches(y, want, 1, 1.0, f"{backend}.epilogue {' then '.join(map(str, ops))}")
+
+
+def test_the_epilogue_entry_point_refuses_bad_arguments():
+    function = getattr(library("ref"), "tir_byoc_ref_epilogue")
+    function.argtypes = EPILOGUE_ARGTYPES
+    function.restype = ctypes.c_int32
+    y = np.zeros((2, 3), np.float32)
+    assert function(y.ctypes.data, -1, 3, 0, *[0.0] * 6, *[None] * 4) == ESHAPE
+    assert function(None, 2, 3, 0, *[0.0] * 6, *[None] * 4) == ENULL
+    assert function(y.ctypes.data, 2, 3, OPS["add"].code, *[0.0] * 6, *[None] * 4) == ENULL
+    assert function(y.ctypes.data, 2, 3, 0xFF, *[0.0] * 6, *[None] * 4) == EEPILOGUE
+    np.testing.assert_array_equal(y, 0.0)  # nothing written by a refused call
+
+
+def _tensors_of(chain, tensors):
+    """Each op's tensor (None for an op without one), in op order."""
+    given = iter(tensors)
+    return [next(given) if OPS[op.name].tensor else None for op in chain]
+
+
 def test_special_values_reach_the_epilogue():
     # The oracle itself: the special column holds NaN and both infinities after each op that
     # keeps them, so the exact comparisons above compare something.
@@ -351,10 +402,6 @@ def test_the_c_epilogue_calls_glibc_vector_math_where_the_machine_has_it(backend
         pytest.skip(reason)
     found = _glibc_vector_math_expected() and backend != "mkl"  # MKL has its own vector math
     assert toolchain.vector_math(backend) == (toolchain.VECTOR_FUNCTIONS if found else ())
-
-
-#: The backends whose epilogue runs in tir_byoc_run_epilogue (MKL shares its own parts).
-C_EPILOGUE_BACKENDS = ("ref", "openblas", "onednn")
 
 
 def _parts_run(tmp_path, threads: int, backends) -> dict:

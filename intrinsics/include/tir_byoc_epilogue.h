@@ -273,11 +273,14 @@ static inline void tir_byoc_run_epilogue(const tir_byoc_epilogue *epilogue, int 
 }
 
 /* TIR_BYOC_DEFINE_EPILOGUE_INFO(backend), in a backend whose epilogue ops run here (some or
- * all), exports for reports and tests
+ * all), exports for reports, tests and benchmarks
  *   tir_byoc_<backend>_vector_math(): tir_byoc_vector_math();
  *   tir_byoc_<backend>_epilogue_parts(ops, rows, n): how many parts tir_byoc_run_epilogue cuts
  *     the ops `ops` (codes as the gemm entry point takes them) over a (rows, n) output into,
- *     in the calling thread's TVM pool. */
+ *     in the calling thread's TVM pool;
+ *   tir_byoc_<backend>_epilogue(y, rows, n, ops, c0..c5, t0..t3): the whole epilogue in C
+ *     (tir_byoc_run_epilogue) over the (rows, n) fp32 output y in place, its arguments as the
+ *     gemm entry point takes them, and its status codes. */
 #define TIR_BYOC_DEFINE_EPILOGUE_INFO(backend)                                                \
   TIR_BYOC_EXTERN_C TIR_BYOC_EXPORT int32_t tir_byoc_##backend##_vector_math(void) {          \
     return tir_byoc_vector_math();                                                            \
@@ -290,6 +293,23 @@ static inline void tir_byoc_run_epilogue(const tir_byoc_epilogue *epilogue, int 
          ++epilogue.count)                                                                    \
       epilogue.op[epilogue.count].code = (int32_t)((ops >> (8 * epilogue.count)) & 0xFF);     \
     return tir_byoc_epilogue_parts(&epilogue, 0, rows, n);                                    \
+  }                                                                                           \
+  TIR_BYOC_EXTERN_C TIR_BYOC_EXPORT int32_t tir_byoc_##backend##_epilogue(                    \
+      void *y, int64_t rows, int64_t n, int64_t ops, double c0, double c1, double c2,         \
+      double c3, double c4, double c5, const void *t0, const void *t1, const void *t2,        \
+      const void *t3) {                                                                       \
+    const double constants[TIR_BYOC_MAX_CONSTANTS] = {c0, c1, c2, c3, c4, c5};                \
+    const void *const tensors[TIR_BYOC_MAX_TENSORS] = {t0, t1, t2, t3};                       \
+    tir_byoc_call call;                                                                       \
+    int32_t status;                                                                           \
+    memset(&call, 0, sizeof call);                                                            \
+    call.y = y, call.m = rows, call.n = n;                                                    \
+    if (rows < 0 || n < 0) return TIR_BYOC_ESHAPE;                                            \
+    if (y == NULL && rows > 0 && n > 0) return TIR_BYOC_ENULL;                                \
+    if ((status = tir_byoc_decode_epilogue(&call, ops, constants, tensors)) != TIR_BYOC_OK)   \
+      return status;                                                                          \
+    tir_byoc_run_epilogue(&call.epilogue, 0, (float *)y, rows, n);                            \
+    return TIR_BYOC_OK;                                                                       \
   }
 
 #endif /* TIR_BYOC_EPILOGUE_H_ */
