@@ -206,9 +206,11 @@ static inline void tir_byoc_epilogue_rows(const tir_byoc_epilogue *epilogue, int
 /* Sharing the epilogue among TVM's threads (tir_byoc.h): each thread takes a block of rows,
  * and every value is computed by the same code whatever the split, so the result does not
  * depend on the number of threads.  Work is counted per value and op, a transcendental op as
- * TIR_BYOC_TRANSCENDENTAL_COST (they took 10-15x as long as an add per value: 0.4-0.7 ms
- * against ~0.05 over a 128 x 3072 output on an AMD EPYC); below TIR_BYOC_SHARED_EPILOGUE one
- * thread does it all, as waking another would cost about what it saves. */
+ * TIR_BYOC_TRANSCENDENTAL_COST; below TIR_BYOC_SHARED_EPILOGUE one thread does it all.  On an
+ * AMD EPYC (make bench-epilogue, benchmarks/README.md) one op over 128 x 3072 values took
+ * 0.23-0.67 ms (transcendental) or 0.06-0.08 (an add) on one thread, and starting a second
+ * thread cost up to ~0.08 ms: the transcendental ones gained 1.2-2.0x at two threads, while
+ * the add, left on one, would gain at most ~0.03 ms. */
 #define TIR_BYOC_TRANSCENDENTAL_COST 12
 #define TIR_BYOC_SHARED_EPILOGUE (1 << 19)
 
