@@ -234,13 +234,13 @@ def batch_arguments(shape: Shape) -> list[int]:
     return [b0, b1, b1 * matrix, matrix, w_stride0, w_stride1]
 
 
-def gemm(backend: str):
-    """``tir_byoc_<backend>_gemm`` with its argument types, or a skip with the reason."""
+def entry_point(backend: str, name: str = "gemm", argtypes=ARGTYPES):
+    """``tir_byoc_<backend>_<name>`` with its argument types, or a skip with the reason."""
     reason = toolchain.unavailable(backend)
     if reason is not None:
         pytest.skip(reason)
-    function = getattr(library(backend), f"tir_byoc_{backend}_gemm")
-    function.argtypes = ARGTYPES
+    function = getattr(library(backend), f"tir_byoc_{backend}_{name}")
+    function.argtypes = argtypes
     function.restype = ctypes.c_int32
     return function
 
@@ -312,7 +312,7 @@ def assert_matches(got, want, k: int, scale, what: str) -> None:
 @pytest.mark.parametrize("chain", list(CHAINS), ids=str)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_epilogue_matches_numpy(backend, chain, layout, shape):
-    function = gemm(backend)
+    function = entry_point(backend)
     ops = CHAINS[chain]
     rng = np.random.default_rng(zlib.crc32(f"{chain}/{layout}/{shape.name}".encode()))
     operands = make_operands(shape, layout, ops, rng)
@@ -327,12 +327,7 @@ def test_epilogue_matches_numpy(backend, chain, layout, shape):
 def test_the_epilogue_entry_point_runs_every_op_in_c(backend, chain):
     """``tir_byoc_<backend>_epilogue`` (what benchmarks/epilogue.py times) over values with the
     specials in them: every op in C, as the oracle computes it."""
-    reason = toolchain.unavailable(backend)
-    if reason is not None:
-        pytest.skip(reason)
-    function = getattr(library(backend), f"tir_byoc_{backend}_epilogue")
-    function.argtypes = EPILOGUE_ARGTYPES
-    function.restype = ctypes.c_int32
+    function = entry_point(backend, "epilogue", EPILOGUE_ARGTYPES)
     ops = CHAINS[chain]
     rng = np.random.default_rng(zlib.crc32(chain.encode()))
     z = rng.standard_normal((len(SPECIAL), 41)).astype(np.float32) * 4
@@ -350,9 +345,7 @@ def test_the_epilogue_entry_point_runs_every_op_in_c(backend, chain):
 
 
 def test_the_epilogue_entry_point_refuses_bad_arguments():
-    function = getattr(library("ref"), "tir_byoc_ref_epilogue")
-    function.argtypes = EPILOGUE_ARGTYPES
-    function.restype = ctypes.c_int32
+    function = entry_point("ref", "epilogue", EPILOGUE_ARGTYPES)
     y = np.zeros((2, 3), np.float32)
     assert function(y.ctypes.data, -1, 3, 0, *[0.0] * 6, *[None] * 4) == ESHAPE
     assert function(None, 2, 3, 0, *[0.0] * 6, *[None] * 4) == ENULL
@@ -455,7 +448,7 @@ REFUSED = {
 @pytest.mark.parametrize("refusal", list(REFUSED))
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_refused_calls(backend, refusal):
-    function = gemm(backend)
+    function = entry_point(backend)
     chain = (Op("bias"), Op("add"))
     operands = make_operands(BASE, NK, chain, np.random.default_rng(1))
     # The well-formed call first: the refusal is the change's doing.
@@ -493,7 +486,7 @@ ONEDNN_FUSION = {
 
 @pytest.mark.parametrize("case", list(ONEDNN_FUSION))
 def test_onednn_fuses_only_the_ops_it_computes_exactly(case):
-    function = gemm("onednn")
+    function = entry_point("onednn")
     lib = library("onednn")
     info = (ctypes.c_int64 * 4)()
     lib.tir_byoc_onednn_cache_info(info)
