@@ -352,6 +352,9 @@ def test_the_epilogue_entry_point_refuses_bad_arguments():
     assert function(y.ctypes.data, 2, 3, OPS["add"].code, *[0.0] * 6, *[None] * 4) == ENULL
     assert function(y.ctypes.data, 2, 3, 0xFF, *[0.0] * 6, *[None] * 4) == EEPILOGUE
     np.testing.assert_array_equal(y, 0.0)  # nothing written by a refused call
+    parts = entry_point("ref", "epilogue_parts", [ctypes.c_int64] * 3)
+    assert parts(OPS["gelu"].code, 2, 3) == 1
+    assert parts(0xFF, 2, 3) == -EEPILOGUE  # the gemm entry point's refusal, negated
 
 
 def _tensors_of(chain, tensors):

@@ -279,7 +279,8 @@ static inline void tir_byoc_run_epilogue(const tir_byoc_epilogue *epilogue, int 
  *   tir_byoc_<backend>_vector_math(): tir_byoc_vector_math();
  *   tir_byoc_<backend>_epilogue_parts(ops, rows, n): how many parts tir_byoc_run_epilogue cuts
  *     the ops `ops` (codes as the gemm entry point takes them) over a (rows, n) output into,
- *     in the calling thread's TVM pool;
+ *     in the calling thread's TVM pool; minus the status for codes the gemm entry point
+ *     refuses;
  *   tir_byoc_<backend>_epilogue(y, rows, n, ops, c0..c5, t0..t3): the whole epilogue in C
  *     (tir_byoc_run_epilogue) over the (rows, n) fp32 output y in place, its arguments as the
  *     gemm entry point takes them, and its status codes. */
@@ -289,12 +290,14 @@ static inline void tir_byoc_run_epilogue(const tir_byoc_epilogue *epilogue, int 
   }                                                                                           \
   TIR_BYOC_EXTERN_C TIR_BYOC_EXPORT int32_t tir_byoc_##backend##_epilogue_parts(              \
       int64_t ops, int64_t rows, int64_t n) {                                                 \
-    tir_byoc_epilogue epilogue;                                                               \
-    memset(&epilogue, 0, sizeof epilogue);                                                    \
-    for (; epilogue.count < TIR_BYOC_MAX_OPS && ((ops >> (8 * epilogue.count)) & 0xFF) != 0;  \
-         ++epilogue.count)                                                                    \
-      epilogue.op[epilogue.count].code = (int32_t)((ops >> (8 * epilogue.count)) & 0xFF);     \
-    return tir_byoc_epilogue_parts(&epilogue, 0, rows, n);                                    \
+    const double constants[TIR_BYOC_MAX_CONSTANTS] = {0};                                     \
+    const void *const tensors[TIR_BYOC_MAX_TENSORS] = {NULL};                                 \
+    tir_byoc_call call; /* m = n = 0: the ops' tensors may be NULL */                         \
+    int32_t status;                                                                           \
+    memset(&call, 0, sizeof call);                                                            \
+    if ((status = tir_byoc_decode_epilogue(&call, ops, constants, tensors)) != TIR_BYOC_OK)   \
+      return -status;                                                                         \
+    return tir_byoc_epilogue_parts(&call.epilogue, 0, rows, n);                               \
   }                                                                                           \
   TIR_BYOC_EXTERN_C TIR_BYOC_EXPORT int32_t tir_byoc_##backend##_epilogue(                    \
       void *y, int64_t rows, int64_t n, int64_t ops, double c0, double c1, double c2,         \
