@@ -68,6 +68,9 @@ def measure(backend: str, rows: int, cols: int, threads: int, budget: float) -> 
 
     import torch  # isort: skip
 
+    reason = toolchain.unavailable(backend)
+    if reason is not None:
+        raise SystemExit(f"benchmarks/epilogue.py: --backend {backend}: {reason}")
     torch.set_num_threads(threads)
     library = ctypes.CDLL(str(toolchain.load_backend(backend)))
     epilogue = getattr(library, f"tir_byoc_{backend}_epilogue")
@@ -140,9 +143,8 @@ def main(argv=None) -> int:
         env = {**os.environ, "TVM_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
         command = [sys.executable, __file__, *(argv or sys.argv[1:]), "--child", str(threads)]
         done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise SystemExit(f"benchmarks/epilogue.py: child at {threads} threads failed:\n"
-                             + done.stderr[-2000:])  # fmt: skip
+        if done.returncode != 0:  # a refusal is the child's last line; a crash, its traceback
+            raise SystemExit(done.stderr.strip()[-2000:] or f"child at {threads} threads failed")
         rows += json.loads(done.stdout.strip().splitlines()[-1])
     print(f"machine: {machine()}; {args.rows} x {args.cols} fp32 values in [-3, 3]; ms, medians")
     print(f"| op | threads | C epilogue ({args.backend}) | parts | torch eager | torch / C |")
