@@ -19,7 +19,6 @@ gives torch's time over the C epilogue's.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import math
 import os
@@ -72,18 +71,8 @@ def measure(backend: str, rows: int, cols: int, threads: int, budget: float) -> 
     if reason is not None:
         raise SystemExit(f"benchmarks/epilogue.py: --backend {backend}: {reason}")
     torch.set_num_threads(threads)
-    library = ctypes.CDLL(str(toolchain.load_backend(backend)))
-    epilogue = getattr(library, f"tir_byoc_{backend}_epilogue")
-    epilogue.restype = ctypes.c_int32
-    epilogue.argtypes = [
-        ctypes.c_void_p,
-        *[ctypes.c_int64] * 3,
-        *[ctypes.c_double] * 6,
-        *[ctypes.c_void_p] * 4,
-    ]
-    parts = getattr(library, f"tir_byoc_{backend}_epilogue_parts")
-    parts.restype = ctypes.c_int32
-    parts.argtypes = [ctypes.c_int64] * 3
+    epilogue = toolchain.entry_point(backend, "epilogue")
+    parts = toolchain.entry_point(backend, "epilogue_parts")
     rng = np.random.default_rng(0)
     values = rng.uniform(-3, 3, (rows, cols)).astype(np.float32)
     tensor = rng.standard_normal((rows, cols)).astype(np.float32)

@@ -6,7 +6,6 @@ by argv[1]."""
 
 from __future__ import annotations
 
-import ctypes
 import math
 import sys
 
@@ -26,15 +25,8 @@ SHAPES = {"large": (301, 523, 4), "small": (7, 40, 4)}
 
 
 def run(backend, m, n, k, rng):
-    lib = ctypes.CDLL(str(toolchain.load_backend(backend)))
-    gemm = getattr(lib, f"tir_byoc_{backend}_gemm")
-    gemm.restype = ctypes.c_int32
-    gemm.argtypes = [*[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 3, ctypes.c_int32,
-                     ctypes.c_int32, *[ctypes.c_int64] * 6, ctypes.c_int64,
-                     *[ctypes.c_double] * 6, *[ctypes.c_void_p] * 4]  # fmt: skip
-    parts = getattr(lib, f"tir_byoc_{backend}_epilogue_parts")
-    parts.restype = ctypes.c_int32
-    parts.argtypes = [ctypes.c_int64] * 3
+    gemm = toolchain.entry_point(backend, "gemm")
+    parts = toolchain.entry_point(backend, "epilogue_parts")
     # Small integers: every product is exact in fp32 whatever order a library sums in, so the
     # outputs of one and two threads can be compared bit for bit.
     x = rng.integers(-3, 4, (m, k)).astype("float32")

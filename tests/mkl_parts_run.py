@@ -33,24 +33,6 @@ CASES = {
 }
 
 
-def functions():
-    lib = ctypes.CDLL(str(toolchain.load_backend("mkl")))
-    gemm = lib.tir_byoc_mkl_gemm
-    gemm.restype = ctypes.c_int32
-    gemm.argtypes = [*[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 3, ctypes.c_int32,
-                     ctypes.c_int32, *[ctypes.c_int64] * 6, ctypes.c_int64,
-                     *[ctypes.c_double] * 6, *[ctypes.c_void_p] * 4]  # fmt: skip
-    pack = lib.tir_byoc_mkl_pack
-    pack.restype = ctypes.c_int32
-    pack.argtypes = [ctypes.c_void_p, *[ctypes.c_int64] * 3, ctypes.c_int32, ctypes.c_int32,
-                     ctypes.c_int64, *[ctypes.c_double] * 6, ctypes.POINTER(ctypes.c_int32),
-                     ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)]  # fmt: skip
-    cut = lib.tir_byoc_mkl_cut
-    cut.restype = ctypes.c_int32
-    cut.argtypes = [*[ctypes.c_int64] * 4, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32)]
-    return gemm, pack, cut
-
-
 def block_of(pack, weight, m, n, k, layout):
     """The weight as a block of MKL's packed form (TIR_BYOC_PACK_LIBRARY), 64-byte aligned."""
     form, size = ctypes.c_int32(1), ctypes.c_int64(0)
@@ -97,7 +79,7 @@ def run(name, gemm, pack, cut, rng):
 
 
 def main(out):
-    gemm, pack, cut = functions()
+    gemm, pack, cut = (toolchain.entry_point("mkl", name) for name in ("gemm", "pack", "cut"))
     rng = np.random.default_rng(0)
     saved = {}
     for name in CASES:

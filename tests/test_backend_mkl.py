@@ -25,7 +25,6 @@ from backend_checks import (
     run_exported_mlp_in_fresh_process,
     uninstall_every_wheel,
 )
-from mkl_parts_run import functions as mkl_functions
 from tvm import relax
 from tvm.script import relax as R
 
@@ -119,14 +118,9 @@ def test_exported_library_runs_in_a_fresh_process(tmp_path):
 # ----------------------------------------------------------------------------------------------
 
 
-def _functions():
-    gemm, pack, _ = mkl_functions()
-    return pack, gemm
-
-
 def _pack(weight, m, layout, form):
     """``weight`` packed for a call of ``m`` rows: (form, block or None)."""
-    pack, _ = _functions()
+    pack = toolchain.entry_point("mkl", "pack")
     n, k = weight.shape if layout == NK else weight.shape[::-1]
     chosen, size = ctypes.c_int32(form), ctypes.c_int64(0)
     args = [weight.ctypes.data, m, n, k, F32, layout, 0, *[0.0] * 6, ctypes.byref(chosen)]
@@ -142,7 +136,7 @@ def _pack(weight, m, layout, form):
 
 def _gemm(x, w, y, n, layout, flags=0, bias=None):
     """One gemm call, bias as its one epilogue op if given; returns its status."""
-    _, gemm = _functions()
+    gemm = toolchain.entry_point("mkl", "gemm")
     m, k = x.shape
     ops = 3 if bias is not None else 0  # TIR_BYOC_OP_BIAS
     tensors = [bias.ctypes.data if bias is not None else None, None, None, None]

@@ -39,21 +39,6 @@ PACKED_WEIGHT = 1 << 25  # TIR_BYOC_PACKED_WEIGHT
 OK, EDTYPE, ESHAPE, ENULL, EEPILOGUE = 0, 1, 2, 3, 5
 NK, KN = 0, 1  # tir_byoc_layout
 
-#: The gemm entry point's arguments, as tir_byoc.h declares them (25).
-ARGTYPES = (
-    [ctypes.c_void_p] * 3  # x, w, y
-    + [ctypes.c_int64] * 3  # m, n, k
-    + [ctypes.c_int32] * 2  # dtypes, layout
-    + [ctypes.c_int64] * 7  # batch0, batch1, x strides, w strides, ops
-    + [ctypes.c_double] * 6  # c0..c5
-    + [ctypes.c_void_p] * 4  # t0..t3
-)
-
-#: tir_byoc_<backend>_epilogue's arguments: y, rows, n, ops, c0..c5, t0..t3.
-EPILOGUE_ARGTYPES = (
-    [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_double] * 6 + [ctypes.c_void_p] * 4
-)
-
 # ------------------------------------------------------------------------------------------
 # Epilogues as data.
 
@@ -234,15 +219,13 @@ def batch_arguments(shape: Shape) -> list[int]:
     return [b0, b1, b1 * matrix, matrix, w_stride0, w_stride1]
 
 
-def entry_point(backend: str, name: str = "gemm", argtypes=ARGTYPES):
-    """``tir_byoc_<backend>_<name>`` with its argument types, or a skip with the reason."""
+def entry_point(backend: str, name: str = "gemm"):
+    """``tir_byoc_<backend>_<name>`` (:data:`tir_byoc.toolchain.ENTRY_POINTS`), or a skip with
+    the reason."""
     reason = toolchain.unavailable(backend)
     if reason is not None:
         pytest.skip(reason)
-    function = getattr(library(backend), f"tir_byoc_{backend}_{name}")
-    function.argtypes = argtypes
-    function.restype = ctypes.c_int32
-    return function
+    return toolchain.entry_point(backend, name)
 
 
 def pointer(array) -> int | None:
@@ -327,7 +310,7 @@ def test_epilogue_matches_numpy(backend, chain, layout, shape):
 def test_the_epilogue_entry_point_runs_every_op_in_c(backend, chain):
     """``tir_byoc_<backend>_epilogue`` (what benchmarks/epilogue.py times) over values with the
     specials in them: every op in C, as the oracle computes it."""
-    function = entry_point(backend, "epilogue", EPILOGUE_ARGTYPES)
+    function = entry_point(backend, "epilogue")
     ops = CHAINS[chain]
     rng = np.random.default_rng(zlib.crc32(chain.encode()))
     z = rng.standard_normal((len(SPECIAL), 41)).astype(np.float32) * 4
@@ -345,14 +328,14 @@ def test_the_epilogue_entry_point_runs_every_op_in_c(backend, chain):
 
 
 def test_the_epilogue_entry_point_refuses_bad_arguments():
-    function = entry_point("ref", "epilogue", EPILOGUE_ARGTYPES)
+    function = entry_point("ref", "epilogue")
     y = np.zeros((2, 3), np.float32)
     assert function(y.ctypes.data, -1, 3, 0, *[0.0] * 6, *[None] * 4) == ESHAPE
     assert function(None, 2, 3, 0, *[0.0] * 6, *[None] * 4) == ENULL
     assert function(y.ctypes.data, 2, 3, OPS["add"].code, *[0.0] * 6, *[None] * 4) == ENULL
     assert function(y.ctypes.data, 2, 3, 0xFF, *[0.0] * 6, *[None] * 4) == EEPILOGUE
     np.testing.assert_array_equal(y, 0.0)  # nothing written by a refused call
-    parts = entry_point("ref", "epilogue_parts", [ctypes.c_int64] * 3)
+    parts = entry_point("ref", "epilogue_parts")
     assert parts(OPS["gelu"].code, 2, 3) == 1
     assert parts(0xFF, 2, 3) == -EEPILOGUE  # the gemm entry point's refusal, negated
 

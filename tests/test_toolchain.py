@@ -8,7 +8,7 @@ from test_match import dense_bias_relu_blocks
 
 import tir_byoc
 from tir_byoc import toolchain
-from tir_byoc.registry import Registry
+from tir_byoc.registry import Backend, Registry
 
 
 @pytest.fixture
@@ -67,18 +67,24 @@ def test_builds_are_cached_by_content(tmp_path, monkeypatch):
     assert toolchain.shared_library("cached", registry) != first
 
 
+def refusing_dense(directory, name: str):
+    """``name``.c defining only ``name``_dense, a dense intrinsic that refuses every call."""
+    source = directory / f"{name}.c"
+    source.write_text(
+        '#include "tir_byoc.h"\n'
+        f"TIR_BYOC_EXPORT int32_t {name}_dense(const void *x, const void *w, void *y, int64_t m,\n"
+        "                                int64_t n, int64_t k, int32_t dtypes) {\n"
+        "  return TIR_BYOC_EDTYPE;\n"
+        "}\n"
+    )
+    return source
+
+
 def test_an_intrinsic_its_source_does_not_define_is_reported_before_anything_runs(
     tmp_path, monkeypatch
 ):
     monkeypatch.setenv(toolchain.CACHE_ENV, str(tmp_path / "cache"))
-    source = tmp_path / "partial.c"
-    source.write_text(
-        '#include "tir_byoc.h"\n'
-        "TIR_BYOC_EXPORT int32_t partial_dense(const void *x, const void *w, void *y, int64_t m,\n"
-        "                                      int64_t n, int64_t k, int32_t dtypes) {\n"
-        "  return TIR_BYOC_EDTYPE;\n"
-        "}\n"
-    )
+    source = refusing_dense(tmp_path, "partial")
     registry = Registry()
     for name, symbol in (("dense", "partial_dense"), ("bmm_dense", "partial_bmm_dense")):
         tir_byoc.register_intrinsic(f"partial.{name}", name, symbol, source, registry=registry)
@@ -89,3 +95,30 @@ def test_an_intrinsic_its_source_does_not_define_is_reported_before_anything_run
         "intrinsic partial.bmm_dense: partial.c does not define partial_bmm_dense (with "
         "TIR_BYOC_EXPORT visibility); define it or unregister the intrinsic"
     )
+
+
+def test_a_packing_backend_whose_library_defines_no_pack_function_is_refused_when_loaded(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv(toolchain.CACHE_ENV, str(tmp_path / "cache"))
+    source = refusing_dense(tmp_path, "nopack")
+    registry = Registry()
+    tir_byoc.register_backend(Backend("nopack", packs=True), registry=registry)
+    tir_byoc.register_intrinsic("nopack.dense", "dense", "nopack_dense", source, registry=registry)
+    with pytest.raises(toolchain.ToolchainError) as error:
+        toolchain.load_backend("nopack", registry)
+    assert str(error.value) == (
+        "backend nopack: registered with packs=True, but its library does not define "
+        "tir_byoc_nopack_pack (with TIR_BYOC_EXPORT visibility); define it or register the "
+        "backend with packs=False"
+    )
+
+
+def test_entry_points_come_with_their_argument_types_and_a_missing_one_is_none():
+    parts = toolchain.entry_point("ref", "epilogue_parts")
+    assert parts.argtypes == toolchain.ENTRY_POINTS["epilogue_parts"]
+    assert parts(0, 1, 1) == 1  # no ops: one block
+    assert parts(0xFF, 1, 1) < 0  # an op code the decoder refuses, negated
+    assert toolchain.entry_point("ref", "cut") is None  # oneMKL's alone
+    with pytest.raises(ValueError, match=r"^'gem' is not an entry point \(expected one of "):
+        toolchain.entry_point("ref", "gem")

@@ -146,13 +146,6 @@ def _pack_call(lib, match: Match, weight: tvm.runtime.Tensor, form: int | None =
     return chosen.value, block
 
 
-def _pack_function(backend: str, registry: Registry):
-    library = ctypes.CDLL(str(toolchain.load_backend(backend, registry)))
-    function = getattr(library, f"tir_byoc_{backend}_pack")
-    function.restype = ctypes.c_int32
-    return function
-
-
 def _block_param(old: ir.Var, size: int) -> ir.Var:
     ty = old.ty
     buffer_type = _tirx_ffi.BufferType(
@@ -305,7 +298,7 @@ def make_packings(name, chosen, weight, registry: Registry, report: PackReport) 
     """
     packings = []
     for match, intrinsic, index in chosen:
-        pack = _pack_function(registry.backend(intrinsic.backend).name, registry)
+        pack = toolchain.entry_point(intrinsic.backend, "pack", registry)
         form, block = _pack_call(pack, match, weight(index))
         if block is None:
             every = "" if const_value(match.rows) is not None else ", for every M,"

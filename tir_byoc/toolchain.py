@@ -289,6 +289,48 @@ def _check_symbols(backend: str, library: ctypes.CDLL, registry: Registry) -> No
                 f"{intrinsic.extern_symbol} (with TIR_BYOC_EXPORT visibility); define it or "
                 "unregister the intrinsic"
             )
+    if registry.backend(backend).packs and not hasattr(library, f"tir_byoc_{backend}_pack"):
+        raise ToolchainError(
+            f"backend {backend}: registered with packs=True, but its library does not define "
+            f"tir_byoc_{backend}_pack (with TIR_BYOC_EXPORT visibility); define it or register "
+            "the backend with packs=False"
+        )
+
+
+_PTR, _I32, _I64, _F64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_double
+_I32P, _I64P = ctypes.POINTER(_I32), ctypes.POINTER(_I64)
+
+#: The C entry points a backend's library exports besides its intrinsics, each
+#: ``int32_t tir_byoc_<backend>_<name>(...)``: their argument types, as
+#: ``intrinsics/include/tir_byoc.h`` and ``tir_byoc_epilogue.h`` declare them.  ``pack`` is a
+#: packing backend's, ``fuses`` oneDNN's and ``cut`` oneMKL's; the others every backend's built
+#: on ``tir_byoc_epilogue.h``.
+ENTRY_POINTS: dict[str, tuple[type, ...]] = {
+    # x, w, y; m, n, k; dtypes, layout; batch counts, x strides, w strides, ops; c0..c5; t0..t3
+    "gemm": (_PTR,) * 3 + (_I64,) * 3 + (_I32,) * 2 + (_I64,) * 7 + (_F64,) * 6 + (_PTR,) * 4,
+    # w; m, n, k; dtypes, layout; ops; c0..c5; form (in, out), out, size (out)
+    "pack": (_PTR, _I64, _I64, _I64, _I32, _I32, _I64) + (_F64,) * 6 + (_I32P, _PTR, _I64P),
+    # y (in place); rows, n; ops; c0..c5; t0..t3
+    "epilogue": (_PTR,) + (_I64,) * 3 + (_F64,) * 6 + (_PTR,) * 4,
+    "epilogue_parts": (_I64,) * 3,  # ops, rows, n
+    "vector_math": (),
+    "fuses": (_I32,) + (_F64,) * 3,  # op code, c0..c2
+    "cut": (_I64,) * 4 + (_I32, _I32P),  # m, n, k, count, packed; parts (out)
+}
+
+
+def entry_point(backend: str, name: str, registry: Registry = REGISTRY):
+    """``tir_byoc_<backend>_<name>`` from ``backend``'s library as a ctypes function, its
+    argument types those of :data:`ENTRY_POINTS`, returning an int32; None if the library does
+    not export it.  Compiles and loads the library if needed."""
+    if name not in ENTRY_POINTS:
+        raise ValueError(f"{name!r} is not an entry point (expected one of {list(ENTRY_POINTS)})")
+    library = _loaded[str(load_backend(backend, registry))]
+    function = getattr(library, f"tir_byoc_{backend}_{name}", None)
+    if function is not None:
+        function.argtypes = ENTRY_POINTS[name]
+        function.restype = ctypes.c_int32
+    return function
 
 
 #: The libm functions the C epilogue (``intrinsics/include/tir_byoc_epilogue.h``) can call
@@ -300,10 +342,8 @@ def vector_math(backend: str, registry: Registry = REGISTRY) -> tuple[str, ...]:
     """The functions of :data:`VECTOR_FUNCTIONS` that ``backend``'s C epilogue calls 8 values at
     a time on this machine (libmvec's AVX2 variants; the others are libm's scalar ones).  ``()``
     also for a backend whose library does not say (MKL computes them with its own VM)."""
-    library = ctypes.CDLL(str(load_backend(backend, registry)))
-    function = getattr(library, f"tir_byoc_{backend}_vector_math", None)
+    function = entry_point(backend, "vector_math", registry)
     if function is None:
         return ()
-    function.restype = ctypes.c_int32
     bits = function()
     return tuple(name for i, name in enumerate(VECTOR_FUNCTIONS) if bits >> i & 1)

@@ -10,7 +10,6 @@ on CPUs whose instructions make oneDNN exact for them (see :func:`cpu_supports`)
 
 from __future__ import annotations
 
-import ctypes
 import functools
 
 from .. import threads
@@ -18,7 +17,7 @@ from ..epilogues import OPS
 from ..match import Match
 from ..registry import REGISTRY, RELU_NAN_BOTH, Backend, LinkSpec
 from ..signature import DtypeSignature
-from ..toolchain import intrinsics_dir, load_backend
+from ..toolchain import entry_point, intrinsics_dir
 from .cpu import cpuinfo_field
 from .wheels import installed_file
 
@@ -82,11 +81,7 @@ def fuses(op: str, constants: tuple[float, ...] | None = None) -> bool:
     if op not in OPS:
         raise ValueError(f"{op!r} is not an epilogue op (expected one of {list(OPS)})")
     values = [*(OPS[op].example if constants is None else constants), 0.0, 0.0, 0.0][:3]
-    library = ctypes.CDLL(str(load_backend("onednn")))
-    function = library.tir_byoc_onednn_fuses
-    function.argtypes = [ctypes.c_int32, ctypes.c_double, ctypes.c_double, ctypes.c_double]
-    function.restype = ctypes.c_int32
-    return function(OPS[op].code, *values) in (1, 2)  # 2: fused and guarded
+    return entry_point("onednn", "fuses")(OPS[op].code, *values) in (1, 2)  # 2: fused and guarded
 
 
 def _check(match: Match) -> str | None:
