@@ -2,8 +2,9 @@
 
 Entry points: :func:`unavailable` (the one place that decides whether a backend can be used
 on this machine), :func:`load_backend` (compile on first use, then load so that
-``tvm.compile(mod, "llvm")`` resolves the extern symbols) and :func:`object_files` (what
-:func:`tir_byoc.export_library` links into an exported module).
+``tvm.compile(mod, "llvm")`` resolves the extern symbols), :func:`object_files` (what
+:func:`tir_byoc.export_library` links into an exported module) and :func:`entry_point` (a
+library's C entry points as ctypes functions, to call it without TVM).
 
 Builds are cached under ``$TIR_BYOC_CACHE_DIR`` (default ``~/.cache/tir_byoc``), keyed by the
 content of the sources and headers, the flags and the compiler, and written atomically so
