@@ -301,11 +301,12 @@ def _check_symbols(backend: str, library: ctypes.CDLL, registry: Registry) -> No
 _PTR, _I32, _I64, _F64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_double
 _I32P, _I64P = ctypes.POINTER(_I32), ctypes.POINTER(_I64)
 
-#: The C entry points a backend's library exports besides its intrinsics, each
-#: ``int32_t tir_byoc_<backend>_<name>(...)``: their argument types, as
+#: The C entry points besides the intrinsics that Python calls (the package, the tests, the
+#: benchmarks), each ``int32_t tir_byoc_<backend>_<name>(...)``: their argument types, as
 #: ``intrinsics/include/tir_byoc.h`` and ``tir_byoc_epilogue.h`` declare them.  ``pack`` is a
 #: packing backend's, ``fuses`` oneDNN's and ``cut`` oneMKL's; the others every backend's built
-#: on ``tir_byoc_epilogue.h``.
+#: on ``tir_byoc_epilogue.h``.  oneDNN's primitive-cache hooks, which only its tests call, are
+#: not here (``cache_info`` returns nothing).
 ENTRY_POINTS: dict[str, tuple[type, ...]] = {
     # x, w, y; m, n, k; dtypes, layout; batch counts, x strides, w strides, ops; c0..c5; t0..t3
     "gemm": (_PTR,) * 3 + (_I64,) * 3 + (_I32,) * 2 + (_I64,) * 7 + (_F64,) * 6 + (_PTR,) * 4,
