@@ -1,7 +1,7 @@
 """Small real models through the whole flow, and how much of their GEMM work tir_byoc serves.
 
-Four models, built from configs with random weights (nothing is downloaded): a BERT-like
-encoder and LLaMA-like and GPT-2-like decoders from transformers, and torch's
+Five models, built from configs with random weights (nothing is downloaded): a BERT-like
+encoder and LLaMA-like, GPT-2-like and Falcon-like decoders from transformers, and torch's
 ``nn.TransformerEncoderLayer``.
 Each goes the way a user's model goes: ``torch.export`` -> ``from_exported_program`` -> the
 standard Relax lowering -> :func:`tir_byoc.offload` -> ``tvm.compile`` for llvm -> the Relax VM.
@@ -176,6 +176,29 @@ def gpt2() -> RealModel:
     return RealModel("gpt2", _CausalLogits(decoder, SEQUENCE).eval(), (_token_ids(4),))
 
 
+def falcon() -> RealModel:
+    """A two-layer Falcon decoder: multi-query attention (one key/value head) and the
+    attention and MLP in parallel.  It splits its fused q/k/v projection with negative
+    indices (``fused_qkv[..., [-2], :]``), which TVM 0.27 imports as an out-of-bounds read
+    (:mod:`tir_byoc.relax_indices`)."""
+    config = transformers.FalconConfig(
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=HEADS,
+        ffn_hidden_size=INTERMEDIATE,
+        vocab_size=VOCAB,
+        max_position_embeddings=32,
+        bos_token_id=0,
+        eos_token_id=0,
+        use_cache=False,
+        attn_implementation="eager",
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        decoder = transformers.FalconForCausalLM(config).eval()
+    return RealModel("falcon", _CausalLogits(decoder, SEQUENCE).eval(), (_token_ids(5),))
+
+
 def encoder_layer() -> RealModel:
     """torch's own ``nn.TransformerEncoderLayer`` (``nn.MultiheadAttention`` inside)."""
     with torch.random.fork_rng():
@@ -192,6 +215,7 @@ MODELS: dict[str, Callable[[], RealModel]] = {
     "bert": bert,
     "llama": llama,
     "gpt2": gpt2,
+    "falcon": falcon,
     "encoder_layer": encoder_layer,
 }
 
