@@ -131,6 +131,30 @@ def test_a_failing_dlight_rule_leaves_its_function_unscheduled_and_is_recorded(m
     np.testing.assert_allclose(built(x, *params), demo.mlp_reference(x, *params), **FP32)
 
 
+class PositionIds(torch.nn.Module):
+    """RoBERTa's position ids: a cumulative sum over the tokens that are not padding."""
+
+    def forward(self, ids, x):
+        positions = torch.cumsum(ids.ne(1).int(), dim=1)
+        return x * positions.unsqueeze(-1)
+
+
+def test_a_function_tvms_pipeline_adds_after_the_rules_says_how_it_runs():
+    """TVM's Relax build pipeline writes cumsum as TOPI's scan after the default rules ran:
+    it is in ``unscheduled`` with why, not a function with no account of itself."""
+    ids = torch.randint(0, 5, (2, 16), generator=torch.Generator().manual_seed(0))
+    x = torch.randn(2, 16, 8, generator=torch.Generator().manual_seed(1))
+    built = tir_byoc.build_model(PositionIds().eval(), (ids, x))
+    assert set(built.rules) | set(built.unscheduled) == set(built.schedules)
+    assert dict(built.unscheduled) == {
+        "cumsum": "added by TVM's Relax build pipeline after the default rules ran (a scan or "
+        "sort it writes with TOPI): runs as TOPI wrote it, with its own parallel loops"
+    }
+    with torch.no_grad():
+        expected = PositionIds()(ids, x).numpy()
+    np.testing.assert_array_equal(built(ids, x).numpy(), expected)
+
+
 def test_the_export_runs_in_a_fresh_process_without_tir_byoc_or_torch(tmp_path):
     built = built_models.encoder_layer()
     library = built.model.export_library(tmp_path / "layer.so")

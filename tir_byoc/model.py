@@ -334,7 +334,8 @@ class Model:
     rules : Mapping[str, str]
         PrimFuncs a default rule scheduled, with the rule (``"Reduction"``, ``"Elementwise"``...).
     unscheduled : Mapping[str, str]
-        PrimFuncs that call no intrinsic and run as TVM wrote them, with the reason.
+        PrimFuncs that call no intrinsic and run as TVM wrote them, with the reason; among them
+        those TVM's Relax build pipeline adds after the default rules ran (``cumsum``).
     serial_blocks : Mapping[str, Mapping[str, str]]
         Per PrimFunc, the blocks that run on one thread, or reduce a row serially, with the
         reason.
@@ -359,7 +360,6 @@ class Model:
         self.entry = entry
         report = schedule_report or schedules.ScheduleReport(module)
         self.rules = report.rules
-        self.unscheduled = report.unscheduled
         self.serial_blocks = report.serial_blocks
         self.dlight_failures = report.failures
         calls = {
@@ -368,6 +368,9 @@ class Model:
             if isinstance(f, tirx.PrimFunc)
         }
         self.intrinsics = MappingProxyType({n: tuple(sorted(c)) for n, c in calls.items() if c})
+        seen = set(report.rules) | set(report.unscheduled) | set(self.intrinsics)
+        later = {n: _why_unseen(module[n]) for n in calls if n not in seen}
+        self.unscheduled = MappingProxyType({**report.unscheduled, **later})
         self.schedules = MappingProxyType(
             {
                 name: OFFLOADED if c else DLIGHT if name in report.rules else UNSCHEDULED
@@ -499,6 +502,21 @@ class Model:
         from .profiling import profile
 
         return profile(self, *inputs, repeat=repeat, warmup=warmup)
+
+
+def _why_unseen(func: tirx.PrimFunc) -> str:
+    """Why a PrimFunc the default rules never saw runs as it does: TVM's Relax build pipeline
+    writes it after they ran (``DispatchSortScan`` turns ``cumsum``, ``sort`` and ``topk`` into
+    TOPI's functions, whose loops TOPI schedules itself)."""
+    parallel = []
+    tvm_ffi.structural_walk(
+        func.body, (tirx.For, lambda loop: parallel.append(loop.kind == tirx.ForKind.PARALLEL))
+    )
+    how = "with its own parallel loops" if any(parallel) else "on one thread"
+    return (
+        "added by TVM's Relax build pipeline after the default rules ran (a scan or sort it "
+        f"writes with TOPI): runs as TOPI wrote it, {how}"
+    )
 
 
 def _static(expr) -> int | None:
