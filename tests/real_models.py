@@ -1,10 +1,11 @@
 """Small real models through the whole flow, and how much of their GEMM work tir_byoc serves.
 
-Five models, built from configs with random weights (nothing is downloaded): a BERT-like
-encoder and LLaMA-like, GPT-2-like and Falcon-like decoders from transformers, and torch's
-``nn.TransformerEncoderLayer``.
-Each goes the way a user's model goes: ``torch.export`` -> ``from_exported_program`` -> the
-standard Relax lowering -> :func:`tir_byoc.offload` -> ``tvm.compile`` for llvm -> the Relax VM.
+Six models, built from configs with random weights (nothing is downloaded): BERT-like and
+DeBERTa-like encoders and LLaMA-like, GPT-2-like and Falcon-like decoders from transformers,
+and torch's ``nn.TransformerEncoderLayer``.
+Each goes the way a user's model goes: ``torch.export`` -> ``from_exported_program`` (as
+:func:`tir_byoc.frontend.import_torch` runs them) -> the standard Relax lowering ->
+:func:`tir_byoc.offload` -> ``tvm.compile`` for llvm -> the Relax VM.
 
 The GEMM work is counted twice, each side without asking tir_byoc's matcher:
 
@@ -40,7 +41,6 @@ import tvm_ffi
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 from tvm import relax, s_tir, tirx
-from tvm.relax.frontend.torch import from_exported_program
 
 import tir_byoc
 
@@ -176,6 +176,32 @@ def gpt2() -> RealModel:
     return RealModel("gpt2", _CausalLogits(decoder, SEQUENCE).eval(), (_token_ids(4),))
 
 
+def deberta() -> RealModel:
+    """A two-layer DeBERTa-v2 encoder with DeBERTa-v3's relative attention (content to
+    position and back, log-bucketed positions, shared keys).  Its buckets divide integer
+    tensors (``torch.log(abs_pos / mid)``), which TVM 0.27 imports as an integer division
+    (:func:`tir_byoc.frontend.divide_in_float`)."""
+    config = transformers.DebertaV2Config(
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=HEADS,
+        intermediate_size=INTERMEDIATE,
+        vocab_size=VOCAB,
+        max_position_embeddings=32,
+        relative_attention=True,
+        pos_att_type=["p2c", "c2p"],
+        position_buckets=16,
+        max_relative_positions=-1,
+        share_att_key=True,
+        norm_rel_ebd="layer_norm",
+        attn_implementation="eager",
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        encoder = transformers.DebertaV2Model(config).eval()
+    return RealModel("deberta", _LastHiddenState(encoder).eval(), (_token_ids(6),))
+
+
 def falcon() -> RealModel:
     """A two-layer Falcon decoder: multi-query attention (one key/value head) and the
     attention and MLP in parallel.  It splits its fused q/k/v projection with negative
@@ -213,6 +239,7 @@ def encoder_layer() -> RealModel:
 #: The models, by name.
 MODELS: dict[str, Callable[[], RealModel]] = {
     "bert": bert,
+    "deberta": deberta,
     "llama": llama,
     "gpt2": gpt2,
     "falcon": falcon,
@@ -259,16 +286,17 @@ def torch_gemm_flops(model: RealModel) -> dict[str, int]:
 def lower(model: RealModel) -> tvm.IRModule:
     """Export with torch, import into Relax (weights bound as constants), lower and fuse.
 
-    The lowering is :func:`tir_byoc.build_model`'s, :data:`tir_byoc.model.LOWERING`: the
+    The import is :func:`tir_byoc.build_model`'s (:func:`tir_byoc.frontend.import_torch`:
+    ``torch.export``, then ``from_exported_program`` with integer true divisions cast to
+    float first, which TVM 0.27 would import as integer divisions).  The lowering is
+    :func:`tir_byoc.build_model`'s, :data:`tir_byoc.model.LOWERING`: the
     reshapes around each Linear folded (:mod:`tir_byoc.relax_reshape`), so that an activation
     or a residual add after a projection fuses into its GEMM's PrimFunc, then ``LegalizeOps``,
     ``AnnotateTIROpPattern``, ``FuseOps``, ``FuseTIR``.
     """
     from tir_byoc.model import LOWERING
 
-    with torch.no_grad():
-        exported = torch.export.export(model.module, model.inputs)
-    mod = from_exported_program(exported)
+    mod, _ = tir_byoc.frontend.import_torch(model.module, model.inputs)
     return tvm.transform.Sequential([make_pass() for make_pass in LOWERING])(mod)
 
 

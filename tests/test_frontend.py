@@ -6,6 +6,7 @@ decompose) are raised by a stand-in for the failing stage, since reproducing the
 transformers model and seconds of export each.
 """
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -135,3 +136,35 @@ def test_the_causal_mask_is_zero_on_and_below_the_diagonal_and_the_dtype_minimum
         tir_byoc.frontend.causal_mask(2, torch.float16)[0, 0, 0, 1]
         == torch.finfo(torch.float16).min
     )
+
+
+class IntegerDivisions(torch.nn.Module):
+    """True divisions of an int64 tensor, by an int, by an int tensor and by its own maximum;
+    and one of floats, which needs nothing."""
+
+    def forward(self, x, i):
+        return x + i / 4, x + i / torch.tensor(3), i / i.max(), x / 2
+
+
+def test_a_true_division_of_integers_gives_torch_values():
+    """TVM 0.27 imports ``i / 4`` as an integer division; the values must be torch's."""
+    x = torch.randn(6, generator=torch.Generator().manual_seed(0))
+    i = torch.tensor([-7, -1, 0, 3, 5, 9])
+    built = tir_byoc.build_model(IntegerDivisions().eval(), (x, i))
+    for got, expected in zip(built(x, i), IntegerDivisions()(x, i), strict=True):
+        np.testing.assert_array_equal(got.numpy(), expected.numpy())
+
+
+def test_only_true_divisions_of_integers_get_their_operands_cast():
+    class Divisions(torch.nn.Module):
+        def forward(self, x, i):
+            return i / 4, x / 2, torch.div(i, 3, rounding_mode="floor"), i // 2
+
+    x, i = torch.randn(6), torch.arange(6)
+    exported = torch.export.export(Divisions(), (x, i))
+    assert frontend.divide_in_float(exported) == 1
+    casts = [n for n in exported.graph.nodes if n.target is torch.ops.aten._to_copy.default]
+    assert [(c.args[0].name, c.kwargs["dtype"]) for c in casts] == [("i", torch.float32)]
+    (division,) = casts[0].users
+    assert division.args == (casts[0], 4.0)
+    torch.testing.assert_close(exported.module()(x, i)[0], i / 4, rtol=0, atol=0)

@@ -9,6 +9,14 @@ each names the stage where it shows, the text of the error it raises and the cha
 avoids it.  None has an exact workaround tir_byoc could apply without changing the model, so
 each is reported as :class:`UnsupportedModel`, one line saying what to change, with the
 original error as its ``__cause__``.
+
+Two problems raise nothing and give wrong values, and both have exact workarounds, applied
+on every model: a negative index (:mod:`tir_byoc.relax_indices`, in the lowering) and a true
+division of integer tensors, which TVM 0.27 imports as an integer division (``i / 4`` with i
+an int64 tensor gives ``trunc(i / 4)`` cast to float).  :func:`divide_in_float` casts the
+integer operands of such a division to its result's dtype in the exported graph, before the
+import: torch computes it that way (both operands in the result's dtype, then divided), so
+the values are torch's.
 """
 
 from __future__ import annotations
@@ -237,12 +245,54 @@ def import_torch(model, example_inputs):
     except Exception as error:
         _fail("export", error)
     # Step 3. Into Relax; torch's decompositions run here.
+    divide_in_float(exported)
     ops = {str(node.target) for node in exported.graph.nodes if node.op == "call_function"}
     try:
         mod = from_exported_program(exported)
     except Exception as error:
         _fail("import", error, graph_ops=ops)
     return mod, exported.call_spec.out_spec
+
+
+def divide_in_float(exported) -> int:
+    """Cast the integer operands of each true division in ``exported``'s graph to its result
+    dtype (see the module docstring); the number of divisions changed.
+
+    A division is ``aten.div.Tensor`` or ``aten.div.Scalar`` (no rounding mode) whose result
+    is floating point: its integer or boolean tensor operands get an ``aten._to_copy`` to that
+    dtype, its int scalar operands become floats.  Divisions with a rounding mode, and those
+    already on floats, are left as they are.  The graph is changed in place.
+    """
+    import torch
+
+    aten = torch.ops.aten
+    graph, changed = exported.graph_module.graph, 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in (aten.div.Tensor, aten.div.Scalar):
+            continue
+        result = node.meta.get("val")
+        if not isinstance(result, torch.Tensor) or not result.dtype.is_floating_point:
+            continue
+        args = []
+        for arg in node.args:
+            value = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+            if isinstance(value, torch.Tensor) and not value.dtype.is_floating_point:
+                with graph.inserting_before(node):
+                    cast = graph.call_function(
+                        aten._to_copy.default, (arg,), {"dtype": result.dtype}
+                    )
+                cast.meta["val"] = value.to(result.dtype)
+                arg = cast
+            elif isinstance(arg, int | bool) and not isinstance(value, torch.Tensor):
+                arg = float(arg)
+            args.append(arg)
+        if args != list(node.args):
+            node.args = tuple(args)
+            changed += 1
+    if changed:
+        graph.lint()
+        exported.graph_module.recompile()
+    return changed
 
 
 def compile_module(mod: tvm.IRModule, target, **kwargs):
