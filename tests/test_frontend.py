@@ -168,3 +168,40 @@ def test_only_true_divisions_of_integers_get_their_operands_cast():
     (division,) = casts[0].users
     assert division.args == (casts[0], 4.0)
     torch.testing.assert_close(exported.module()(x, i)[0], i / 4, rtol=0, atol=0)
+
+
+class Indexing(torch.nn.Module):
+    def __init__(self, index):
+        super().__init__()
+        self.index = index
+
+    def forward(self, x):
+        return self.index(x)
+
+
+_I, _J = torch.tensor([2, 0, 1]), torch.tensor([1, 3, 2])
+X4 = torch.randn(3, 4, 5, 6, generator=torch.Generator().manual_seed(2))
+
+
+@pytest.mark.parametrize(
+    ("index", "axes"),
+    [(lambda x: x[_I, :, _J], [0, 2]), (lambda x: x[:, _I, _J], [1, 2])],
+    ids=["a ':' between", "adjacent, paired"],
+)
+def test_index_tensors_tvm_would_take_as_an_outer_product_are_refused_in_one_line(index, axes):
+    with pytest.raises(frontend.UnsupportedModel) as refused:
+        tir_byoc.build_model(Indexing(index).eval(), (X4,))
+    message = str(refused.value)
+    assert "\n" not in message
+    assert f"index tensors on axes {axes} of a 4-D tensor" in message
+    assert "index one axis at a time" in message
+
+
+@pytest.mark.parametrize(
+    "index",
+    [lambda x: x[:, _I[:, None], _J], lambda x: x[:, :, _J], lambda x: x[_I, _I, _J, _J]],
+    ids=["adjacent, an outer product", "one axis", "every axis"],
+)
+def test_indexing_tvm_imports_as_torch_does_is_built(index):
+    built = tir_byoc.build_model(Indexing(index).eval(), (X4,))
+    np.testing.assert_array_equal(built(X4).numpy(), index(X4).numpy())

@@ -16,7 +16,9 @@ division of integer tensors, which TVM 0.27 imports as an integer division (``i 
 an int64 tensor gives ``trunc(i / 4)`` cast to float).  :func:`divide_in_float` casts the
 integer operands of such a division to its result's dtype in the exported graph, before the
 import: torch computes it that way (both operands in the result's dtype, then divided), so
-the values are torch's.
+the values are torch's.  A third such problem has no exact workaround here and is refused
+before the import, in one line (:func:`misread_indexing`): index tensors on several axes with
+a ``:`` among them, which TVM 0.27 takes as an outer product of the indices.
 """
 
 from __future__ import annotations
@@ -246,6 +248,9 @@ def import_torch(model, example_inputs):
         _fail("export", error)
     # Step 3. Into Relax; torch's decompositions run here.
     divide_in_float(exported)
+    refused = [why for node in exported.graph.nodes if (why := misread_indexing(node))]
+    if refused:
+        raise UnsupportedModel(f"tir_byoc.build_model: {refused[0]}")
     ops = {str(node.target) for node in exported.graph.nodes if node.op == "call_function"}
     try:
         mod = from_exported_program(exported)
@@ -293,6 +298,41 @@ def divide_in_float(exported) -> int:
         graph.lint()
         exported.graph_module.recompile()
     return changed
+
+
+def misread_indexing(node) -> str | None:
+    """Why TVM 0.27 would import ``node``, an ``aten.index.Tensor`` with index tensors on
+    several axes and a ``:`` among them, with other values than torch's; None if it would not.
+
+    TVM takes such an index one axis at a time, which gives every combination of the index
+    tensors' entries (an outer product), in the axes' own places.  torch pairs the entries of
+    the index tensors broadcast together, and puts the result's axes first when a ``:``
+    separates the indexed axes.  The two agree only when the indexed axes are adjacent and
+    the index tensors broadcast as an outer product (``i[:, None]`` with ``j``), which is what
+    is accepted here.
+    """
+    import torch
+
+    if node.op != "call_function" or node.target is not torch.ops.aten.index.Tensor:
+        return None
+    indices = list(node.args[1])
+    axes = [a for a, index in enumerate(indices) if index is not None]
+    if len(axes) < 2 or len(axes) == len(indices):
+        return None  # one take, or TVM's index_tensor, which pairs them as torch does
+    shapes = [tuple(indices[a].meta["val"].shape) for a in axes]
+    squeezed = [[d for d in shape if d != 1] for shape in shapes]
+    adjacent = axes == list(range(axes[0], axes[-1] + 1))
+    outer = all(len(s) <= 1 for s in squeezed) and list(torch.broadcast_shapes(*shapes)) == [
+        s[0] if s else 1 for s in squeezed
+    ]
+    if adjacent and outer and all(len(shape) <= 2 for shape in shapes):
+        return None
+    return (
+        f"TVM 0.27 imports {node.name} (index tensors on axes {axes} of a "
+        f"{node.args[0].meta['val'].dim()}-D tensor, with ':' on the others) as an outer "
+        "product of the indices, not torch's pairing; index one axis at a time "
+        "(x[i][:, j] ...) or give every axis an index tensor"
+    )
 
 
 def compile_module(mod: tvm.IRModule, target, **kwargs):
