@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test install clean bench bench-matcher bench-threads bench-bridge bench-models \
-	bench-epilogue
+	bench-epilogue bench-zoo
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,10 @@ bench-threads: $(STAMP)
 # The C epilogue alone (one op over a GEMM output) against torch eager's op, at 1 and 2 threads.
 bench-epilogue: $(STAMP)
 	$(BIN)/python benchmarks/epilogue.py $(BENCH_ARGS)
+
+# 28 transformers architectures through build_model: agreement, GEMM FLOPs offloaded, gaps.
+bench-zoo: $(STAMP)
+	$(BIN)/python benchmarks/zoo.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,507 @@
+"""How far the flow reaches across transformers' architectures: a coverage table, not a timing.
+
+Each architecture of :data:`ZOO` is built from a small config with random weights (2 layers,
+hidden 64, 4 heads, feed-forward 128, vocabulary 100, batch 2, sequence 16; nothing is
+downloaded) and goes, in a child process of its own, through:
+
+- :func:`tir_byoc.build_model`, the flow a user takes, its output compared with torch eager's
+  (fp32, rtol = atol = 1e-4), and its PrimFuncs that run as TVM wrote them, with why;
+- the steps of ``tests/real_models.py``, which the real-model tests use: the GEMM FLOPs the
+  offloaded module hands to a library against torch's count of the model's GEMM work, the
+  epilogue blocks left as TVM code beside a library call, and tir_byoc's reasons for any
+  GEMM work it refused.  Convolutions are counted apart: no pattern of the family is one.
+
+Usage::
+
+    .venv/bin/python benchmarks/zoo.py [--only Falcon,GPTNeoX] [--out DIR]
+
+One row per architecture on stdout (a markdown table) and in ``DIR/zoo.csv`` and
+``DIR/zoo.json``.  An architecture whose build raises gets the stage and the error's first
+line; a child that crashes or takes more than ``--timeout`` seconds gets that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TESTS = HERE.parent / "tests"
+RESULTS = HERE / "results" / "zoo"
+
+#: A small model's dimensions (those of tests/real_models.py), shared by every config.
+HIDDEN, LAYERS, HEADS, KV_HEADS, INTERMEDIATE, VOCAB, POSITIONS = 64, 2, 4, 2, 128, 100, 32
+HEAD_DIM = HIDDEN // HEADS
+_BERT = dict(
+    hidden_size=HIDDEN,
+    num_hidden_layers=LAYERS,
+    num_attention_heads=HEADS,
+    intermediate_size=INTERMEDIATE,
+    vocab_size=VOCAB,
+    max_position_embeddings=POSITIONS,
+)
+_LLAMA = dict(_BERT, num_key_value_heads=KV_HEADS)
+_TOKENS = dict(bos_token_id=0, eos_token_id=0)
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One architecture: its transformers classes, config and how it is called.
+
+    ``kind``: ``"encoder"`` (``last_hidden_state`` of token ids), ``"decoder"`` (logits under
+    the prepared causal mask of :func:`tir_byoc.frontend.causal_mask`), ``"decoder-positions"``
+    (the same with explicit position ids: OPT derives them from a 2-D mask),
+    ``"decoder-own-mask"`` (no mask passed: Bloom builds its alibi from a 2-D one),
+    ``"vision"`` (32 x 32 images) or ``"audio"`` (16 mel bins).
+    """
+
+    config: str
+    model: str
+    kind: str
+    settings: dict = field(default_factory=dict)
+    model_args: dict = field(default_factory=dict)
+    part: str | None = None  # a method of the model giving the part to run (BART's encoder)
+
+
+ZOO: dict[str, Arch] = {
+    "BERT": Arch("BertConfig", "BertModel", "encoder", _BERT, {"add_pooling_layer": False}),
+    "DistilBERT": Arch(
+        "DistilBertConfig",
+        "DistilBertModel",
+        "encoder",
+        dict(
+            dim=HIDDEN,
+            n_layers=LAYERS,
+            n_heads=HEADS,
+            hidden_dim=INTERMEDIATE,
+            vocab_size=VOCAB,
+            max_position_embeddings=POSITIONS,
+        ),
+    ),
+    "RoBERTa": Arch(
+        "RobertaConfig", "RobertaModel", "encoder", _BERT, {"add_pooling_layer": False}
+    ),
+    "ALBERT": Arch(
+        "AlbertConfig",
+        "AlbertModel",
+        "encoder",
+        dict(_BERT, embedding_size=32),
+        {"add_pooling_layer": False},
+    ),
+    "ELECTRA": Arch("ElectraConfig", "ElectraModel", "encoder", dict(_BERT, embedding_size=32)),
+    "DeBERTa-v3": Arch(
+        "DebertaV2Config",
+        "DebertaV2Model",
+        "encoder",
+        dict(
+            _BERT,
+            relative_attention=True,
+            pos_att_type=["p2c", "c2p"],
+            position_buckets=16,
+            max_relative_positions=-1,
+            share_att_key=True,
+            norm_rel_ebd="layer_norm",
+        ),
+    ),
+    "MPNet": Arch("MPNetConfig", "MPNetModel", "encoder", _BERT, {"add_pooling_layer": False}),
+    "T5 encoder": Arch(
+        "T5Config",
+        "T5EncoderModel",
+        "encoder",
+        dict(
+            d_model=HIDDEN,
+            d_kv=HEAD_DIM,
+            d_ff=INTERMEDIATE,
+            num_layers=LAYERS,
+            num_heads=HEADS,
+            vocab_size=VOCAB,
+            use_cache=False,
+        ),
+    ),
+    "BART encoder": Arch(
+        "BartConfig",
+        "BartModel",
+        "encoder",
+        dict(
+            d_model=HIDDEN,
+            encoder_layers=LAYERS,
+            decoder_layers=LAYERS,
+            encoder_attention_heads=HEADS,
+            decoder_attention_heads=HEADS,
+            encoder_ffn_dim=INTERMEDIATE,
+            decoder_ffn_dim=INTERMEDIATE,
+            vocab_size=VOCAB,
+            max_position_embeddings=POSITIONS,
+            use_cache=False,
+        ),
+        part="get_encoder",
+    ),
+    "CLIP text": Arch(
+        "CLIPTextConfig",
+        "CLIPTextModel",
+        "encoder",
+        dict(_BERT, pad_token_id=1, bos_token_id=0, eos_token_id=2),
+    ),
+    "GPT-2": Arch(
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        "decoder",
+        dict(
+            n_embd=HIDDEN,
+            n_layer=LAYERS,
+            n_head=HEADS,
+            n_inner=INTERMEDIATE,
+            vocab_size=VOCAB,
+            n_positions=POSITIONS,
+            **_TOKENS,
+        ),
+    ),
+    "GPT-Neo": Arch(
+        "GPTNeoConfig",
+        "GPTNeoForCausalLM",
+        "decoder",
+        dict(
+            hidden_size=HIDDEN,
+            num_layers=LAYERS,
+            num_heads=HEADS,
+            intermediate_size=INTERMEDIATE,
+            attention_types=[[["global", "local"], 1]],
+            window_size=8,
+            vocab_size=VOCAB,
+            max_position_embeddings=POSITIONS,
+            **_TOKENS,
+        ),
+    ),
+    "GPT-NeoX": Arch("GPTNeoXConfig", "GPTNeoXForCausalLM", "decoder", _BERT),
+    "GPT-J": Arch(
+        "GPTJConfig",
+        "GPTJForCausalLM",
+        "decoder",
+        dict(
+            n_embd=HIDDEN,
+            n_layer=LAYERS,
+            n_head=HEADS,
+            n_inner=INTERMEDIATE,
+            rotary_dim=HEAD_DIM // 2,
+            vocab_size=VOCAB,
+            n_positions=POSITIONS,
+            **_TOKENS,
+        ),
+    ),
+    "OPT": Arch(
+        "OPTConfig",
+        "OPTForCausalLM",
+        "decoder-positions",
+        dict(
+            hidden_size=HIDDEN,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS,
+            ffn_dim=INTERMEDIATE,
+            vocab_size=VOCAB,
+            max_position_embeddings=POSITIONS,
+            word_embed_proj_dim=HIDDEN,
+        ),
+    ),
+    "Bloom": Arch(
+        "BloomConfig",
+        "BloomForCausalLM",
+        "decoder-own-mask",
+        dict(hidden_size=HIDDEN, n_layer=LAYERS, n_head=HEADS, vocab_size=VOCAB),
+    ),
+    "Falcon": Arch(
+        "FalconConfig",
+        "FalconForCausalLM",
+        "decoder",
+        dict(
+            hidden_size=HIDDEN,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS,
+            ffn_hidden_size=INTERMEDIATE,
+            vocab_size=VOCAB,
+            max_position_embeddings=POSITIONS,
+            **_TOKENS,
+        ),
+    ),
+    "LLaMA": Arch("LlamaConfig", "LlamaForCausalLM", "decoder", _LLAMA),
+    "Mistral": Arch("MistralConfig", "MistralForCausalLM", "decoder", _LLAMA),
+    "Qwen2": Arch("Qwen2Config", "Qwen2ForCausalLM", "decoder", _LLAMA),
+    "Qwen3": Arch("Qwen3Config", "Qwen3ForCausalLM", "decoder", dict(_LLAMA, head_dim=HEAD_DIM)),
+    "Phi": Arch("PhiConfig", "PhiForCausalLM", "decoder", _LLAMA),
+    "Phi-3": Arch(
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        "decoder",
+        dict(_LLAMA, original_max_position_embeddings=POSITIONS, pad_token_id=0, **_TOKENS),
+    ),
+    "Gemma": Arch("GemmaConfig", "GemmaForCausalLM", "decoder", dict(_LLAMA, head_dim=HEAD_DIM)),
+    "Gemma 2": Arch(
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        "decoder",
+        dict(_LLAMA, head_dim=HEAD_DIM, query_pre_attn_scalar=HEAD_DIM),
+    ),
+    "StableLM": Arch("StableLmConfig", "StableLmForCausalLM", "decoder", _LLAMA),
+    "ViT": Arch(
+        "ViTConfig",
+        "ViTModel",
+        "vision",
+        dict(
+            hidden_size=HIDDEN,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS,
+            intermediate_size=INTERMEDIATE,
+            image_size=32,
+            patch_size=8,
+        ),
+        {"add_pooling_layer": False},
+    ),
+    "Whisper encoder": Arch(
+        "WhisperConfig",
+        "models.whisper.modeling_whisper.WhisperEncoder",
+        "audio",
+        dict(
+            d_model=HIDDEN,
+            encoder_layers=LAYERS,
+            encoder_attention_heads=HEADS,
+            encoder_ffn_dim=INTERMEDIATE,
+            vocab_size=VOCAB,
+            num_mel_bins=16,
+            max_source_positions=16,
+            use_cache=False,
+        ),
+    ),
+}
+
+
+# --------------------------------------------------------------------------------------
+# The child: one architecture
+# --------------------------------------------------------------------------------------
+
+
+def build(name: str):
+    """The :class:`real_models.RealModel` of architecture ``name`` (in a child process)."""
+    import importlib
+
+    import real_models
+    import torch
+    import transformers
+
+    arch = ZOO[name]
+    config = getattr(transformers, arch.config)(**arch.settings, attn_implementation="eager")
+    module_path, _, class_name = arch.model.rpartition(".")
+    owner = importlib.import_module(f"transformers.{module_path}") if module_path else transformers
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = getattr(owner, class_name)(config, **arch.model_args).eval()
+    if arch.part:
+        model = getattr(model, arch.part)().eval()
+    generator = torch.Generator().manual_seed(1)
+    if arch.kind == "vision":
+        inputs = (torch.randn(real_models.BATCH, 3, 32, 32, generator=generator),)
+        return real_models.RealModel(name, _Output(model, "pixel_values"), inputs)
+    if arch.kind == "audio":  # two convolutions, the second of stride 2: 32 frames -> 16
+        inputs = (torch.randn(real_models.BATCH, 16, 32, generator=generator),)
+        return real_models.RealModel(name, _Output(model, "input_features"), inputs)
+    ids = (torch.randint(0, VOCAB, (real_models.BATCH, real_models.SEQUENCE), generator=generator),)
+    if arch.kind == "encoder":
+        return real_models.RealModel(name, _Output(model, "input_ids"), ids)
+    return real_models.RealModel(name, _Logits(model, arch.kind), ids)
+
+
+def _Output(model, argument: str):
+    import torch
+
+    class Output(torch.nn.Module):
+        """``last_hidden_state`` of the model called with ``argument=x``."""
+
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return self.model(**{argument: x}).last_hidden_state
+
+    return Output().eval()
+
+
+def _Logits(model, kind: str):
+    import real_models
+    import torch
+
+    from tir_byoc.frontend import causal_mask
+
+    class Logits(torch.nn.Module):
+        """The decoder's logits, with the mask and positions ``kind`` says."""
+
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            self.register_buffer("mask", causal_mask(real_models.SEQUENCE))
+            self.register_buffer("positions", torch.arange(real_models.SEQUENCE)[None])
+
+        def forward(self, ids):
+            if kind == "decoder-own-mask":
+                return self.model(input_ids=ids, use_cache=False).logits
+            extra = {"position_ids": self.positions} if kind == "decoder-positions" else {}
+            return self.model(
+                input_ids=ids, attention_mask=self.mask, use_cache=False, **extra
+            ).logits
+
+    return Logits().eval()
+
+
+def _flops(model) -> tuple[int, int]:
+    """(GEMM FLOPs, convolution FLOPs) of one eager run, by torch's counter."""
+    import real_models
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), real_models._plain_attention(), counter:
+        model.module(*model.inputs)
+    counts = {str(op): int(n) for op, n in counter.get_flop_counts()["Global"].items()}
+    gemm = sum(n for op, n in counts.items() if op in real_models.GEMM_OPS)
+    conv = sum(n for op, n in counts.items() if "convolution" in op)
+    return gemm, conv
+
+
+def child(name: str) -> dict:
+    """The row of architecture ``name``; an exception's stage and first line in ``error``."""
+    import numpy as np
+    import real_models
+    import torch
+
+    import tir_byoc
+    from tir_byoc.frontend import first_line
+
+    row: dict = {"arch": name}
+    stage = "config"
+    try:
+        model = build(name)
+        with torch.no_grad():
+            expected = model.module(*model.inputs).numpy()
+        stage = "build_model"
+        built = tir_byoc.build_model(model.module, model.inputs)
+        got = built(*model.inputs).numpy()
+        row["max_abs_diff"] = float(np.abs(got - expected).max())
+        row["agrees"] = bool(np.allclose(got, expected, rtol=1e-4, atol=1e-4))
+        row["unscheduled"] = dict(built.unscheduled)
+        stage = "offload"
+        lowered = real_models.lower(model)
+        offloaded = tir_byoc.offload(lowered)
+        gemm, conv = _flops(model)
+        library = sum(c.flops for c in real_models.library_calls(offloaded))
+        row["gemm_offloaded"] = library / gemm if gemm else None
+        row["conv_share"] = conv / (gemm + conv) if gemm + conv else 0.0
+        row["epilogues_left"] = real_models.epilogues_left_behind(offloaded)
+        left = {e.split(":")[0].removesuffix("_packed") for e in row["epilogues_left"]}
+        row["why_left"] = sorted({r.reason for r in tir_byoc.explain(lowered) if r.func in left})
+        row["refused"] = sorted(set(real_models.refusals(offloaded)))
+    except Exception as error:
+        row["error"] = f"{stage}: {first_line(error)}"
+    return row
+
+
+# --------------------------------------------------------------------------------------
+# The parent: every architecture, a child each
+# --------------------------------------------------------------------------------------
+
+
+def run(name: str, timeout: float) -> dict:
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(TESTS), str(HERE.parent), env.get("PYTHONPATH")) if p
+    )
+    start = time.monotonic()
+    try:
+        done = subprocess.run(
+            [sys.executable, __file__, "--child", name],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return {"arch": name, "error": f"took more than {timeout:g} s"}
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return {"arch": name, "error": f"the child exited with {done.returncode}: {tail}"}
+    row = json.loads(lines[-1])
+    row["seconds"] = round(time.monotonic() - start, 1)
+    return row
+
+
+def _cell(row: dict) -> list[str]:
+    if "error" in row:
+        return [row["arch"], "-", "-", "-", "-", row["error"]]
+    offloaded = row["gemm_offloaded"]
+    notes = []
+    if row["conv_share"]:
+        notes.append(f"convolutions: {row['conv_share']:.0%} of the matmul work, not offloaded")
+    if row["epilogues_left"]:
+        blocks = sorted({e.split(": ", 1)[1].split(" reads")[0] for e in row["epilogues_left"]})
+        why = "; ".join(row["why_left"]) or "no reason given"
+        notes.append(f"epilogue left as TVM code: {', '.join(blocks)} ({why})")
+    notes += [f"unscheduled: {f} ({why})" for f, why in row["unscheduled"].items()]
+    return [
+        row["arch"],
+        "yes" if row["agrees"] else "**no**",
+        f"{row['max_abs_diff']:.1e}",
+        "-" if offloaded is None else f"{offloaded:.0%}",
+        str(len(row["epilogues_left"])),
+        "; ".join(notes),
+    ]
+
+
+def table(rows: list[dict]) -> str:
+    header = [
+        "architecture",
+        "agrees with torch",
+        "max abs diff",
+        "GEMM FLOPs offloaded",
+        "epilogue blocks left",
+        "notes",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(_cell(row)) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="comma-separated architectures")
+    parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.child)))
+        return 0
+    names = [n.strip() for n in args.only.split(",") if n.strip()] or list(ZOO)
+    unknown = [n for n in names if n not in ZOO]
+    if unknown:
+        parser.error(f"expected architectures from {list(ZOO)}, got {unknown}")
+    rows = []
+    for name in names:
+        rows.append(run(name, args.timeout))
+        print(f"  {name}: {rows[-1].get('error') or 'done'}", file=sys.stderr, flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "zoo.json").write_text(json.dumps(rows, indent=1))
+    with open(args.out / "zoo.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["arch", "agrees", "max_abs_diff", "gemm_offloaded", "epilogues", "notes"])
+        writer.writerows(_cell(row) for row in rows)
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
