@@ -20,6 +20,7 @@ import tvm
 
 import tir_byoc
 from tir_byoc.patterns import FIXED_EPILOGUES, PATTERNS
+from tir_byoc.patterns import pattern as pattern_of
 from tir_byoc.rewrite import intrinsic_calls
 from tir_byoc.signature import DtypeSignature
 from tir_byoc.testing.inputs import random_array
@@ -61,7 +62,7 @@ def describe(pattern: str, signature: str):
 
 
 def reference(pattern: str, x, w, bias):
-    spec = PATTERNS[pattern]
+    spec = pattern_of(pattern)
     wide = "int64" if np.dtype(x.dtype).kind in "iu" else "float64"
     x, w = x.astype(wide), w.astype(wide)
     y = x @ (np.swapaxes(w, -1, -2) if spec.layout == "dense" else w)
@@ -82,7 +83,7 @@ def check_pattern(pattern: str, signature: str, backend: str, seed: int = 0) -> 
     """Offload ``pattern`` to ``backend``, check the intrinsic fired once, compare with NumPy."""
     func = describe(pattern, signature)
     offloaded = tir_byoc.offload(func, backends=[backend])
-    spec = PATTERNS[pattern]
+    spec = pattern_of(pattern)
     assert intrinsics_fired(offloaded) == [f"{backend}.{spec.call_pattern}"]
     built = tvm.compile(tvm.IRModule({"main": offloaded}), target="llvm")
     x_dt, w_dt, out_dt = NUMPY_DTYPES[signature]

@@ -76,9 +76,9 @@ def numpy_pattern(name, x, w, *tensors):
     ``tensors`` are the epilogue's bias, residual and gate arrays, in op order.
     """
     from tir_byoc.epilogues import OPS, reference
-    from tir_byoc.patterns import PATTERNS
+    from tir_byoc.patterns import pattern
 
-    member = PATTERNS[name]
+    member = pattern(name)
     y = x @ (np.swapaxes(w, -1, -2) if member.layout == "dense" else w)
     given = iter(tensors)
     for op in member.ops:
@@ -89,20 +89,20 @@ def numpy_pattern(name, x, w, *tensors):
 
 def called_intrinsic(name, backend="ref") -> str:
     """The intrinsic of ``backend`` that serves pattern ``name``."""
-    from tir_byoc.patterns import PATTERNS
+    from tir_byoc.patterns import pattern
 
-    return f"{backend}.{PATTERNS[name].call_pattern}"
+    return f"{backend}.{pattern(name).call_pattern}"
 
 
 def sample_patterns() -> list[str]:
     """Members for tests that compile each one: the fixed ones, each op alone in turning
     layouts and batch forms, and long chains."""
-    from tir_byoc.patterns import FIXED_EPILOGUES, PATTERNS, representatives
+    from tir_byoc.patterns import FIXED_EPILOGUES, pattern, representatives
 
     chosen = [
         n
         for n in representatives()
-        if len(PATTERNS[n].ops) <= 1 or PATTERNS[n].ops in FIXED_EPILOGUES
+        if len(pattern(n).ops) <= 1 or pattern(n).ops in FIXED_EPILOGUES
     ]
     return [
         *chosen,

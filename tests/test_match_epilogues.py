@@ -117,6 +117,56 @@ def test_each_op_as_relax_lowers_it_is_offloaded_and_agrees_with_tvm(op):
         )
 
 
+#: Epilogues out of slot order or with an op twice, as real models write them after a GEMM
+#: (z = x @ w; b a bias, t and u tensors of z's shape), by the pattern they are read as.
+REORDERED = {
+    # OPT's and Whisper's query projection: the scale after the bias.
+    "matmul_bias_scale": lambda z, b, t, u: R.multiply(R.add(z, b), R.const(0.125, "float32")),
+    # GPT-NeoX's, GPT-J's and Phi's parallel attention and MLP: two residual adds.
+    "matmul_bias_add_add": lambda z, b, t, u: R.add(R.add(R.add(z, b), t), u),
+    # Gemma 2's soft-capping of the logits.
+    "matmul_div_tanh_scale": lambda z, b, t, u: R.multiply(
+        R.tanh(R.divide(z, R.const(30.0, "float32"))), R.const(30.0, "float32")
+    ),
+    "matmul_relu_bias": lambda z, b, t, u: R.add(R.nn.relu(z), b),
+    "matmul_bias_mul_gelu_add": lambda z, b, t, u: R.add(R.nn.gelu(R.multiply(R.add(z, b), t)), u),
+}
+
+
+@pytest.mark.parametrize("name", list(REORDERED))
+def test_an_epilogue_out_of_slot_order_is_offloaded_whole_and_agrees_with_tvm(name):
+    x = relax.Var("x", R.Tensor((M, K), "float32"))
+    w = relax.Var("w", R.Tensor((K, N), "float32"))
+    b = relax.Var("b", R.Tensor((N,), "float32"))
+    t = relax.Var("t", R.Tensor((M, N), "float32"))
+    u = relax.Var("u", R.Tensor((M, N), "float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [x, w, b, t, u]):
+        with builder.dataflow():
+            out = builder.emit_output(REORDERED[name](R.matmul(x, w), b, t, u))
+        builder.emit_func_output(out)
+    lowered = _fuse(builder.get())
+    (match,) = tir_byoc.scan(lowered)
+    assert match.pattern == name
+    x_, w_, b_, t_ = _inputs(seed=len(name))
+    arrays = (x_, w_, b_, t_, np.flip(t_, axis=0).copy())
+    expected = _run(lowered, arrays)
+    for backend in _available_backends():
+        offloaded = tir_byoc.offload(lowered, backends=backend)
+        fired = {}
+        for _, func in offloaded.functions_items():
+            if isinstance(func, tirx.PrimFunc):
+                fired.update(intrinsic_calls(func))
+        assert fired == {f"{backend}.gemm": 1}, (backend, fired)
+        result = _run(offloaded, arrays)
+        np.testing.assert_array_equal(np.isnan(result), np.isnan(expected), err_msg=backend)
+        finite = np.isfinite(expected)
+        np.testing.assert_array_equal(result[~finite], expected[~finite], err_msg=backend)
+        np.testing.assert_allclose(
+            result[finite], expected[finite], rtol=2e-5, atol=1e-4, err_msg=f"{name} {backend}"
+        )
+
+
 # -- erf and tanh gelu are never confused -----------------------------------------------
 
 

@@ -3,18 +3,25 @@
 import numpy as np
 import pytest
 from byoc_testing import numpy_pattern, random_arguments, run
+from hypothesis import given
+from hypothesis import strategies as st
 
 import tir_byoc
+from tir_byoc.epilogues import epilogue_error
 from tir_byoc.patterns import (
+    BATCH_FORMS,
     CALL_PATTERNS,
+    EPILOGUE_OPS,
     FAMILY,
     FIXED_EPILOGUES,
     GEMM_ENTRY,
     PATTERNS,
+    REORDERED_EPILOGUES,
     EpilogueOp,
     Pattern,
     describe,
     pattern,
+    pattern_for,
     representatives,
 )
 
@@ -74,19 +81,29 @@ def test_describe_builds_every_member_and_it_computes_the_pattern(name):
 def test_the_matcher_recognises_every_member_from_its_description(name):
     (match,) = tir_byoc.scan(describe(name))
     assert match.pattern == name
-    assert (match.batch is None) == (FAMILY[name].batch == "none")
+    assert (match.batch is None) == (pattern(name).batch == "none")
     if match.batch is not None:
-        assert match.batch.form == FAMILY[name].batch
+        assert match.batch.form == pattern(name).batch
 
 
 @pytest.mark.parametrize(
     "make, message",
     [
-        (lambda: pattern("dense_swish"), "unknown pattern 'dense_swish'; expected one of"),
+        (
+            lambda: pattern("dense_swish"),
+            "unknown pattern 'dense_swish' ('swish' is not a layout or an op); expected",
+        ),
         (lambda: Pattern("conv"), "expected layout in ['dense', 'matmul'], got 'conv'"),
         (lambda: Pattern("dense", (), "ragged"), "expected batch form in"),
-        (lambda: Pattern("dense", ("relu", "bias")), "is not in slot order"),
-        (lambda: Pattern("dense", ("gelu", "silu")), "is not in slot order"),
+        (
+            lambda: Pattern("dense", ("add",) * 5),
+            "is more than one call carries (5 ops, 5 tensors, 0 constants; at most 8, 4 and 6)",
+        ),
+        (lambda: Pattern("dense", ("clip", "clip", "gelu_tanh")), "(3 ops, 0 tensors, 8 const"),
+        (
+            lambda: Pattern("dense", ("gelu", "tanh")),
+            "gelu then tanh would be named as the one op gelu_tanh",
+        ),
         (lambda: EpilogueOp("swish"), "expected one of ('scale', 'div', 'bias', 'relu', "),
     ],
 )
@@ -94,3 +111,25 @@ def test_bad_members_are_refused_in_one_line(make, message):
     with pytest.raises(ValueError, match=None) as error:
         make()
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("ops", [*REORDERED_EPILOGUES, ("relu", "relu")])
+@pytest.mark.parametrize("batch", list(BATCH_FORMS))
+def test_a_member_out_of_slot_order_is_named_and_read_back_from_its_name(ops, batch):
+    member = Pattern("matmul", ops, batch)
+    assert pattern(member.name) == member
+    assert pattern_for("matmul", ops, batch) == member
+    assert member.call_pattern == GEMM_ENTRY
+
+
+@given(
+    ops=st.lists(st.sampled_from(EPILOGUE_OPS), max_size=5).map(tuple),
+    layout=st.sampled_from(("dense", "matmul")),
+    batch=st.sampled_from(tuple(BATCH_FORMS)),
+)
+def test_every_member_is_read_back_from_its_name_and_the_rest_are_refused(ops, layout, batch):
+    if epilogue_error(ops) is not None:
+        assert pattern_for(layout, ops, batch) is None
+        return
+    member = Pattern(layout, ops, batch)
+    assert pattern(member.name) == member == pattern_for(layout, ops, batch)

@@ -1,12 +1,19 @@
 """Epilogue operations as data: what may follow a GEMM, and how each is computed.
 
-An epilogue is a sequence of operations on the product ``z``, at most one per **slot**, in the
-order real models produce them::
+An epilogue is a sequence of operations on the product ``z``, applied in the order given: any
+order, an op more than once, as long as one call carries it (:func:`epilogue_error`: at most
+:data:`MAX_OPS` ops, :data:`MAX_TENSORS` tensors and :data:`MAX_CONSTANTS` constants).  Each op
+belongs to a **slot**, the place real models most often put it::
 
     scale  (z * c, z / c)          attention's 1/sqrt(d), a scalar parameter
     bias   (z + b[j])              nn.Linear
     activation                     relu, gelu, gelu_tanh, silu, sigmoid, tanh, clip, leaky_relu
     tail   (z + R, z * G)          a residual add, the gate of a gated MLP (R, G of y's shape)
+
+and the epilogues with at most one op per slot, in slot order, are the **canonical** ones
+(:func:`epilogues`): the members the tests describe and match one by one.  Other orders come
+from real models too: a scale after the bias (OPT's query projection), a second residual add
+(GPT-NeoX's parallel attention and MLP), a scale after the activation (Gemma 2's soft-capping).
 
 Each operation is one :class:`OpSpec` in :data:`OPS`: its name, its op code in the calling
 convention (``TIR_BYOC_OP_*`` in ``intrinsics/include/tir_byoc.h``), its slot, the constants
@@ -19,13 +26,14 @@ blocks spelled the way Relax's ``LegalizeOps`` spells it, for :func:`tir_byoc.pa
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 from tvm import te, tirx
 
-#: The slots of an epilogue, in the order their operations run.
+#: The slots of an epilogue, in the order of the canonical epilogues.
 SLOTS = ("scale", "bias", "activation", "tail")
 
 #: The largest epilogue one call carries (``TIR_BYOC_MAX_OPS``), and its constants and tensors.
@@ -98,24 +106,29 @@ GELU_CONSTANTS = {
 }
 
 
-def slot_order_error(names) -> str | None:
-    """Why ``names`` is not an epilogue (unknown op, slot out of order or repeated), or None."""
-    position = -1
-    for name in names:
-        if name not in OPS:
-            return f"{name!r} is not an epilogue op (expected one of {list(OPS)})"
-        slot = SLOTS.index(OPS[name].slot)
-        if slot <= position:
-            return (
-                f"{' then '.join(names)} is not in slot order "
-                f"({', '.join(SLOTS)}; at most one op each)"
-            )
-        position = slot
+def epilogue_error(names) -> str | None:
+    """Why ``names`` is not an epilogue one call carries (an unknown op, or more ops, tensors or
+    constants than the calling convention has room for), or None."""
+    names = tuple(names)
+    unknown = [name for name in names if name not in OPS]
+    if unknown:
+        return f"{unknown[0]!r} is not an epilogue op (expected one of {list(OPS)})"
+    for first, second in itertools.pairwise(names):
+        if f"{first}_{second}" in OPS:  # a pattern's name could not tell them apart
+            return f"{first} then {second} would be named as the one op {first}_{second}"
+    tensors = sum(OPS[name].tensor is not None for name in names)
+    constants = sum(len(OPS[name].constants) for name in names)
+    if len(names) > MAX_OPS or tensors > MAX_TENSORS or constants > MAX_CONSTANTS:
+        return (
+            f"{' then '.join(names)} is more than one call carries ({len(names)} ops, "
+            f"{tensors} tensors, {constants} constants; at most {MAX_OPS}, {MAX_TENSORS} and "
+            f"{MAX_CONSTANTS})"
+        )
     return None
 
 
 def epilogues() -> list[tuple[str, ...]]:
-    """Every epilogue the slots allow, shortest first (the members of the family)."""
+    """The canonical epilogues (at most one op per slot, in slot order), shortest first."""
     by_slot = [[None] + [n for n, s in OPS.items() if s.slot == slot] for slot in SLOTS]
     result = [()]
     for options in by_slot:

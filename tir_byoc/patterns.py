@@ -7,12 +7,14 @@ A pattern is three choices:
 * a **batch form**: ``none`` (2-D X and Y), ``leading`` (leading batch dims on X and Y, a 2-D
   weight shared by every batch row) or ``batched`` (X, W and Y all carry a batch dim, as a
   batched matmul; a batch dim of 1 broadcasts);
-* an **epilogue**: an ordered tuple of operations with parameters, at most one per slot of
-  :data:`tir_byoc.epilogues.SLOTS` (scale, bias, activation, residual add or gating mul); the
-  operations are data (:data:`tir_byoc.epilogues.OPS`).
+* an **epilogue**: an ordered tuple of operations with parameters, in any order, as many as
+  one call carries (:func:`tir_byoc.epilogues.epilogue_error`); the operations are data
+  (:data:`tir_byoc.epilogues.OPS`).
 
 Names say all three: ``dense``, ``matmul_bias_relu``, ``batch_dense_bias`` (leading batch
-dims), ``bmm_matmul`` (batched).  The matcher recognises every member (:data:`PATTERNS`).  A
+dims), ``bmm_matmul`` (batched), ``dense_bias_scale`` (the scale after the bias).  The
+matcher recognises every member; :data:`PATTERNS` lists the canonical ones (an epilogue of at
+most one op per slot, in slot order: :func:`tir_byoc.epilogues.epilogues`).  A
 ``leading`` member is called through its 2-D member's entry point, its batch dims folded into
 M (:attr:`Pattern.call_pattern`); the ``none`` and ``batched`` members have entry points of
 their own (:data:`CALL_PATTERNS`, the calling conventions of ``intrinsics/include/tir_byoc.h``);
@@ -27,11 +29,12 @@ states the member it serves by name (:class:`tir_byoc.registry.Intrinsic`).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from tvm import te, tirx
 
-from .epilogues import OPS, compose, epilogues, slot_order_error
+from .epilogues import OPS, compose, epilogue_error, epilogues
 
 #: Weight layouts: the name of the pattern family and the weight's index order.
 WEIGHT_LAYOUTS = {"dense": "nk", "matmul": "kn"}
@@ -70,7 +73,7 @@ class Pattern:
     layout : str
         ``"dense"`` (weight N x K) or ``"matmul"`` (weight K x N).
     epilogue : tuple of EpilogueOp or str
-        A subsequence of ``("bias", "relu")``; names are turned into :class:`EpilogueOp`.
+        The operations in the order they apply; names are turned into :class:`EpilogueOp`.
     batch : str
         A key of :data:`BATCH_FORMS`.
     """
@@ -89,9 +92,9 @@ class Pattern:
                 f"pattern: expected batch form in {sorted(BATCH_FORMS)}, got {self.batch!r}"
             )
         ops = tuple(op if isinstance(op, EpilogueOp) else EpilogueOp(op) for op in self.epilogue)
-        error = slot_order_error(tuple(op.name for op in ops))
+        error = epilogue_error(op.name for op in ops)
         if error:
-            raise ValueError(f"pattern: expected an epilogue in slot order, but {error}")
+            raise ValueError(f"pattern: expected an epilogue one call carries, but {error}")
         object.__setattr__(self, "epilogue", ops)
 
     @property
@@ -133,10 +136,10 @@ def _members() -> dict[str, Pattern]:
     return members
 
 
-#: Every member of the family, by name.
+#: The canonical members of the family, by name (see :func:`pattern` for the others).
 FAMILY: dict[str, Pattern] = _members()
 
-#: The members the matcher recognises: all of them.
+#: The canonical members (the matcher recognises every member, :func:`pattern` names them).
 PATTERNS: dict[str, Pattern] = FAMILY
 
 #: The members with an entry point of their own, which an intrinsic may implement: the 2-D
@@ -145,15 +148,28 @@ PATTERNS: dict[str, Pattern] = FAMILY
 CALL_PATTERNS: dict[str, Pattern] = {n: p for n, p in FAMILY.items() if p.call_pattern == n}
 
 
+#: Epilogues out of slot order or with an op twice, as real models write them: OPT's scale
+#: after the bias, GPT-NeoX's two residual adds, Gemma 2's soft-capping, and three more orders.
+REORDERED_EPILOGUES = (
+    ("bias", "scale"),
+    ("bias", "add", "add"),
+    ("div", "tanh", "scale"),
+    ("relu", "bias"),
+    ("add", "gelu"),
+    ("mul", "scale", "bias", "silu"),
+)
+
+
 def representatives() -> list[str]:
     """A small set of members that covers the family, for tests that build each member.
 
-    Every member with a fixed epilogue (:data:`FIXED_EPILOGUES`), then every other epilogue
-    once, its weight layout and batch form turning with each.
+    Every member with a fixed epilogue (:data:`FIXED_EPILOGUES`), then every other canonical
+    epilogue once and each of :data:`REORDERED_EPILOGUES`, its weight layout and batch form
+    turning with each.
     """
     forms = [(layout, batch) for batch in BATCH_FORMS for layout in WEIGHT_LAYOUTS]
     chosen = [n for n, p in FAMILY.items() if p.ops in FIXED_EPILOGUES]
-    others = [e for e in epilogues() if e not in FIXED_EPILOGUES]
+    others = [e for e in epilogues() if e not in FIXED_EPILOGUES] + list(REORDERED_EPILOGUES)
     for turn, epilogue in enumerate(others):
         layout, batch = forms[turn % len(forms)]
         chosen.append(Pattern(layout, epilogue, batch).name)
@@ -163,16 +179,53 @@ def representatives() -> list[str]:
 _BY_FORM = {(p.layout, p.ops, p.batch): p for p in PATTERNS.values()}
 
 
+#: Op names, longest first, for reading a name's epilogue (``gelu_tanh`` before ``gelu``).
+_OP_NAMES = sorted(OPS, key=len, reverse=True)
+
+
+@functools.cache
 def pattern(name: str) -> Pattern:
-    """The member of the family called ``name``; ValueError naming the members if none is."""
-    if name not in FAMILY:
-        raise ValueError(f"unknown pattern {name!r}; expected one of {sorted(FAMILY)}")
-    return FAMILY[name]
+    """The member of the family called ``name``; a one-line ValueError if there is none.
+
+    A name is an optional batch prefix (``batch_``, ``bmm_``), the layout and the epilogue's ops
+    in order, joined by ``_``: ``batch_dense_bias_scale``, ``dense_bias_add_add``.
+    """
+    if name in FAMILY:
+        return FAMILY[name]
+    rest, batch = name, "none"
+    for form, prefix in BATCH_FORMS.items():
+        if prefix and rest.startswith(prefix):
+            rest, batch = rest[len(prefix) :], form
+    layout, _, rest = rest.partition("_")
+    ops = []
+    while rest:
+        op = next((o for o in _OP_NAMES if rest == o or rest.startswith(o + "_")), None)
+        if op is None:
+            break
+        ops.append(op)
+        rest = rest[len(op) + 1 :]
+    try:
+        if rest or layout not in WEIGHT_LAYOUTS:
+            raise ValueError(f"{rest or layout!r} is not a layout or an op")
+        return Pattern(layout, tuple(ops), batch)
+    except ValueError as error:
+        raise ValueError(
+            f"unknown pattern {name!r} ({error}); expected [batch_|bmm_](dense|matmul) then "
+            f"ops of {list(OPS)}, joined by '_'"
+        ) from None
 
 
+@functools.cache
 def pattern_for(layout: str, epilogue: tuple[str, ...], batch: str = "none") -> Pattern | None:
-    """The member with this weight layout, epilogue and batch form, or None if there is none."""
-    return _BY_FORM.get((layout, tuple(epilogue), batch))
+    """The member with this weight layout, epilogue and batch form, or None if there is none
+    (an epilogue more than one call carries)."""
+    member = _BY_FORM.get((layout, tuple(epilogue), batch))
+    if member is not None:
+        return member
+    try:
+        return Pattern(layout, tuple(epilogue), batch)
+    except ValueError:
+        return None
 
 
 def describe(

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .epilogues import OPS
 from .match import RELU_KEEPS_NAN, RELU_NAN_TO_ZERO, Match
-from .patterns import CALL_PATTERNS, GEMM_ENTRY, PATTERNS
+from .patterns import CALL_PATTERNS, GEMM_ENTRY, PATTERNS, pattern
 from .signature import DtypeSignature
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -214,16 +214,16 @@ class Intrinsic:
         """True for a ``gemm`` intrinsic, called with the epilogue as data."""
         return self.pattern == GEMM_ENTRY
 
-    def serves(self, pattern: str) -> bool:
-        """True if this intrinsic can be called for ``pattern``'s matches."""
+    def serves(self, name: str) -> bool:
+        """True if this intrinsic can be called for the matches of the pattern ``name``."""
         if self.takes_epilogue:
-            return set(PATTERNS[pattern].ops) <= set(self.ops)
-        return PATTERNS[pattern].call_pattern == self.pattern
+            return set(pattern(name).ops) <= set(self.ops)
+        return pattern(name).call_pattern == self.pattern
 
     def unsupported(self, match: Match) -> str | None:
         """Why this intrinsic cannot serve ``match`` (ignoring availability), or None."""
         if self.takes_epilogue and not self.serves(match.pattern):
-            missing = [op for op in PATTERNS[match.pattern].ops if op not in self.ops]
+            missing = [op for op in pattern(match.pattern).ops if op not in self.ops]
             return f"does not implement the epilogue op {', '.join(missing)}"
         if not self.serves(match.pattern):
             return f"implements {self.pattern}, not {match.pattern}"

@@ -17,7 +17,7 @@ from hypothesis import event, given, note
 from hypothesis import strategies as st
 
 import tir_byoc
-from tir_byoc.patterns import PATTERNS
+from tir_byoc.patterns import pattern as pattern_of
 from tir_byoc.rewrite import intrinsic_calls
 from tir_byoc.testing import strategies
 from tir_byoc.testing.equivalence import assert_equivalent, run
@@ -52,7 +52,7 @@ def test_offloaded_function_computes_the_same_results(program, seed, inputs):
             tvm.ir.assert_structural_equal(rewritten, program.func)
             return
         event(f"offloaded {len(planned)} chain(s)")
-        for form in {PATTERNS[m.pattern].batch for m in planned}:
+        for form in {pattern_of(m.pattern).batch for m in planned}:
             event(f"offloaded a chain of batch form {form}")
         magnitude, special = INPUTS[inputs]
         compared_normwise = normwise(program, magnitude)

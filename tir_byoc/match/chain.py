@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from tvm import ir, tirx
 
-from ..epilogues import OPS
+from ..epilogues import OPS, epilogue_error
 from ..patterns import pattern_for
 from .epilogue import EpilogueParser, read_elementwise
 from .explain import STATEMENT_WORDS
@@ -93,7 +93,7 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
             steps = base + parser.parse(value)
             ops = tuple(s.op for s in steps)
             if pattern_for(core.layout, ops, core.form) is None:
-                raise Refused(slot_refusal(ops), op=ops[-1])
+                raise Refused(epilogue_error(ops), op=ops[-1])
         except Refused as refused:
             parse_refusals.append((position, refused))
             continue
@@ -142,17 +142,6 @@ def _telling(refusals, left_out) -> Refused | None:
     mine = [r for position, r in refusals if position in left_out]
     near = [r for r in mine if r.op is not None]
     return near[-1] if near else (mine[0] if mine else None)
-
-
-def slot_refusal(ops) -> str:
-    """Why ``ops`` is no epilogue of the family: a repeated op, or ops out of slot order."""
-    repeated = next((op for i, op in enumerate(ops) if op in ops[:i]), None)
-    if repeated:
-        return f"applies a second {repeated}; an epilogue has at most one op per slot"
-    return (
-        f"{' then '.join(ops)} is not an epilogue of the family (at most one op per slot, in "
-        "the order scale, bias, activation, residual add or gating mul)"
-    )
 
 
 def compose(block, axes, values, live):

@@ -134,16 +134,16 @@ class Match:
     @property
     def layout(self) -> str:
         """The weight layout, ``dense`` or ``matmul``."""
-        from ..patterns import PATTERNS  # the patterns module reads no records
+        from ..patterns import pattern  # the patterns module reads no records
 
-        return PATTERNS[self.pattern].layout
+        return pattern(self.pattern).layout
 
     @property
     def pattern_entry(self) -> str:
         """The entry point its calls use (:attr:`tir_byoc.patterns.Pattern.call_pattern`)."""
-        from ..patterns import PATTERNS
+        from ..patterns import pattern
 
-        return PATTERNS[self.pattern].call_pattern
+        return pattern(self.pattern).call_pattern
 
     @property
     def tensors(self) -> tuple[ir.Var, ...]:

@@ -35,16 +35,16 @@ the scalar parameter's read, ``"s0[0]"``), gelu's sqrt(1/2), tanh-gelu's sqrt(2/
 declare it: TVM's ``max(a, b)`` is ``a > b ? a : b``, so a NaN in ``a`` gives ``b``), the
 leaky relu's slope.  A near miss whose mutation stops the chain in its epilogue is matched up
 to the op it breaks (:func:`epilogue_stop`, restating the matcher's rules): the chain ends
-after the last block before the one computing that op, or before the first op out of slot
-order (scale, bias, activation, tail; one op each); an op a spelling of several blocks
-computes can only end the chain after its last block, since its first blocks' input is read
-again by a later one.  A residual broadcast from a (1, N) tensor read ``R[0, j]`` is a bias
-add; one broadcast from (M, 1), and a gate broadcast either way, are refused.
+after the last block before the one computing that op, or before the first op one call
+cannot carry; an op a spelling of several blocks computes can only end the chain after its
+last block, since its first blocks' input is read again by a later one.  A residual
+broadcast from a (1, N) tensor read ``R[0, j]`` is a bias add; one broadcast from (M, 1),
+and a gate broadcast either way, are refused.  A positive's ops are expected in the order
+the chain applies them (:attr:`~.specs.ChainSpec.applied_ops`).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tvm import ir
 
-from ..epilogues import OPS, SLOTS
+from ..epilogues import OPS, epilogue_error
 from ..patterns import pattern_for
 from .spellings import RELU_NAN
 
@@ -156,7 +156,7 @@ def expected_pattern(spec: ProgramSpec, c: int, ops: tuple[str, ...] | None = No
     place of its own epilogue ops)."""
     chain = spec.chains[c]
     form = batch_label(spec, chain).form
-    return pattern_for(chain.layout, chain.ops if ops is None else ops, form).name
+    return pattern_for(chain.layout, chain.applied_ops if ops is None else ops, form).name
 
 
 def _fp32(value: float) -> float | str:
@@ -175,7 +175,8 @@ _GELU_CONSTANTS = {
 def expected_epilogue(
     spec: ProgramSpec, c: int, tensors: Mapping[str, str], ops: tuple[str, ...] | None = None
 ) -> tuple[tuple[str, tuple, str | None], ...]:
-    """``(op, constants, tensor)`` of each op of chain ``c`` (or of ``ops``), in slot order.
+    """``(op, constants, tensor)`` of each op of chain ``c`` (or of ``ops``), in the order the
+    chain applies them.
 
     ``tensors`` gives the buffer each op reads (``"bias"``, ``"add"``, ``"mul"``, and
     ``"scale"`` for a scale by a scalar parameter), by name.  Constants are fp32 values (see
@@ -183,7 +184,7 @@ def expected_epilogue(
     """
     chain = spec.chains[c]
     steps = []
-    for op in chain.ops if ops is None else ops:
+    for op in chain.applied_ops if ops is None else ops:
         spelling = chain.spelling(op)
         constants: tuple = ()
         if op in ("scale", "div"):
@@ -258,8 +259,7 @@ def epilogue_stop(spec: ProgramSpec, c: int) -> tuple[tuple[str, ...], int] | No
     accepted = ("bias",) if chain.init == "bias" else ()
     for kept, group in enumerate(chain.epilogue_groups):
         ops = (*accepted, *(_read_as(chain, op) for op in group))
-        slots = [SLOTS.index(OPS[op].slot) for op in ops if op is not None]
-        if None in ops or any(a >= b for a, b in itertools.pairwise(slots)):
+        if None in ops or epilogue_error(ops):
             return accepted, kept
         accepted = ops
     return accepted, len(chain.epilogue_groups)

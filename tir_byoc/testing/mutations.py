@@ -14,9 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 
-from ..epilogues import OPS
 from .specs import ChainSpec, Knobs, ProgramSpec
-from .spellings import ACTIVATION_SPELLINGS, SCALE_SPELLINGS, TAIL_SPELLINGS
+from .spellings import ACTIVATION_SPELLINGS, TAIL_SPELLINGS
 
 _KNOB_NAMES = frozenset(f.name for f in fields(Knobs))
 
@@ -168,11 +167,6 @@ def _both(a, b):
     return lambda spec, c: a(spec, c) and b(spec, c)
 
 
-def _slots_filled(*slots):
-    """The chain's epilogue blocks compute an op of each slot."""
-    return lambda spec, c: set(slots) <= {OPS[op].slot for op in spec.chains[c].epilogue_ops}
-
-
 def _writes_constant(name):
     """The chain's activation is spelled with the fixed constant ``name``."""
 
@@ -216,7 +210,6 @@ def _spellings(keep, table=ACTIVATION_SPELLINGS) -> tuple[str, ...]:
     return tuple(name for name, spelling in table.items() if keep(spelling))
 
 
-_ANY_BIAS = ("vector", "row")
 _ACTIVATIONS = tuple(ACTIVATION_SPELLINGS)
 
 
@@ -264,30 +257,6 @@ MUTATIONS: dict[str, Mutation] = {
         "a leaky relu (slope 0.01 below 0)", {"relu_form": "leaky"}, _float_relu
     ),
     "clipped_relu": Mutation("a relu clipped at 6", {"relu_form": "clipped"}, _has("relu")),
-    "epilogue_swapped": Mutation(
-        "the activation before the bias add",
-        {"swapped_slots": ("bias", "activation")},
-        _slots_filled("bias", "activation"),
-        refusal="at most one op per slot",
-        stops=True,
-        wants={"bias": _ANY_BIAS, "activation": _ACTIVATIONS},
-    ),
-    "scale_after_bias": Mutation(
-        "the scale after the bias add",
-        {"swapped_slots": ("scale", "bias")},
-        _slots_filled("scale", "bias"),
-        refusal="at most one op per slot",
-        stops=True,
-        wants={"scale": tuple(SCALE_SPELLINGS), "bias": _ANY_BIAS},
-    ),
-    "tail_before_activation": Mutation(
-        "the residual add or gating mul before the activation",
-        {"swapped_slots": ("activation", "tail")},
-        _slots_filled("activation", "tail"),
-        refusal="at most one op per slot",
-        stops=True,
-        wants={"activation": _ACTIVATIONS, "tail": tuple(TAIL_SPELLINGS)},
-    ),
     "alias_output_input": Mutation(
         "the chain's last block writes into X",
         {"output_is_x": True},
@@ -414,14 +383,6 @@ MUTATIONS: dict[str, Mutation] = {
         refusal="leaky relu slope -0.5 is outside [0, 1]",
         stops=True,
         wants={"activation": _spellings(lambda s: s.op == "leaky_relu")},
-    ),
-    "residual_row_broadcast": Mutation(
-        "the residual is a (1, N) row, R[0, j]: a bias add where the slots allow one",
-        {"tail_form": "row"},
-        _tail("add"),
-        refusal="at most one op per slot",
-        stops=True,
-        wants={"tail": _spellings(lambda s: s.op == "add", TAIL_SPELLINGS)},
     ),
     "residual_column_broadcast": Mutation(
         "the residual is an (M, 1) column, R[i, 0]",

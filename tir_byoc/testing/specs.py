@@ -152,9 +152,6 @@ class Knobs:
     tail_form : str
         A key of :data:`~.spellings.TAIL_FORMS`: the residual or gate tensor's shape and
         read (``"full"``).
-    swapped_slots : tuple of two str, or None
-        Slots of :data:`tir_byoc.epilogues.SLOTS` whose ops trade places in the order the
-        blocks compute them (``("bias", "activation")``: the activation before the bias add).
     output_is_x : bool
         The chain's last block writes into X instead of an output of its own.
     reduction_rows_short, init_rows_short : int
@@ -201,7 +198,6 @@ class Knobs:
     clip_swapped: bool = False
     slope: float | None = None
     tail_form: str = "full"
-    swapped_slots: tuple[str, str] | None = None
     output_is_x: bool = False
     reduction_rows_short: int = 0
     init_rows_short: int = 0
@@ -228,11 +224,6 @@ class Knobs:
             raise ValueError(
                 f"Knobs.fixed_constant: expected (a key of FIXED_CONSTANTS, value), got {constant}"
             )
-        swapped = self.swapped_slots
-        if swapped is not None and (
-            len(swapped) != 2 or swapped[0] == swapped[1] or not set(swapped) <= set(SLOTS)
-        ):
-            raise ValueError(f"Knobs.swapped_slots: expected two of {SLOTS}, got {swapped}")
 
     def __repr__(self):
         turned = [
@@ -312,6 +303,11 @@ class ChainSpec:
     in_place : bool
         The epilogue blocks update the reduction's output in place (``Z[i, j] = Z[i, j] +
         b[j]``) instead of writing new buffers.
+    swapped_slots : tuple of two str, or None
+        Slots of :data:`tir_byoc.epilogues.SLOTS` whose ops trade places in the order the
+        blocks compute them (``("bias", "activation")``: the activation before the bias add),
+        an epilogue out of slot order; ignored unless both slots hold an op of the epilogue
+        blocks.
     knobs : Knobs
         How the chain departs from its pattern: all defaults in a positive.
     mutation : str or None
@@ -347,12 +343,14 @@ class ChainSpec:
     x_view: bool = False
     init: str = "zero"
     in_place: bool = False
+    swapped_slots: tuple[str, str] | None = None
     knobs: Knobs = Knobs()
     mutation: str | None = None
 
     @property
     def ops(self) -> tuple[str, ...]:
-        """The epilogue's ops (:data:`tir_byoc.epilogues.OPS`), in slot order."""
+        """The epilogue's ops (:data:`tir_byoc.epilogues.OPS`), in slot order (the order the
+        chain applies them: :attr:`applied_ops`)."""
         scale = SCALE_SPELLINGS[self.scale].op if self.scale else None
         activation = "relu" if self.relu else None
         if self.activation:
@@ -367,15 +365,21 @@ class ChainSpec:
 
     @property
     def built_ops(self) -> tuple[str, ...]:
-        """The epilogue blocks' ops in the order they compute them (``Knobs.swapped_slots``
-        trades two)."""
+        """The epilogue blocks' ops in the order they compute them (``swapped_slots`` trades
+        two)."""
         ops = list(self.epilogue_ops)
-        swapped = self.knobs.swapped_slots
+        swapped = self.swapped_slots
         if swapped is not None:
             at = [n for n, op in enumerate(ops) if OPS[op].slot in swapped]
             if len(at) == 2:
                 ops[at[0]], ops[at[1]] = ops[at[1]], ops[at[0]]
         return tuple(ops)
+
+    @property
+    def applied_ops(self) -> tuple[str, ...]:
+        """The epilogue's ops in the order the chain applies them: a bias read by the init
+        first, then :attr:`built_ops` (:attr:`ops` itself unless ``swapped_slots`` trades)."""
+        return ("bias",) * (self.bias is not None and self.init == "bias") + self.built_ops
 
     def spelling(self, op: str) -> OpSpelling | None:
         """The :class:`~.spellings.OpSpelling` of ``op`` (None for a bias or a relu, which
@@ -532,6 +536,15 @@ def _chain_problem(chain: ChainSpec) -> str | None:
         (chain.alloc in ("sblock", "stmt"), f"expected alloc sblock or stmt, got {chain.alloc!r}"),
         (chain.init in INITS, f"expected init in {INITS}, got {chain.init!r}"),
         (chain.init != "bias" or chain.bias, "init 'bias' needs a chain with a bias"),
+        (
+            chain.swapped_slots is None
+            or (
+                len(chain.swapped_slots) == 2
+                and chain.swapped_slots[0] != chain.swapped_slots[1]
+                and set(chain.swapped_slots) <= set(SLOTS)
+            ),
+            f"expected swapped_slots of two of {SLOTS}, got {chain.swapped_slots}",
+        ),
     )
     return (
         next((message for ok, message in checks if not ok), None)

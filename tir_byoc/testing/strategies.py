@@ -22,6 +22,7 @@ Use it to test your own intrinsics the way tir_byoc tests its own::
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -37,6 +38,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from ..epilogues import SLOTS
 from .programs import (
     BATCH_AXES,
     DISTRACTORS,
@@ -158,7 +160,12 @@ def chain_specs(
         x_view=draw(st.booleans()),
         init=init,
         in_place=draw(st.booleans()),
+        swapped_slots=draw(st.sampled_from((None, None, *SLOT_PAIRS))),
     )
+
+
+#: Every pair of slots, for epilogues out of slot order (:attr:`ChainSpec.swapped_slots`).
+SLOT_PAIRS = tuple(itertools.combinations(SLOTS, 2))
 
 
 @st.composite
