@@ -1,8 +1,8 @@
 """Small real models through the whole flow, and how much of their GEMM work tir_byoc serves.
 
-Six models, built from configs with random weights (nothing is downloaded): BERT-like and
-DeBERTa-like encoders and LLaMA-like, GPT-2-like and Falcon-like decoders from transformers,
-and torch's ``nn.TransformerEncoderLayer``.
+Seven models, built from configs with random weights (nothing is downloaded): BERT-like and
+DeBERTa-like encoders and LLaMA-like, GPT-2-like, GPT-NeoX-like and Falcon-like decoders from
+transformers, and torch's ``nn.TransformerEncoderLayer``.
 Each goes the way a user's model goes: ``torch.export`` -> ``from_exported_program`` (as
 :func:`tir_byoc.frontend.import_torch` runs them) -> the standard Relax lowering ->
 :func:`tir_byoc.offload` -> ``tvm.compile`` for llvm -> the Relax VM.
@@ -202,6 +202,26 @@ def deberta() -> RealModel:
     return RealModel("deberta", _LastHiddenState(encoder).eval(), (_token_ids(6),))
 
 
+def gpt_neox() -> RealModel:
+    """A two-layer GPT-NeoX decoder (Pythia's architecture): attention and MLP in parallel,
+    both added to the layer's input, so the MLP's second GEMM has two residual adds after its
+    bias, an epilogue out of slot order (:mod:`tir_byoc.epilogues`)."""
+    config = transformers.GPTNeoXConfig(
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=HEADS,
+        intermediate_size=INTERMEDIATE,
+        vocab_size=VOCAB,
+        max_position_embeddings=32,
+        use_cache=False,
+        attn_implementation="eager",
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        decoder = transformers.GPTNeoXForCausalLM(config).eval()
+    return RealModel("gpt_neox", _CausalLogits(decoder, SEQUENCE).eval(), (_token_ids(7),))
+
+
 def falcon() -> RealModel:
     """A two-layer Falcon decoder: multi-query attention (one key/value head) and the
     attention and MLP in parallel.  It splits its fused q/k/v projection with negative
@@ -242,6 +262,7 @@ MODELS: dict[str, Callable[[], RealModel]] = {
     "deberta": deberta,
     "llama": llama,
     "gpt2": gpt2,
+    "gpt_neox": gpt_neox,
     "falcon": falcon,
     "encoder_layer": encoder_layer,
 }
