@@ -115,21 +115,39 @@ def _token_ids(seed: int) -> torch.Tensor:
     return torch.randint(0, VOCAB, (BATCH, SEQUENCE), generator=generator)
 
 
+#: The config fields BERT-like configs name this way (LLaMA, GPT-NeoX, DeBERTa...).
+_BERT_LIKE = dict(
+    hidden_size=HIDDEN,
+    num_hidden_layers=2,
+    num_attention_heads=HEADS,
+    intermediate_size=INTERMEDIATE,
+    vocab_size=VOCAB,
+    max_position_embeddings=32,
+)
+
+
+def _transformers_model(model_class: str, config_class: str, *, decoder: bool, **settings):
+    """``transformers.<model_class>`` built from ``<config_class>(**settings)`` with eager
+    attention (and no cache for a decoder), its weights drawn with torch's seed 0."""
+    extra = {"use_cache": False} if decoder else {}
+    config = getattr(transformers, config_class)(**settings, **extra, attn_implementation="eager")
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return getattr(transformers, model_class)(config).eval()
+
+
+def _decoder(name: str, model_class: str, config_class: str, seed: int, **settings):
+    model = _transformers_model(model_class, config_class, decoder=True, **settings)
+    return RealModel(name, _CausalLogits(model, SEQUENCE).eval(), (_token_ids(seed),))
+
+
 def bert() -> RealModel:
     """A two-layer BERT encoder; no attention mask (every token attends to every token).
 
     Without the pooler: ``last_hidden_state`` does not use it, so ``torch.export`` drops it
     while the eager model would still compute (and count) its GEMM.
     """
-    config = transformers.BertConfig(
-        hidden_size=HIDDEN,
-        num_hidden_layers=2,
-        num_attention_heads=HEADS,
-        intermediate_size=INTERMEDIATE,
-        vocab_size=VOCAB,
-        max_position_embeddings=32,
-        attn_implementation="eager",
-    )
+    config = transformers.BertConfig(**_BERT_LIKE, attn_implementation="eager")
     with torch.random.fork_rng():
         torch.manual_seed(0)
         encoder = transformers.BertModel(config, add_pooling_layer=False).eval()
@@ -138,27 +156,19 @@ def bert() -> RealModel:
 
 def llama() -> RealModel:
     """A two-layer LLaMA decoder with grouped-query attention (4 heads, 2 key/value heads)."""
-    config = transformers.LlamaConfig(
-        hidden_size=HIDDEN,
-        num_hidden_layers=2,
-        num_attention_heads=HEADS,
-        num_key_value_heads=2,
-        intermediate_size=INTERMEDIATE,
-        vocab_size=VOCAB,
-        max_position_embeddings=32,
-        use_cache=False,
-        attn_implementation="eager",
+    return _decoder(
+        "llama", "LlamaForCausalLM", "LlamaConfig", 2, **_BERT_LIKE, num_key_value_heads=2
     )
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        decoder = transformers.LlamaForCausalLM(config).eval()
-    return RealModel("llama", _CausalLogits(decoder, SEQUENCE).eval(), (_token_ids(2),))
 
 
 def gpt2() -> RealModel:
     """A two-layer GPT-2 decoder: its MLP's tanh gelu is written in Python (``gelu_new``), so
     torch.export keeps its pow, tanh and multiplies and the matcher reads that spelling."""
-    config = transformers.GPT2Config(
+    return _decoder(
+        "gpt2",
+        "GPT2LMHeadModel",
+        "GPT2Config",
+        4,
         n_embd=HIDDEN,
         n_layer=2,
         n_head=HEADS,
@@ -167,13 +177,7 @@ def gpt2() -> RealModel:
         n_positions=32,
         bos_token_id=0,
         eos_token_id=0,
-        use_cache=False,
-        attn_implementation="eager",
     )
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        decoder = transformers.GPT2LMHeadModel(config).eval()
-    return RealModel("gpt2", _CausalLogits(decoder, SEQUENCE).eval(), (_token_ids(4),))
 
 
 def deberta() -> RealModel:
@@ -181,24 +185,18 @@ def deberta() -> RealModel:
     position and back, log-bucketed positions, shared keys).  Its buckets divide integer
     tensors (``torch.log(abs_pos / mid)``), which TVM 0.27 imports as an integer division
     (:func:`tir_byoc.frontend.divide_in_float`)."""
-    config = transformers.DebertaV2Config(
-        hidden_size=HIDDEN,
-        num_hidden_layers=2,
-        num_attention_heads=HEADS,
-        intermediate_size=INTERMEDIATE,
-        vocab_size=VOCAB,
-        max_position_embeddings=32,
+    encoder = _transformers_model(
+        "DebertaV2Model",
+        "DebertaV2Config",
+        decoder=False,
+        **_BERT_LIKE,
         relative_attention=True,
         pos_att_type=["p2c", "c2p"],
         position_buckets=16,
         max_relative_positions=-1,
         share_att_key=True,
         norm_rel_ebd="layer_norm",
-        attn_implementation="eager",
     )
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        encoder = transformers.DebertaV2Model(config).eval()
     return RealModel("deberta", _LastHiddenState(encoder).eval(), (_token_ids(6),))
 
 
@@ -206,20 +204,7 @@ def gpt_neox() -> RealModel:
     """A two-layer GPT-NeoX decoder (Pythia's architecture): attention and MLP in parallel,
     both added to the layer's input, so the MLP's second GEMM has two residual adds after its
     bias, an epilogue out of slot order (:mod:`tir_byoc.epilogues`)."""
-    config = transformers.GPTNeoXConfig(
-        hidden_size=HIDDEN,
-        num_hidden_layers=2,
-        num_attention_heads=HEADS,
-        intermediate_size=INTERMEDIATE,
-        vocab_size=VOCAB,
-        max_position_embeddings=32,
-        use_cache=False,
-        attn_implementation="eager",
-    )
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        decoder = transformers.GPTNeoXForCausalLM(config).eval()
-    return RealModel("gpt_neox", _CausalLogits(decoder, SEQUENCE).eval(), (_token_ids(7),))
+    return _decoder("gpt_neox", "GPTNeoXForCausalLM", "GPTNeoXConfig", 7, **_BERT_LIKE)
 
 
 def falcon() -> RealModel:
@@ -227,22 +212,17 @@ def falcon() -> RealModel:
     attention and MLP in parallel.  It splits its fused q/k/v projection with negative
     indices (``fused_qkv[..., [-2], :]``), which TVM 0.27 imports as an out-of-bounds read
     (:mod:`tir_byoc.relax_indices`)."""
-    config = transformers.FalconConfig(
-        hidden_size=HIDDEN,
-        num_hidden_layers=2,
-        num_attention_heads=HEADS,
+    settings = {k: v for k, v in _BERT_LIKE.items() if k != "intermediate_size"}
+    return _decoder(
+        "falcon",
+        "FalconForCausalLM",
+        "FalconConfig",
+        5,
+        **settings,
         ffn_hidden_size=INTERMEDIATE,
-        vocab_size=VOCAB,
-        max_position_embeddings=32,
         bos_token_id=0,
         eos_token_id=0,
-        use_cache=False,
-        attn_implementation="eager",
     )
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        decoder = transformers.FalconForCausalLM(config).eval()
-    return RealModel("falcon", _CausalLogits(decoder, SEQUENCE).eval(), (_token_ids(5),))
 
 
 def encoder_layer() -> RealModel:

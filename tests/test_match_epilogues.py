@@ -93,27 +93,28 @@ def _run(mod, arrays):
 
 @pytest.mark.parametrize("op", [op for op in OPS if op != "bias"])
 def test_each_op_as_relax_lowers_it_is_offloaded_and_agrees_with_tvm(op):
-    lowered = _linear_then(op)
-    arrays = _inputs(seed=len(op))
+    entries = ("gemm", "matmul_bias_relu") if op == "relu" else ("gemm",)
+    _agrees_on_every_backend(_linear_then(op), _inputs(seed=len(op)), entries, op)
+
+
+def _agrees_on_every_backend(lowered, arrays, entries, label):
+    """``lowered`` offloaded to each available backend calls one of its ``entries`` once and
+    gives TVM's own result: NaN and the infinities exactly where TVM's code puts them, the
+    rest to fp32 tolerance, relative for the large rows."""
     expected = _run(lowered, arrays)
-    backends = _available_backends()
-    for backend in backends:
+    for backend in _available_backends():
         offloaded = tir_byoc.offload(lowered, backends=backend)
         fired = {}
         for _, func in offloaded.functions_items():
             if isinstance(func, tirx.PrimFunc):
                 fired.update(intrinsic_calls(func))
-        assert fired == {f"{backend}.gemm": 1} or (
-            op == "relu" and fired == {f"{backend}.matmul_bias_relu": 1}
-        ), (backend, fired)
+        assert fired in [{f"{backend}.{entry}": 1} for entry in entries], (backend, fired)
         result = _run(offloaded, arrays)
-        # NaN and the infinities exactly where TVM's code puts them; the rest to fp32
-        # tolerance, relative for the large rows.
         np.testing.assert_array_equal(np.isnan(result), np.isnan(expected), err_msg=backend)
         finite = np.isfinite(expected)
         np.testing.assert_array_equal(result[~finite], expected[~finite], err_msg=backend)
         np.testing.assert_allclose(
-            result[finite], expected[finite], rtol=2e-5, atol=1e-4, err_msg=f"{op} {backend}"
+            result[finite], expected[finite], rtol=2e-5, atol=1e-4, err_msg=f"{label} {backend}"
         )
 
 
@@ -150,21 +151,7 @@ def test_an_epilogue_out_of_slot_order_is_offloaded_whole_and_agrees_with_tvm(na
     assert match.pattern == name
     x_, w_, b_, t_ = _inputs(seed=len(name))
     arrays = (x_, w_, b_, t_, np.flip(t_, axis=0).copy())
-    expected = _run(lowered, arrays)
-    for backend in _available_backends():
-        offloaded = tir_byoc.offload(lowered, backends=backend)
-        fired = {}
-        for _, func in offloaded.functions_items():
-            if isinstance(func, tirx.PrimFunc):
-                fired.update(intrinsic_calls(func))
-        assert fired == {f"{backend}.gemm": 1}, (backend, fired)
-        result = _run(offloaded, arrays)
-        np.testing.assert_array_equal(np.isnan(result), np.isnan(expected), err_msg=backend)
-        finite = np.isfinite(expected)
-        np.testing.assert_array_equal(result[~finite], expected[~finite], err_msg=backend)
-        np.testing.assert_allclose(
-            result[finite], expected[finite], rtol=2e-5, atol=1e-4, err_msg=f"{name} {backend}"
-        )
+    _agrees_on_every_backend(lowered, arrays, ("gemm",), name)
 
 
 # -- erf and tanh gelu are never confused -----------------------------------------------
