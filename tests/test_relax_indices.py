@@ -127,3 +127,22 @@ def test_gathers_with_nothing_to_wrap_come_back_as_they_were():
 def test_the_lowering_wraps_before_it_reads_takes_as_slices():
     assert LOWERING.index(WrapIndices) < LOWERING.index(SliceSplits)
     assert LOWERING.index(WrapIndices) < LOWERING.index(relax.transform.LegalizeOps)
+
+
+@I.ir_module
+class OutOfRange:
+    @R.function
+    def main(x: R.Tensor((2, 3, 6), "float32")):
+        with R.dataflow():
+            a = R.take(x, R.const(np.array([7, -7], "int64")), axis=2, mode="fast")
+            b = R.index_tensor(x, (R.const(np.array([2, -3], "int64")),))
+            out = (a, b)
+            R.output(out)
+        return out
+
+
+def test_a_constant_out_of_range_is_wrapped_at_run_time_not_read_out_of_bounds():
+    bindings = _bindings(wrap_indices(OutOfRange))
+    assert str(bindings["a"].attrs.mode) == "wrap"
+    (index,) = bindings["b"].args[1].fields
+    assert bindings[index.name].op.name == "relax.floor_mod"

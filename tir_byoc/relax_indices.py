@@ -21,8 +21,8 @@ Entry point: :func:`WrapIndices`, a module pass before ``LegalizeOps``
      ``mode="wrap"``, which TVM lowers to ``(i % n + n) % n``;
 
 2. ``R.index_tensor(x, (i0, .., ik))``, each ``ij`` on axis j of x of static size nj: a
-   constant as in case 1, a run-time index ``R.floor_mod(ij, nj)`` (an index tensor on an
-   axis of symbolic size is left as it is).
+   constant as in case 1, a run-time index (or a constant out of range) ``R.floor_mod(ij,
+   nj)`` (an index tensor on an axis of symbolic size is left as it is).
 
 Takes in ``"wrap"`` or ``"clip"`` mode are left alone.
 
@@ -133,7 +133,8 @@ def _index_changes(call: relax.Call) -> list:
             changes.append(None)
         elif isinstance(index, ir.Constant):
             wrapped = _wrapped_constant(index, dims[axis])
-            changes.append(None if wrapped is index or wrapped is None else wrapped)
+            # A constant out of range is taken modulo at run time, as a take wraps it.
+            changes.append(None if wrapped is index else dims[axis] if wrapped is None else wrapped)
         else:
             changes.append(dims[axis])
     return changes
