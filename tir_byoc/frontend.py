@@ -278,22 +278,24 @@ def divide_in_float(exported) -> int:
         result = node.meta.get("val")
         if not isinstance(result, torch.Tensor) or not result.dtype.is_floating_point:
             continue
+        values = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in node.args]
+        integers = [isinstance(v, torch.Tensor) and not v.dtype.is_floating_point for v in values]
+        if not any(integers):
+            continue
         args = []
-        for arg in node.args:
-            value = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
-            if isinstance(value, torch.Tensor) and not value.dtype.is_floating_point:
+        for arg, value, integer in zip(node.args, values, integers, strict=True):
+            if integer:
                 with graph.inserting_before(node):
                     cast = graph.call_function(
                         aten._to_copy.default, (arg,), {"dtype": result.dtype}
                     )
                 cast.meta["val"] = value.to(result.dtype)
                 arg = cast
-            elif isinstance(arg, int | bool) and not isinstance(value, torch.Tensor):
+            elif isinstance(arg, int | bool):
                 arg = float(arg)
             args.append(arg)
-        if args != list(node.args):
-            node.args = tuple(args)
-            changed += 1
+        node.args = tuple(args)
+        changed += 1
     if changed:
         graph.lint()
         exported.graph_module.recompile()
