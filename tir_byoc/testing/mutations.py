@@ -189,8 +189,13 @@ def _tail(op):
     return lambda spec, c: spec.chains[c].tail is not None and op in spec.chains[c].ops
 
 
-def _bias_and_relu_in_one_block(spec, c):
-    return any({"bias", "relu"} <= set(group) for group in spec.chains[c].epilogue_groups)
+def _bias_then_relu_in_one_block(spec, c):
+    """One block adds the bias and then takes the relu (with the relu first, as
+    ``swapped_slots`` may build it, a select on the value before the bias is the relu)."""
+    return any(
+        "bias" in group and "relu" in group and group.index("bias") < group.index("relu")
+        for group in spec.chains[c].epilogue_groups
+    )
 
 
 def _fixed_constant(name, value, what):
@@ -271,7 +276,7 @@ MUTATIONS: dict[str, Mutation] = {
     "select_on_pre_bias": Mutation(
         "one block computes select(Y > 0, Y + b, 0): the test misses the bias",
         {"relu_form": "pre_bias_select"},
-        _bias_and_relu_in_one_block,
+        _bias_then_relu_in_one_block,
     ),
     "init_block_short": Mutation(
         "the init block, of a reduction writing the output itself, stops one row short of M",
