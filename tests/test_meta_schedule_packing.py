@@ -91,8 +91,12 @@ def _primfuncs(mod):
     return {g.name_hint: f for g, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)}
 
 
-def test_the_offloaded_variant_is_measured_and_built_with_its_weight_packed(tmp_path):
+def test_the_offloaded_variant_is_measured_and_built_with_its_weight_packed(tmp_path, monkeypatch):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))  # the builder's workers make their files here
     tuned = _tune(tmp_path, "always")
+    assert list(scratch.iterdir()) == []  # every candidate's directory was removed
     report = tms.load_report(tmp_path)
     # The tuned function: its best offloaded record measured again, packed, in the runner.
     tail = report[TAIL]

@@ -31,6 +31,7 @@ from tvm import tirx
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.runner import local_runner, rpc_runner
 from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
+from tvm.s_tir.meta_schedule.utils import remove_build_dir
 
 from .progress import FAILED_RUN, mean_seconds
 from .rule import logger
@@ -147,8 +148,8 @@ def measure(
                 results[i] = _latency(future.result())
         finally:
             for artifact in built:
-                if artifact.artifact_path:
-                    Path(artifact.artifact_path).unlink(missing_ok=True)
+                if artifact.artifact_path:  # as the task scheduler removes its candidates'
+                    remove_build_dir(artifact.artifact_path)
     return results
 
 
