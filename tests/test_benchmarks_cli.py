@@ -3,16 +3,36 @@
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 RUN = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
+SIBLINGS = ("run", "direct", "implementations", "report", "workloads", "timing")
 
 
-def _run(*argv):
-    return subprocess.run(
-        [sys.executable, str(RUN), *argv], capture_output=True, text=True, timeout=120
-    )
+@pytest.fixture(scope="module")
+def run_main():
+    """``benchmarks/run.py``'s ``main`` in this process: what it exits with and prints.
+
+    The refusals are checked here, not in a fresh process each (one import of TVM and torch,
+    about 5 s on the 2-vCPU VM); one test runs the script itself as a user does.
+    """
+    sys.path.insert(0, str(RUN.parent))
+    try:
+        import run
+
+        def call(*argv, capsys):
+            with pytest.raises(SystemExit) as exited:
+                run.main(list(argv))
+            out, err = capsys.readouterr()
+            return SimpleNamespace(returncode=exited.value.code, stdout=out, stderr=err)
+
+        yield call
+    finally:
+        sys.path.remove(str(RUN.parent))
+        for name in SIBLINGS:
+            sys.modules.pop(name, None)
 
 
 @pytest.mark.parametrize(
@@ -29,24 +49,31 @@ def _run(*argv):
     ],
     ids=["workload", "implementation", "mlp-only-without-mlp", "rounds", "budget"],
 )
-def test_a_selection_of_nothing_is_one_line_and_status_2(argv, expected):
-    result = _run(*argv)
+def test_a_selection_of_nothing_is_one_line_and_status_2(run_main, capsys, argv, expected):
+    result = run_main(*argv, capsys=capsys)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert expected in result.stderr
 
 
-def test_the_valid_names_are_listed():
-    result = _run("--workload", "nosuchname")
+def test_the_script_lists_the_valid_names_in_one_line_and_status_2():
+    result = subprocess.run(
+        [sys.executable, str(RUN), "--workload", "nosuchname"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert "'64x800->500 +bias+relu'" in result.stderr and "'1x4096->4096'" in result.stderr
     assert "'attn Q.K^T 96x128x64->128'" in result.stderr
     assert "or a group: '2d', 'batch'" in result.stderr
 
 
 @pytest.mark.parametrize("name", ["batch", "2d", "Linear 8x128x768->3072"])
-def test_a_workload_or_group_name_passes_the_check(name):
+def test_a_workload_or_group_name_passes_the_check(run_main, capsys, name):
     # The next check refuses, so nothing runs: the refusal is --only's, not --workload's.
-    result = _run("--workload", name, "--only", "nosuchname")
+    result = run_main("--workload", name, "--only", "nosuchname", capsys=capsys)
     assert result.returncode == 2 and "--workload" not in result.stderr
     assert "--only 'nosuchname' is not an implementation" in result.stderr
 

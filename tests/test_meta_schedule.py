@@ -386,16 +386,17 @@ def test_a_native_variant_far_behind_gets_no_more_trials_and_the_rest_gets_the_b
         strategy=ms.search_strategy.ReplayTrace(),
         cost_model="random",
         builder=one_worker_builder(),
+        default_rules=False,  # exp_only's rule schedule is not measured: not under test
         seed=0,
     )
-    tms.tune_tir(module, TARGET, str(tmp_path), 12, first_round_trials=2, **options)
+    tms.tune_tir(module, TARGET, str(tmp_path), 8, first_round_trials=2, **options)
     progress = capsys.readouterr().err
     report = tms.load_report(tmp_path)
     assert "large_dense@native: no more trials, 10.0000 ms after 2 against 1.0000 ms" in progress
     assert "large_dense@native: 4 trials" not in progress
     assert "large_dense@offload: 4 trials" not in progress
     assert report["large_dense"].choice == "offload"
-    assert report["exp_only"].trials == 8  # 12 - 2 - 2
+    assert report["exp_only"].trials == 4  # 8 - 2 - 2
     # native_cutoff=None: no first round, MetaSchedule's scheduler shares the whole budget.
     tms.tune_tir(module, TARGET, str(tmp_path / "none"), 4, native_cutoff=None, **options)
     assert "no more trials" not in capsys.readouterr().err
@@ -457,7 +458,7 @@ def test_rpc_runner_measures_both_variants_on_localhost(tmp_path, capsys):
             dense_relu_exp,
             TARGET,
             str(tmp_path),
-            6,
+            4,  # a round of two trials for each variant
             num_trials_per_iter=2,
             strategy=small_strategy(),
             cost_model="random",
@@ -502,7 +503,9 @@ def test_mlp_relax_flow_keeps_the_faster_variant_per_layer_and_zero_trials_rebui
         progress=False,
         seed=0,
     )
-    tuned = tms.tune_relax(demo.lowered_mlp(), TARGET, str(tmp_path), 12, **options)
+    # Eight trials: the scheduler's first rounds go to each task in turn, two layers x two
+    # variants of two trials each.
+    tuned = tms.tune_relax(demo.lowered_mlp(), TARGET, str(tmp_path), 8, **options)
     report = tms.load_report(tmp_path)
     for name, intrinsic in LAYERS.items():
         layer = report[name]
@@ -588,7 +591,7 @@ def test_a_function_left_to_tvm_keeps_the_default_rule_schedule_if_it_measures_f
         return [(2.0, ""), (1.0, "")] if faster == "rule" else [(1.0, ""), (2.0, "")]
 
     monkeypatch.setattr(tune_module, "measure", measured)
-    tuned = tms.tune_tir(as_module(exp_only), TARGET, str(tmp_path), 4, **EXP_OPTIONS)
+    tuned = tms.tune_tir(as_module(exp_only), TARGET, str(tmp_path), 2, **EXP_OPTIONS)
     report = tms.load_report(tmp_path)["main"]
     ((record, rule),) = batches
     rule_name, scheduled, _ = first_rule(as_module(exp_only)["main"], TARGET)
@@ -678,7 +681,7 @@ def test_default_rules_false_measures_no_rule_schedule(tmp_path, monkeypatch):
 
     monkeypatch.setattr(tune_module, "measure", measured)
     tuned = tms.tune_tir(
-        as_module(exp_only), TARGET, str(tmp_path), 4, default_rules=False, **EXP_OPTIONS
+        as_module(exp_only), TARGET, str(tmp_path), 2, default_rules=False, **EXP_OPTIONS
     )
     report = tms.load_report(tmp_path)["main"]
     assert report.choice == "none" and report.default_rule == "" and report.best_default_ms is None
