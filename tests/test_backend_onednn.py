@@ -213,6 +213,7 @@ def test_tanh_and_gelu_tanh_run_in_c_where_onednn_has_no_avx512_and_c_has_vector
     assert not onednn.fuses("gelu_tanh")
     assert not onednn.fuses("tanh")
     assert onednn.fuses("gelu") and onednn.fuses("silu")  # no tanh in them: fused as before
+    assert onednn.fuses("swish", (1.702,))  # CLIP's quick_gelu, checked for its alpha
 
 
 def test_status_codes_at_entry():

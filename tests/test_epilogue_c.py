@@ -79,6 +79,7 @@ CHAINS: dict[str, tuple[Op, ...]] = {
     "relu_keep_nan": (RELU_KEEP_NAN,),
     "scale,bias,gelu,add": (Op("scale"), Op("bias"), Op("gelu"), Op("add")),
     "bias,silu,mul": (Op("bias"), Op("silu"), Op("mul")),
+    "bias,swish-1,add": (Op("bias"), Op("swish", (-1.0,)), Op("add")),
     "div,bias": (Op("div"), Op("bias")),
     "div3,bias": (Op("div", (3.0,)), Op("bias")),
     "bias,relu_keep_nan": (Op("bias"), RELU_KEEP_NAN),
@@ -418,7 +419,7 @@ BASE = Shape("error_paths", 2, 3, 4)
 
 #: Calls that are refused, each a change to a well-formed call of bias then add.
 REFUSED = {
-    "unknown op code": ({"ops": 15}, EEPILOGUE),
+    "unknown op code": ({"ops": 16}, EEPILOGUE),
     "op code 255": ({"ops": 0xFF}, EEPILOGUE),
     "a byte after the end marker": ({"ops": 3 | 4 << 16}, EEPILOGUE),
     "a bias without its tensor": ({"tensors": [None, None]}, ENULL),

@@ -41,6 +41,8 @@ def _linear_then(op_name):
         "gelu": R.nn.gelu,
         "gelu_tanh": R.nn.gelu_tanh,
         "silu": R.nn.silu,
+        # CLIP's quick_gelu, as torch writes it: x * sigmoid(1.702 * x).
+        "swish": lambda z: R.multiply(z, R.sigmoid(R.multiply(R.const(1.702, "float32"), z))),
         "sigmoid": R.sigmoid,
         "tanh": R.tanh,
         "clip": lambda z: R.clip(z, 0.0, 6.0),
@@ -189,6 +191,22 @@ def test_erf_and_tanh_gelu_are_told_apart():
         (rejection,) = tir_byoc.explain(func)
         assert rejection.reason.startswith(f"{op}: a constant is ")
         assert rejection.nearest == f"dense_{op}"
+
+
+def test_swish_carries_its_alpha_and_is_told_apart_from_silu():
+    def swish(alpha):
+        return lambda z: z * te.sigmoid(f32(alpha) * z)
+
+    for alpha in (1.702, -0.5):
+        (match,) = tir_byoc.scan(_dense_then(swish(alpha)))
+        assert match.pattern == "dense_swish"
+        assert [float(c) for c in match.epilogue[0].constants] == [float(np.float32(alpha))]
+    assert only_match(_dense_then(lambda z: z * te.sigmoid(z))).pattern == "dense_silu"
+    # The sigmoid of another value than the one it multiplies is no swish.
+    shifted = _dense_then(lambda z: z * te.sigmoid(f32(1.702) * (z + f32(1.0))))
+    assert only_match(shifted).pattern == "dense"
+    (rejection,) = tir_byoc.explain(shifted)
+    assert "multiplies the value by a computed value of itself" in rejection.reason
 
 
 @pytest.mark.parametrize("pattern", ["dense_bias_gelu", "dense_scale_bias_gelu_tanh_add"])

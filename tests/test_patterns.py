@@ -49,8 +49,8 @@ def test_names_say_the_batch_form():
     assert pattern("batch_dense_bias") == Pattern("dense", ("bias",), "leading")
     assert pattern("bmm_matmul") == Pattern("matmul", (), "batched")
     assert PATTERNS == FAMILY
-    # 3 scale x 2 bias x 9 activation x 3 tail epilogues, 2 layouts, 3 batch forms.
-    assert len(FAMILY) == 162 * 6
+    # 3 scale x 2 bias x 10 activation x 3 tail epilogues, 2 layouts, 3 batch forms.
+    assert len(FAMILY) == 180 * 6
     assert pattern("bmm_matmul_div_bias_gelu_tanh_mul").ops == ("div", "bias", "gelu_tanh", "mul")
 
 
@@ -90,8 +90,8 @@ def test_the_matcher_recognises_every_member_from_its_description(name):
     "make, message",
     [
         (
-            lambda: pattern("dense_swish"),
-            "unknown pattern 'dense_swish' ('swish' is not a layout or an op); expected",
+            lambda: pattern("dense_mish"),
+            "unknown pattern 'dense_mish' ('mish' is not a layout or an op); expected",
         ),
         (lambda: Pattern("conv"), "expected layout in ['dense', 'matmul'], got 'conv'"),
         (lambda: Pattern("dense", (), "ragged"), "expected batch form in"),
@@ -104,7 +104,7 @@ def test_the_matcher_recognises_every_member_from_its_description(name):
             lambda: Pattern("dense", ("gelu", "tanh")),
             "gelu then tanh would be named as the one op gelu_tanh",
         ),
-        (lambda: EpilogueOp("swish"), "expected one of ('scale', 'div', 'bias', 'relu', "),
+        (lambda: EpilogueOp("mish"), "expected one of ('scale', 'div', 'bias', 'relu', "),
     ],
 )
 def test_bad_members_are_refused_in_one_line(make, message):

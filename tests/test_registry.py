@@ -146,7 +146,7 @@ def test_patterns_without_an_intrinsic_say_so():
         ({"name": "toy"}, "expected '<backend>.<variant>'"),
         ({"pattern": "conv2d"}, "expected 'gemm' or a pattern in"),
         ({"ops": ("gelu",)}, "expected ops from"),
-        ({"pattern": "gemm", "ops": ("swish",)}, "expected ops from"),
+        ({"pattern": "gemm", "ops": ("mish",)}, "expected ops from"),
         ({"extern_symbol": "not a symbol"}, "expected a C identifier as extern_symbol"),
         ({"dtypes": ("float99",)}, "expected x dtype in"),
         ({"dtypes": ("float32,float32",)}, "expected 'x_dtype,w_dtype->out_dtype'"),

@@ -7,7 +7,8 @@ belongs to a **slot**, the place real models most often put it::
 
     scale  (z * c, z / c)          attention's 1/sqrt(d), a scalar parameter
     bias   (z + b[j])              nn.Linear
-    activation                     relu, gelu, gelu_tanh, silu, sigmoid, tanh, clip, leaky_relu
+    activation                     relu, gelu, gelu_tanh, silu, swish, sigmoid, tanh, clip,
+                                   leaky_relu
     tail   (z + R, z * G)          a residual add, the gate of a gated MLP (R, G of y's shape)
 
 and the epilogues with at most one op per slot, in slot order, are the **canonical** ones
@@ -90,6 +91,8 @@ OPS: dict[str, OpSpec] = {
         OpSpec("tanh", 10, "activation"),
         OpSpec("clip", 11, "activation", ("lo", "hi", "nan"), example=(0.0, 6.0, 6.0)),
         OpSpec("leaky_relu", 12, "activation", ("slope",), example=(0.01,)),
+        # z * sigmoid(alpha * z): CLIP's quick_gelu (alpha 1.702); silu is alpha 1 unscaled.
+        OpSpec("swish", 15, "activation", ("alpha",), example=(1.702,)),
         OpSpec("add", 13, "tail", tensor="full"),
         OpSpec("mul", 14, "tail", tensor="full"),
     )
@@ -158,6 +161,8 @@ def reference(name: str, z: np.ndarray, constants=(), tensor=None, keep_nan=Fals
             return f32(0.5) * z * (f32(1) + np.tanh(c[0] * (z + c[1] * (z * z * z))))
         if name == "silu":
             return z * (f32(1) / (f32(1) + np.exp(-z)))
+        if name == "swish":
+            return z * (f32(1) / (f32(1) + np.exp(-(c[0] * z))))
         if name == "sigmoid":
             return f32(1) / (f32(1) + np.exp(-z))
         if name == "tanh":
@@ -211,6 +216,10 @@ def compose(name: str, value: te.Tensor, tensor: te.Tensor | None = None, consta
     half, one = tirx.const(0.5, dtype), tirx.const(1.0, dtype)
     if name == "silu":
         sigmoid = each(lambda *i: te.sigmoid(value[i]), "compute")
+        return each(lambda *i: value[i] * sigmoid[i], "T_multiply")
+    if name == "swish":  # torch's x * torch.sigmoid(alpha * x), as Relax lowers it
+        scaled = each(lambda *i: value[i] * c[0], "T_multiply_1")
+        sigmoid = each(lambda *i: te.sigmoid(scaled[i]), "compute")
         return each(lambda *i: value[i] * sigmoid[i], "T_multiply")
     if name == "gelu":
         scaled = each(lambda *i: value[i] * c[0], "T_multiply_1")

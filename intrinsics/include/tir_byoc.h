@@ -39,7 +39,7 @@
  * batched ones loop over the batch.  A backend with a batched kernel of its own uses
  * TIR_BYOC_DEFINE_BATCHED_FAMILY instead.
  *
- * Epilogues as data.  Every other member (an epilogue with scale, gelu, silu, clip, a residual
+ * Epilogues as data.  Every other member (an epilogue with scale, gelu, silu, swish, clip, a residual
  * add, a gating mul, ...; tir_byoc/epilogues.py lists them) is called through one entry point
  * per backend that takes the weight layout, the batch and the epilogue as arguments:
  *
@@ -389,7 +389,8 @@ static inline int32_t tir_byoc_each_batch(tir_byoc_gemm_fn impl, const void *x, 
 #define TIR_BYOC_OP_LEAKY_RELU 12    /* z > 0 ? z : c0 * z, 0 <= c0 <= 1 */
 #define TIR_BYOC_OP_ADD 13           /* z + t[i, j], t with y's shape */
 #define TIR_BYOC_OP_MUL 14           /* z * t[i, j], t with y's shape */
-#define TIR_BYOC_OP_COUNT 15
+#define TIR_BYOC_OP_SWISH 15         /* z * (1 / (1 + exp(-(c0 * z)))) (CLIP's quick_gelu) */
+#define TIR_BYOC_OP_COUNT 16
 #define TIR_BYOC_MAX_OPS 8
 #define TIR_BYOC_MAX_CONSTANTS 6
 #define TIR_BYOC_MAX_TENSORS 4
@@ -401,6 +402,7 @@ static inline int tir_byoc_op_constants(int32_t code) {
     case TIR_BYOC_OP_DIV:
     case TIR_BYOC_OP_GELU:
     case TIR_BYOC_OP_LEAKY_RELU:
+    case TIR_BYOC_OP_SWISH:
       return 1;
     case TIR_BYOC_OP_GELU_TANH:
       return 2;

@@ -7,7 +7,7 @@
  * arithmetic, the same comparisons), so a NaN or an infinity gives what the TIR gives.  The
  * loops run one op over one row at a time: the row stays in cache across the ops, and the
  * arithmetic ones are plain loops gcc vectorises at -O3.  The transcendental ones (the gelus,
- * silu, sigmoid, tanh) call erff, tanhf or expf per value, which gcc cannot vectorise; where
+ * silu, swish, sigmoid, tanh) call erff, tanhf or expf per value, which gcc cannot vectorise; where
  * glibc's vector math library serves this CPU they take 8 values a call (below).
  */
 #ifndef TIR_BYOC_EPILOGUE_H_
@@ -88,6 +88,11 @@ __attribute__((target("avx2"))) static inline int64_t tir_byoc_vector_span(
       case TIR_BYOC_OP_SIGMOID: /* 1 / (1 + exp(-v)) */
         r = _mm256_div_ps(one, _mm256_add_ps(one, fn(_mm256_xor_ps(v, sign))));
         break;
+      case TIR_BYOC_OP_SWISH: { /* v * (1 / (1 + exp(-(c0 * v)))) */
+        const __m256 e = fn(_mm256_xor_ps(_mm256_mul_ps(a, v), sign));
+        r = _mm256_mul_ps(v, _mm256_div_ps(one, _mm256_add_ps(one, e)));
+        break;
+      }
       default: /* TIR_BYOC_OP_TANH */
         r = fn(v);
         break;
@@ -103,7 +108,7 @@ __attribute__((target("avx2"))) static inline int64_t tir_byoc_vector_span(
 static inline int64_t tir_byoc_vector_op(const tir_byoc_op *op, float *row, int64_t len) {
 #ifdef TIR_BYOC_LIBMVEC
   const tir_byoc_libmvec_table *found = tir_byoc_libmvec();
-  void *f = found->expf; /* silu, sigmoid */
+  void *f = found->expf; /* silu, swish, sigmoid */
   if (op->code == TIR_BYOC_OP_GELU) f = found->erff;
   if (op->code == TIR_BYOC_OP_GELU_TANH || op->code == TIR_BYOC_OP_TANH) f = found->tanhf;
   if (f == NULL) return 0;
@@ -165,6 +170,10 @@ static inline void tir_byoc_op_span(const tir_byoc_op *op, float *row, int64_t i
     case TIR_BYOC_OP_SIGMOID:
       for (j = tir_byoc_vector_op(op, row, len); j < len; ++j)
         row[j] = 1.0f / (1.0f + expf(-row[j]));
+      break;
+    case TIR_BYOC_OP_SWISH:
+      for (j = tir_byoc_vector_op(op, row, len); j < len; ++j)
+        row[j] = row[j] * (1.0f / (1.0f + expf(-(c0 * row[j]))));
       break;
     case TIR_BYOC_OP_TANH:
       for (j = tir_byoc_vector_op(op, row, len); j < len; ++j) row[j] = tanhf(row[j]);
@@ -243,8 +252,8 @@ static inline int tir_byoc_epilogue_parts(const tir_byoc_epilogue *epilogue, int
   for (int o = first; o < epilogue->count; ++o) {
     const int32_t code = epilogue->op[o].code;
     const int transcendental = code == TIR_BYOC_OP_GELU || code == TIR_BYOC_OP_GELU_TANH ||
-                               code == TIR_BYOC_OP_SILU || code == TIR_BYOC_OP_SIGMOID ||
-                               code == TIR_BYOC_OP_TANH;
+                               code == TIR_BYOC_OP_SILU || code == TIR_BYOC_OP_SWISH ||
+                               code == TIR_BYOC_OP_SIGMOID || code == TIR_BYOC_OP_TANH;
     work += (double)rows * (double)n * (transcendental ? TIR_BYOC_TRANSCENDENTAL_COST : 1);
   }
   if (work < TIR_BYOC_SHARED_EPILOGUE) return 1;

@@ -69,6 +69,11 @@ static void mkl_op_span(const tir_byoc_op *op, float *v0, int64_t i, int64_t j0,
         vmsExp(chunk, t, t, kVmMode);
         for (j = 0; j < chunk; ++j) v[j] = v[j] * (1.0f / (1.0f + t[j]));
         break;
+      case TIR_BYOC_OP_SWISH: /* z * (1 / (1 + exp(-(c0 * z)))) */
+        for (j = 0; j < chunk; ++j) t[j] = -(c0 * v[j]);
+        vmsExp(chunk, t, t, kVmMode);
+        for (j = 0; j < chunk; ++j) v[j] = v[j] * (1.0f / (1.0f + t[j]));
+        break;
       case TIR_BYOC_OP_SIGMOID: /* 1 / (1 + exp(-z)) */
         for (j = 0; j < chunk; ++j) t[j] = -v[j];
         vmsExp(chunk, t, t, kVmMode);

@@ -7,9 +7,10 @@ such as gelu's five, is one expression) into a tuple of :class:`~.records.Step` 
 :class:`~.records.Refused` saying what differs.  Reads :mod:`.stir`, :mod:`.exprs` and
 :func:`.reduction.bias_vector`.
 
-The ops are recognised two ways.  The ones with fixed constants (gelu, gelu_tanh, silu,
-sigmoid, tanh) by :data:`SPELLINGS`: expression templates, matched up to the order of the
-operands of ``+`` and ``*``, whose constants are then compared with the op's; the others
+The ops are recognised two ways.  The ones whose spelling has a fixed form (gelu, gelu_tanh,
+silu, swish, sigmoid, tanh) by :data:`SPELLINGS`: expression templates, matched up to the order
+of the operands of ``+`` and ``*``, whose constants are then compared with the op's (swish's
+alpha is whatever the TIR holds); the others
 (scale, bias, relu, clip, leaky_relu, add, mul) by the rules of :data:`RULES`, since what
 they accept (a bound, a slope, a tensor) needs its own check.  Each result records the
 spelling's NaN behaviour where spellings differ (relu, clip), so the call computes it too.
@@ -145,6 +146,7 @@ SPELLINGS = {
         ),
     ),
     "silu": (("mul", VALUE, _call("tirx.sigmoid", VALUE)),),
+    "swish": (("mul", VALUE, _call("tirx.sigmoid", ("mul", VALUE, _C0))),),
     "sigmoid": (_call("tirx.sigmoid", VALUE),),
     "tanh": (_call("tirx.tanh", VALUE),),
 }
@@ -320,13 +322,17 @@ class EpilogueParser:
         return known[1]
 
     def _fixed_constants(self, op: str, binding) -> Step:
-        """The Step of a spelling of ``op``, if its constants are the op's; else Refused."""
+        """The Step of a spelling of ``op``, if its constants are the op's; else Refused.
+
+        The gelus' constants are fixed (:data:`GELU_CONSTANTS`); another op's (swish's alpha)
+        is the value its first occurrence has.
+        """
         expected = iter(GELU_CONSTANTS.get(op, ()))
         values = []
         for name in sorted(k for k in binding if k != VALUE):  # fixed values sort before c0
             occurrences = binding[name]
             fixed = occurrences[0][1]
-            want = fixed if fixed is not None else next(expected)
+            want = fixed if fixed is not None else next(expected, occurrences[0][0])
             for found, _ in occurrences:
                 if np.float32(found) != np.float32(want):
                     raise Refused(

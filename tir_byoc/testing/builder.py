@@ -376,6 +376,7 @@ class ChainBuilder:
             "lo": lo,
             "hi": hi,
             "slope": chain.slope if knobs.slope is None else knobs.slope,
+            "alpha": chain.alpha,
         }
         if knobs.fixed_constant is not None:
             name, changed = knobs.fixed_constant

@@ -33,14 +33,14 @@ The epilogue's constants are the ones the generator writes, as fp32: a scale's f
 the scalar parameter's read, ``"s0[0]"``), gelu's sqrt(1/2), tanh-gelu's sqrt(2/pi) and
 0.044715, the clip's bounds and what its spelling makes of a NaN (the spelling tables
 declare it: TVM's ``max(a, b)`` is ``a > b ? a : b``, so a NaN in ``a`` gives ``b``), the
-leaky relu's slope.  A near miss whose mutation stops the chain in its epilogue is matched up
-to the op it breaks (:func:`epilogue_stop`, restating the matcher's rules): the chain ends
-after the last block before the one computing that op, or before the first op one call
-cannot carry; an op a spelling of several blocks computes can only end the chain after its
-last block, since its first blocks' input is read again by a later one.  A residual
-broadcast from a (1, N) tensor read ``R[0, j]`` is a bias add; one broadcast from (M, 1),
-and a gate broadcast either way, are refused.  A positive's ops are expected in the order
-the chain applies them (:attr:`~.specs.ChainSpec.applied_ops`).
+leaky relu's slope, the swish's alpha.  A near miss whose mutation stops the chain in its
+epilogue is matched up to the op it breaks (:func:`epilogue_stop`, restating the matcher's
+rules): the chain ends after the last block before the one computing that op, or before the
+first op one call cannot carry; an op a spelling of several blocks computes can only end the
+chain after its last block, since its first blocks' input is read again by a later one.  A
+residual broadcast from a (1, N) tensor read ``R[0, j]`` is a bias add; one broadcast from
+(M, 1), and a gate broadcast either way, are refused.  A positive's ops are expected in the
+order the chain applies them (:attr:`~.specs.ChainSpec.applied_ops`).
 """
 
 from __future__ import annotations
@@ -198,6 +198,8 @@ def expected_epilogue(
             constants = (_fp32(lo), _fp32(hi), _fp32(nan))
         elif op == "leaky_relu":
             constants = (_fp32(chain.slope),)
+        elif op == "swish":
+            constants = (_fp32(chain.alpha),)
         tensor = tensors.get(op) if OPS[op].tensor else None
         steps.append((op, constants, tensor))
     return tuple(steps)

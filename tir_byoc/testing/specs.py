@@ -270,6 +270,8 @@ class ChainSpec:
         The clip's (lower, upper) bound.
     slope : float
         The leaky relu's slope, in [0, 1].
+    alpha : float
+        The swish's alpha (``z * sigmoid(alpha * z)``), finite.
     tail : str or None
         A key of :data:`~.spellings.TAIL_SPELLINGS` (a residual add or a gating mul by a
         tensor of the output's shape, the epilogue's last op), or None.
@@ -330,6 +332,7 @@ class ChainSpec:
     activation: str | None = None
     bounds: tuple[float, float] = (0.0, 6.0)
     slope: float = 0.01
+    alpha: float = 1.702
     tail: str | None = None
     fused: tuple[bool, ...] = ()
     dtypes: tuple[str, str, str] = ("float32", "float32", "float32")
@@ -582,6 +585,7 @@ def _epilogue_problem(chain: ChainSpec) -> str | None:
             f"expected clip bounds lo < hi, got {chain.bounds}",
         ),
         (0 <= chain.slope <= 1, f"expected a leaky relu slope in [0, 1], got {chain.slope}"),
+        (math.isfinite(chain.alpha), f"expected a finite swish alpha, got {chain.alpha}"),
         (
             not (chain.scale and chain.init == "bias"),
             "init 'bias' adds the bias before the scale, out of slot order",

@@ -148,9 +148,9 @@ FIXED_CONSTANTS: dict[str, float] = {
 class Terms:
     """What an op spelling is built from besides its input: the epilogue's ``dtype``, the
     named constants (``values``: the fixed ones of :data:`FIXED_CONSTANTS` and the op's own,
-    ``factor``, ``lo``, ``hi``, ``slope``), the tensor or scalar it reads (``operand``, a load
-    at the block's indices) and whether gelu's erf and tanh-gelu's tanh trade places (a near
-    miss)."""
+    ``factor``, ``lo``, ``hi``, ``slope``, ``alpha``), the tensor or scalar it reads
+    (``operand``, a load at the block's indices) and whether gelu's erf and tanh-gelu's tanh
+    trade places (a near miss)."""
 
     dtype: str
     values: Mapping[str, float] = field(default_factory=dict)
@@ -320,6 +320,17 @@ ACTIVATION_SPELLINGS: dict[str, OpSpelling] = {
     "silu: two blocks": OpSpelling(
         "silu", (lambda z, e, k: tirx.sigmoid(z), lambda z, e, k: _mul(z, e[0]))
     ),
+    # CLIP's quick_gelu as torch writes it, x * sigmoid(1.702 * x): three blocks in Relax.
+    "swish: three blocks": OpSpelling(
+        "swish",
+        (
+            lambda z, e, k: _mul(z, k.c("alpha")),
+            lambda z, e, k: tirx.sigmoid(e[0]),
+            lambda z, e, k: _mul(z, e[1]),
+        ),
+    ),
+    "swish: one block": _one(lambda z, k: _mul(z, tirx.sigmoid(_mul(k.c("alpha"), z))), "swish"),
+    "swish: commuted": _one(lambda z, k: _mul(tirx.sigmoid(_mul(z, k.c("alpha"))), z), "swish"),
     "sigmoid": _one(lambda z, k: tirx.sigmoid(z), "sigmoid"),
     "tanh": _one(lambda z, k: tirx.tanh(z), "tanh"),
     # A NaN: min(NaN, c) and max(NaN, c) give c, min(c, NaN) and max(c, NaN) give NaN.

@@ -77,6 +77,9 @@ CLIP_WIDTH = (6.0, 1.0, 0.5, 100.0)
 #: Leaky relu slopes drawn, both ends of [0, 1] included.
 SLOPES = (0.01, 0.0, 0.1, 0.2, 0.5, 1.0)
 
+#: Swish alphas drawn: CLIP's quick_gelu, silu's 1 (written as a multiply), a negative one.
+ALPHAS = (1.702, 1.0, 0.5, -1.0)
+
 #: The activation ops other than relu, in the order of their first spelling.
 _ACTIVATION_OPS = tuple(dict.fromkeys(spelling.op for spelling in ACTIVATION_SPELLINGS.values()))
 
@@ -188,6 +191,7 @@ def epilogue_fields(draw, floating: bool, scale: bool = True) -> dict:
         lower = draw(st.sampled_from(CLIP_LOWER))
         fields["bounds"] = (lower, lower + draw(st.sampled_from(CLIP_WIDTH)))
         fields["slope"] = draw(st.sampled_from(SLOPES))
+        fields["alpha"] = draw(st.sampled_from(ALPHAS))
     fields["tail"] = draw(st.sampled_from((None, None, *TAIL_SPELLINGS)))
     return fields
 
