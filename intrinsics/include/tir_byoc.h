@@ -39,9 +39,9 @@
  * batched ones loop over the batch.  A backend with a batched kernel of its own uses
  * TIR_BYOC_DEFINE_BATCHED_FAMILY instead.
  *
- * Epilogues as data.  Every other member (an epilogue with scale, gelu, silu, swish, clip, a residual
- * add, a gating mul, ...; tir_byoc/epilogues.py lists them) is called through one entry point
- * per backend that takes the weight layout, the batch and the epilogue as arguments:
+ * Epilogues as data.  Every other member (an epilogue with scale, gelu, silu, swish, clip, a
+ * residual add, a gating mul, ...; tir_byoc/epilogues.py lists them) is called through one
+ * entry point per backend that takes the weight layout, the batch and the epilogue as arguments:
  *
  *     int32_t tir_byoc_<backend>_gemm(const void *x, const void *w, void *y,
  *                                     int64_t m, int64_t n, int64_t k, int32_t dtypes,

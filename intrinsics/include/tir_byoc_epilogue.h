@@ -7,8 +7,8 @@
  * arithmetic, the same comparisons), so a NaN or an infinity gives what the TIR gives.  The
  * loops run one op over one row at a time: the row stays in cache across the ops, and the
  * arithmetic ones are plain loops gcc vectorises at -O3.  The transcendental ones (the gelus,
- * silu, swish, sigmoid, tanh) call erff, tanhf or expf per value, which gcc cannot vectorise; where
- * glibc's vector math library serves this CPU they take 8 values a call (below).
+ * silu, swish, sigmoid, tanh) call erff, tanhf or expf per value, which gcc cannot vectorise;
+ * where glibc's vector math library serves this CPU they take 8 values a call (below).
  */
 #ifndef TIR_BYOC_EPILOGUE_H_
 #define TIR_BYOC_EPILOGUE_H_

@@ -533,7 +533,7 @@ int32_t BatchedGemm(const void *x, const void *w, const void *bias, void *y, int
  *   gelu           eltwise_gelu_erf             NaN    inf    NaN    1e30   0      0      yes
  *   gelu_tanh      eltwise_gelu_tanh            NaN    inf    NaN    1e30   -0     -0     yes
  *   silu           eltwise_swish(1)             NaN    inf    NaN    1e30   -0     -0     yes
- *   swish a        eltwise_swish(a)             a > 0: as silu; each a is checked (below)  a finite
+ *   swish a        eltwise_swish(a)             a > 0: as silu (each a checked, below)     a finite
  *   sigmoid        eltwise_logistic             NaN    1      0      1      0      0      yes
  *   tanh           eltwise_tanh                 NaN    1      -1     1      -1     -1     yes
  *   clip lo hi c2  eltwise_clip_v2(lo, hi)      lo (C: c2)   hi     lo     hi     lo     c2 == lo
