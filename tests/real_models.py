@@ -1,8 +1,8 @@
 """Small real models through the whole flow, and how much of their GEMM work tir_byoc serves.
 
-Seven models, built from configs with random weights (nothing is downloaded): BERT-like and
-DeBERTa-like encoders and LLaMA-like, GPT-2-like, GPT-NeoX-like and Falcon-like decoders from
-transformers, and torch's ``nn.TransformerEncoderLayer``.
+Eight models, built from configs with random weights (nothing is downloaded): BERT-like,
+DeBERTa-like and CLIP-text-like encoders and LLaMA-like, GPT-2-like, GPT-NeoX-like and
+Falcon-like decoders from transformers, and torch's ``nn.TransformerEncoderLayer``.
 Each goes the way a user's model goes: ``torch.export`` -> ``from_exported_program`` (as
 :func:`tir_byoc.frontend.import_torch` runs them) -> the standard Relax lowering ->
 :func:`tir_byoc.offload` -> ``tvm.compile`` for llvm -> the Relax VM.
@@ -200,6 +200,21 @@ def deberta() -> RealModel:
     return RealModel("deberta", _LastHiddenState(encoder).eval(), (_token_ids(6),))
 
 
+def clip_text() -> RealModel:
+    """A two-layer CLIP text encoder: its MLP's ``quick_gelu``, ``x * sigmoid(1.702 x)``, is
+    the family's swish op with alpha 1.702, read from the three blocks Relax lowers it to."""
+    encoder = _transformers_model(
+        "CLIPTextModel",
+        "CLIPTextConfig",
+        decoder=False,
+        **_BERT_LIKE,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+    )
+    return RealModel("clip_text", _LastHiddenState(encoder).eval(), (_token_ids(7),))
+
+
 def gpt_neox() -> RealModel:
     """A two-layer GPT-NeoX decoder (Pythia's architecture): attention and MLP in parallel,
     both added to the layer's input, so the MLP's second GEMM has two residual adds after its
@@ -240,6 +255,7 @@ def encoder_layer() -> RealModel:
 MODELS: dict[str, Callable[[], RealModel]] = {
     "bert": bert,
     "deberta": deberta,
+    "clip_text": clip_text,
     "llama": llama,
     "gpt2": gpt2,
     "gpt_neox": gpt_neox,
