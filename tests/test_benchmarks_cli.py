@@ -2,13 +2,12 @@
 
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from benchmark_modules import BENCHMARKS, benchmark_modules
 
-RUN = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
-SIBLINGS = ("run", "direct", "implementations", "report", "workloads", "timing")
+RUN = BENCHMARKS / "run.py"
 
 
 @pytest.fixture(scope="module")
@@ -18,9 +17,7 @@ def run_main():
     The refusals are checked here, not in a fresh process each (one import of TVM and torch,
     about 5 s on the 2-vCPU VM); one test runs the script itself as a user does.
     """
-    sys.path.insert(0, str(RUN.parent))
-    try:
-        import run
+    with benchmark_modules("run") as (run,):
 
         def call(*argv, capsys):
             with pytest.raises(SystemExit) as exited:
@@ -29,10 +26,6 @@ def run_main():
             return SimpleNamespace(returncode=exited.value.code, stdout=out, stderr=err)
 
         yield call
-    finally:
-        sys.path.remove(str(RUN.parent))
-        for name in SIBLINGS:
-            sys.modules.pop(name, None)
 
 
 @pytest.mark.parametrize(

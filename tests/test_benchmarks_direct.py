@@ -8,15 +8,12 @@ harness's outputs on given inputs (its check mode) are compared with NumPy.
 """
 
 import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from benchmark_modules import benchmark_modules
 
 from tir_byoc import toolchain
-
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 #: LAYER specs both harnesses take: 2-D, batched (the trailing count), with bias and relu.
 SPECS = ["4:3:5:f32:dense:1:1", "4:3:5:f32:matmul:0:0:2", "4:3:5:f32:dense:1:1:3"]
@@ -43,15 +40,8 @@ EPILOGUE_SPECS = [
 
 @pytest.fixture(scope="module")
 def harness():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import direct
-
+    with benchmark_modules("direct") as (direct,):
         yield {library: direct._direct_binary(library) for library in direct.SOURCES}
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-        for name in ("direct", "timing", "workloads"):
-            sys.modules.pop(name, None)
 
 
 def _run(binary, *argv):

@@ -5,24 +5,16 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 import built_models
 import pytest
-
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+from benchmark_modules import BENCHMARKS, benchmark_modules
 
 
 @pytest.fixture(scope="module")
 def models():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import models
-
+    with benchmark_modules("models") as (models,):
         yield models
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-        sys.modules.pop("models", None)
 
 
 def test_the_split_puts_offloaded_prim_funcs_in_library_and_the_rest_in_tvm_code(models):

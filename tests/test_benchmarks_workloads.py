@@ -9,15 +9,14 @@ oracle before timing it; here on small shapes, where the timing is a few calls.
 """
 
 import re
-import sys
 from dataclasses import replace
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import tvm
 import tvm_ffi
+from benchmark_modules import benchmark_modules
 from tvm import ir, relax, tirx
 
 import tir_byoc
@@ -25,23 +24,12 @@ from tir_byoc.backends import onednn
 from tir_byoc.offload import apply
 from tir_byoc.patterns import BATCH_FORMS
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-MODULES = ("workloads", "timing", "direct", "implementations")
-
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import direct
-        import implementations
-        import workloads
-
+    with benchmark_modules("workloads", "implementations", "direct") as modules:
+        workloads, implementations, direct = modules
         yield SimpleNamespace(workloads=workloads, implementations=implementations, direct=direct)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-        for name in MODULES:
-            sys.modules.pop(name, None)
 
 
 #: The batch workloads as issue 11 states them (8 x 12 attention heads flattened into a batch
@@ -112,13 +100,8 @@ def _expected_shapes(workload):
 
 
 def _cases():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import workloads
-
+    with benchmark_modules("workloads") as (workloads,):
         return [(w, d) for w in workloads.WORKLOADS if w.group != "epilogue" for d in w.dtypes]
-    finally:
-        sys.path.remove(str(BENCHMARKS))
 
 
 @pytest.mark.parametrize("workload, dtype", _cases(), ids=lambda case: getattr(case, "name", case))
