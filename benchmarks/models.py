@@ -34,7 +34,10 @@ fp32 to MKL).
 Each tir_byoc column's time is also split by its profile (:meth:`tir_byoc.model.Model.profile`)
 into the PrimFuncs that call an intrinsic ("library": the GEMMs with their epilogues) and the
 rest ("TVM code"); ``torch / library`` is the most that build could gain over torch eager with
-the rest taking no time at all.  Each cell also has its "GEMM floor": the model's GEMM FLOPs
+the rest taking no time at all.  The ONNX Runtime column is split likewise by ORT's own
+profiler, into its GEMM nodes (MLAS's kernels; an activation is a node of its own there) and
+the other nodes: set beside tir_byoc's library time, it says whose GEMMs are faster where ORT
+wins.  Each cell also has its "GEMM floor": the model's GEMM FLOPs
 (torch's ``FlopCounterMode``) at the best fp32 GEMM rate torch reaches in the same process on
 the FFN's shapes; ``torch / floor`` is the most any fp32 build, whatever runs its GEMMs, could
 gain over torch eager unless its GEMMs ran faster than that.
@@ -231,16 +234,69 @@ def _tuning_note(work_dir: Path, cached: bool) -> str:
 
 
 def _onnxruntime(model, x, threads: int):
-    import onnxruntime
-
     path = Path(tempfile.mkdtemp()) / "model.onnx"
     torch.onnx.export(model, (x,), str(path), dynamo=True, external_data=False)
+    session = _onnxruntime_session(path, threads)
+    feed = {session.get_inputs()[0].name: x.numpy()}
+
+    def run():
+        return torch.from_numpy(session.run(None, feed)[0])
+
+    run.split = lambda: _onnxruntime_split(path, threads, feed)
+    return run
+
+
+def _onnxruntime_session(path: Path, threads: int, profile_prefix: str | None = None):
+    import onnxruntime
+
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    feed = {session.get_inputs()[0].name: x.numpy()}
-    return lambda: torch.from_numpy(session.run(None, feed)[0])
+    if profile_prefix:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+#: The ONNX Runtime nodes that are a GEMM (with what its graph optimisations fused into one: a
+#: bias in ``Gemm``, a scale or transpose in ``FusedMatMul``).
+ONNX_GEMM_OPS = frozenset({"Gemm", "MatMul", "FusedMatMul", "FusedGemm"})
+
+
+def _onnxruntime_split(path: Path, threads: int, feed, runs: int = 10) -> dict:
+    """Where ONNX Runtime spends a run, from its own profiler, on a second session of the same
+    model: ``ort_gemm_ms`` in its GEMM nodes (:data:`ONNX_GEMM_OPS`, MLAS's kernels),
+    ``ort_rest_ms`` in every other node; each the mean of ``runs`` runs after three warm-up
+    runs (the warm-up runs are profiled too, and left out)."""
+    session = _onnxruntime_session(path, threads, str(Path(tempfile.mkdtemp()) / "ort"))
+    for _ in range(3):
+        session.run(None, feed)
+    for _ in range(runs):
+        session.run(None, feed)
+    trace = Path(session.end_profiling())
+    events = json.loads(trace.read_text())
+    trace.unlink()
+    return _node_times(events, runs)
+
+
+def _node_times(events: list[dict], runs: int) -> dict:
+    """``ort_gemm_ms`` and ``ort_rest_ms`` per run from an ONNX Runtime profile's events: the
+    kernel times of the nodes of the last ``runs`` runs (``model_run`` events mark each run)."""
+    model_runs = sorted(e["ts"] for e in events if e.get("name") == "model_run")
+    if len(model_runs) < runs:
+        raise ValueError(f"the ONNX Runtime profile holds {len(model_runs)} runs, not {runs}")
+    since = model_runs[-runs]
+    gemm = rest = 0
+    for event in events:
+        if event.get("cat") != "Node" or not event["name"].endswith("_kernel_time"):
+            continue
+        if event["ts"] < since:
+            continue
+        if event["args"]["op_name"] in ONNX_GEMM_OPS:
+            gemm += event["dur"]
+        else:
+            rest += event["dur"]
+    return {"ort_gemm_ms": gemm / runs / 1e3, "ort_rest_ms": rest / runs / 1e3}
 
 
 def _agrees(result, expected) -> str:
@@ -318,6 +374,8 @@ def child(args) -> list[dict]:
                 for name, run in runs.items()
                 if name.startswith("tir_byoc") and hasattr(run, "built")
             }
+            if hasattr(runs.get("onnxruntime"), "split"):
+                splits["onnxruntime"] = runs["onnxruntime"].split()
             floor = _gemm_floor(model, x, args.budget)
             for name in args.columns:
                 ms = statistics.median(times[name]) if name in times else None
@@ -497,12 +555,16 @@ def _ratios(rows: list[dict]) -> None:
 def _table(rows: list[dict], columns: list[str]) -> str:
     split = "tir_byoc" in columns and any(row.get("library_ms") for row in rows)
     floors = any(row.get("floor_ms") for row in rows)
+    ort_split = any(row.get("ort_gemm_ms") for row in rows)
     header = "| model | batch | threads | " + " | ".join(columns) + " | torch / tir_byoc |"
     if split:
         header += " tir_byoc: library + TVM code | torch / library |"
+    if ort_split:
+        header += " ONNX Runtime: GEMM nodes + other nodes |"
     if floors:
         header += " GEMM floor | torch / floor |"
-    lines = [header, "|" + " --- |" * (len(columns) + 4 + 2 * split + 2 * floors)]
+    width = len(columns) + 4 + 2 * split + ort_split + 2 * floors
+    lines = [header, "|" + " --- |" * width]
     cells = {}
     for row in rows:
         cells.setdefault((row["model"], row["batch"], row["threads"]), {})[row["column"]] = row
@@ -529,6 +591,12 @@ def _table(rows: list[dict], columns: list[str]) -> str:
                 values.append(f"{bound:.2f}" if bound else "-")
             else:
                 values += ["-", "-"]
+        if ort_split:
+            row = cell.get("onnxruntime", {})
+            if row.get("ort_gemm_ms") is not None:
+                values.append(f"{row['ort_gemm_ms']:.1f} + {row['ort_rest_ms']:.1f}")
+            else:
+                values.append("-")
         if floors:
             row = next((r for r in cell.values() if r.get("floor_ms")), {})
             bound = row.get("torch/floor")
@@ -638,7 +706,8 @@ def _time_children(args, threads: int) -> list[tuple[list[str], str]]:
 
 
 #: Row fields :func:`_merge` takes the median of, over the children that timed a column.
-MEDIAN_FIELDS = ("ms", "library_ms", "tvm_ms", "gemm_gflop", "peak_gflops")
+MEDIAN_FIELDS = ("ms", "library_ms", "tvm_ms", "ort_gemm_ms", "ort_rest_ms", "gemm_gflop")
+MEDIAN_FIELDS += ("peak_gflops",)
 
 
 def _merge(rows: list[dict]) -> list[dict]:
@@ -756,6 +825,7 @@ def main(argv=None) -> int:
     with open(args.out / "models.csv", "w", newline="") as f:
         fields = ["model", "batch", "threads", "column", "ms", "torch/this", "peak_mb"]
         fields += ["deployed_mb", "library_ms", "tvm_ms", "torch/library"]
+        fields += ["ort_gemm_ms", "ort_rest_ms"]
         fields += ["gemm_gflop", "peak_gflops", "floor_ms", "torch/floor", "processes"]
         fields += ["tuning", "note"]
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")

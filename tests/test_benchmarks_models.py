@@ -182,3 +182,57 @@ def test_a_backend_column_offloads_to_that_backend_only(models, monkeypatch):
         (False, None, None),
     ]
     assert "TIR_BYOC_MKL_PACK" not in os.environ
+
+
+def test_onnxruntimes_split_counts_gemm_nodes_apart_in_the_last_runs_only(models):
+    def node(op, ts, dur):
+        return {
+            "cat": "Node",
+            "name": f"n_{op}_kernel_time",
+            "ts": ts,
+            "dur": dur,
+            "args": {"op_name": op},
+        }
+
+    events = [
+        {"cat": "Session", "name": "model_run", "ts": 0, "dur": 50},  # a warm-up run: left out
+        node("Gemm", 10, 9000),
+        {"cat": "Session", "name": "model_run", "ts": 100, "dur": 50},
+        node("Gemm", 110, 3000),
+        node("FusedMatMul", 120, 1000),
+        {
+            "cat": "Node",
+            "name": "n_Gemm_fence_before",
+            "ts": 121,
+            "dur": 7,
+            "args": {"op_name": "Gemm"},
+        },
+        node("Softmax", 130, 500),
+        {"cat": "Session", "name": "model_run", "ts": 200, "dur": 50},
+        node("MatMul", 210, 2000),
+        node("SkipLayerNormalization", 220, 700),
+    ]
+    assert models._node_times(events, runs=2) == {"ort_gemm_ms": 3.0, "ort_rest_ms": 0.6}
+    with pytest.raises(ValueError, match="holds 3 runs, not 4"):
+        models._node_times(events, runs=4)
+
+
+def test_the_table_gives_onnxruntimes_gemm_nodes_and_the_rest(models):
+    rows = [
+        {"model": "gpt2", "batch": 1, "threads": 1, "column": "torch", "ms": 60.0, "note": ""},
+        {
+            "model": "gpt2",
+            "batch": 1,
+            "threads": 1,
+            "column": "onnxruntime",
+            "ms": 46.4,
+            "note": "",
+            "ort_gemm_ms": 41.3,
+            "ort_rest_ms": 3.5,
+        },
+    ]
+    models._ratios(rows)
+    table = models._table(rows, ["torch", "onnxruntime"]).splitlines()
+    assert table[0].endswith("| ONNX Runtime: GEMM nodes + other nodes |")
+    assert table[1].count("---") == 7
+    assert table[-1] == "| gpt2 | 1 | 1 | 60.0 | 46.4 | - | 41.3 + 3.5 |"
