@@ -1,8 +1,9 @@
 """Small real models through the whole flow, and how much of their GEMM work tir_byoc serves.
 
-Eight models, built from configs with random weights (nothing is downloaded): BERT-like,
-DeBERTa-like and CLIP-text-like encoders and LLaMA-like, GPT-2-like, GPT-NeoX-like and
-Falcon-like decoders from transformers, and torch's ``nn.TransformerEncoderLayer``.
+Ten models, built from configs with random weights (nothing is downloaded): BERT-like,
+DeBERTa-like and CLIP-text-like encoders, a ViT and a Whisper encoder (convolutions before
+their transformer layers) and LLaMA-like, GPT-2-like, GPT-NeoX-like and Falcon-like decoders
+from transformers, and torch's ``nn.TransformerEncoderLayer``.
 Each goes the way a user's model goes: ``torch.export`` -> ``from_exported_program`` (as
 :func:`tir_byoc.frontend.import_torch` runs them) -> the standard Relax lowering ->
 :func:`tir_byoc.offload` -> ``tvm.compile`` for llvm -> the Relax VM.
@@ -50,9 +51,12 @@ BATCH, SEQUENCE = 2, 16
 HIDDEN, HEADS, INTERMEDIATE, VOCAB = 64, 4, 128, 100
 
 #: The aten operators ``FlopCounterMode`` counts that are GEMMs (or, for the attention
-#: kernels, two batched GEMMs); a count from any other operator is an error, not GEMM work.
+#: kernels, two batched GEMMs, and for a convolution the GEMM of its im2col, which is how
+#: tir_byoc serves it: :mod:`tir_byoc.relax_conv`); a count from any other operator is an
+#: error, not GEMM work.
 GEMM_OPS = frozenset(
     {
+        "aten.convolution",
         "aten.mm",
         "aten.addmm",
         "aten.bmm",
@@ -83,14 +87,16 @@ class RealModel:
 
 
 class _LastHiddenState(torch.nn.Module):
-    """``forward(ids)`` -> a transformers encoder's ``last_hidden_state``."""
+    """``forward(x)`` -> a transformers encoder's ``last_hidden_state`` for ``argument=x``
+    (token ids, an image's pixels, an audio clip's mel features)."""
 
-    def __init__(self, encoder: torch.nn.Module):
+    def __init__(self, encoder: torch.nn.Module, argument: str = "input_ids"):
         super().__init__()
         self.encoder = encoder
+        self.argument = argument
 
-    def forward(self, ids):
-        return self.encoder(input_ids=ids).last_hidden_state
+    def forward(self, x):
+        return self.encoder(**{self.argument: x}).last_hidden_state
 
 
 class _CausalLogits(torch.nn.Module):
@@ -126,14 +132,19 @@ _BERT_LIKE = dict(
 )
 
 
-def _transformers_model(model_class: str, config_class: str, *, decoder: bool, **settings):
-    """``transformers.<model_class>`` built from ``<config_class>(**settings)`` with eager
-    attention (and no cache for a decoder), its weights drawn with torch's seed 0."""
+def _transformers_model(
+    model_class, config_class: str, *, decoder: bool, model_args=None, **settings
+):
+    """``model_class`` (a class, or the name of one of transformers') built from
+    ``<config_class>(**settings)`` and ``model_args`` with eager attention (and no cache for a
+    decoder), its weights drawn with torch's seed 0."""
     extra = {"use_cache": False} if decoder else {}
     config = getattr(transformers, config_class)(**settings, **extra, attn_implementation="eager")
+    if isinstance(model_class, str):
+        model_class = getattr(transformers, model_class)
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        return getattr(transformers, model_class)(config).eval()
+        return model_class(config, **(model_args or {})).eval()
 
 
 def _decoder(name: str, model_class: str, config_class: str, seed: int, **settings):
@@ -215,6 +226,50 @@ def clip_text() -> RealModel:
     return RealModel("clip_text", _LastHiddenState(encoder).eval(), (_token_ids(7),))
 
 
+def vit() -> RealModel:
+    """A two-layer ViT on 32 x 32 images: its patch embedding is a convolution of stride 8
+    with an 8 x 8 kernel, served as a GEMM (:mod:`tir_byoc.relax_conv`)."""
+    settings = {
+        k: v for k, v in _BERT_LIKE.items() if k not in ("vocab_size", "max_position_embeddings")
+    }
+    encoder = _transformers_model(
+        "ViTModel",
+        "ViTConfig",
+        decoder=False,
+        model_args={"add_pooling_layer": False},
+        **settings,
+        image_size=32,
+        patch_size=8,
+    )
+    pixels = torch.randn(BATCH, 3, 32, 32, generator=torch.Generator().manual_seed(8))
+    return RealModel("vit", _LastHiddenState(encoder, "pixel_values").eval(), (pixels,))
+
+
+def whisper_encoder() -> RealModel:
+    """A two-layer Whisper encoder on 32 frames of 16 mel bins: two convolutions with a GELU
+    each (the second of stride 2, both padded), served as GEMMs with the bias and the GELU in
+    the call (:mod:`tir_byoc.relax_conv`)."""
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    encoder = _transformers_model(
+        WhisperEncoder,
+        "WhisperConfig",
+        decoder=False,
+        d_model=HIDDEN,
+        encoder_layers=2,
+        encoder_attention_heads=HEADS,
+        encoder_ffn_dim=INTERMEDIATE,
+        vocab_size=VOCAB,
+        num_mel_bins=16,
+        max_source_positions=SEQUENCE,
+        use_cache=False,
+    )
+    frames = torch.randn(BATCH, 16, 2 * SEQUENCE, generator=torch.Generator().manual_seed(9))
+    return RealModel(
+        "whisper_encoder", _LastHiddenState(encoder, "input_features").eval(), (frames,)
+    )
+
+
 def gpt_neox() -> RealModel:
     """A two-layer GPT-NeoX decoder (Pythia's architecture): attention and MLP in parallel,
     both added to the layer's input, so the MLP's second GEMM has two residual adds after its
@@ -256,6 +311,8 @@ MODELS: dict[str, Callable[[], RealModel]] = {
     "bert": bert,
     "deberta": deberta,
     "clip_text": clip_text,
+    "vit": vit,
+    "whisper_encoder": whisper_encoder,
     "llama": llama,
     "gpt2": gpt2,
     "gpt_neox": gpt_neox,

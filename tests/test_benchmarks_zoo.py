@@ -44,6 +44,7 @@ def test_the_table_gives_each_row_its_figures_or_its_error():
             "unscheduled": {},
             "gemm_offloaded": 1.0,
             "conv_share": 0.25,
+            "convs_left": ["groups = 2; im2col serves groups = 1"],
             "epilogues_left": ["f_packed: block T_multiply reads T_add, the output of x.gemm"],
             "why_left": ["bias then scale is not an epilogue of the family"],
             "refused": [],
@@ -52,7 +53,8 @@ def test_the_table_gives_each_row_its_figures_or_its_error():
     ]
     lines = zoo.table(rows).splitlines()
     assert lines[2] == (
-        "| A | yes | 2.0e-07 | 100% | 1 | convolutions: 25% of the matmul work, not offloaded; "
+        "| A | yes | 2.0e-07 | 100% | 1 | convolutions: 25% of the matmul work, 1 left to TVM: "
+        "groups = 2; im2col serves groups = 1; "
         "epilogue left as TVM code: block T_multiply (bias then scale is not an epilogue of "
         "the family) |"
     )

@@ -1,7 +1,8 @@
 """Real models, end to end: results equal torch's, and every GEMM FLOP runs in a library.
 
-BERT, LLaMA, GPT-2 and ``nn.TransformerEncoderLayer``, small and with random weights (see
-:mod:`real_models`), are exported with torch, lowered with Relax, offloaded and run on the
+Transformers' encoders and decoders (a ViT and a Whisper encoder among them, whose
+convolutions are GEMMs too) and ``nn.TransformerEncoderLayer``, small and with random weights
+(see :mod:`real_models`), are exported with torch, lowered with Relax, offloaded and run on the
 Relax VM.  The share of GEMM work offloaded is measured apart from the matcher: torch counts
 what the model computes, the extern calls of the offloaded module say what the libraries get.
 The first tests check those two counters themselves.
@@ -91,12 +92,30 @@ def test_torch_flops_include_the_attention_matmuls():
     assert sum(counts.values()) == projections + attention
 
 
+class _ConvolutionGradient(torch.nn.Module):
+    """A convolution's backward pass, which FlopCounterMode counts and no GEMM op is."""
+
+    def forward(self, x):
+        weight = torch.ones(4, 4, 3)
+        grad = torch.ones(1, 4, x.shape[-1] - 2)
+        return torch.ops.aten.convolution_backward(
+            grad, x, weight, None, [1], [0], [1], False, [0], 1, [True, False, False]
+        )[0]
+
+
 def test_torch_flops_refuse_work_that_is_not_a_gemm():
-    convolution = real_models.RealModel(
-        "conv", torch.nn.Conv1d(4, 4, 3).eval(), (torch.zeros(1, 4, 8),)
-    )
+    gradient = real_models.RealModel("grad", _ConvolutionGradient(), (torch.zeros(1, 4, 8),))
     with pytest.raises(ValueError, match="GEMM operators only"):
-        real_models.torch_gemm_flops(convolution)
+        real_models.torch_gemm_flops(gradient)
+
+
+def test_torch_flops_count_a_convolution_as_the_gemm_of_its_im2col():
+    b, c, o, k, length = 2, 4, 6, 3, 10
+    conv = torch.nn.Conv1d(c, o, k, padding=1).eval()
+    counts = real_models.torch_gemm_flops(
+        real_models.RealModel("conv", conv, (torch.zeros(b, c, length),))
+    )
+    assert counts == {"aten.convolution": 2 * (b * length) * o * (c * k)}
 
 
 @pytest.fixture(scope="module", params=list(real_models.MODELS))

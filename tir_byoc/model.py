@@ -40,6 +40,7 @@ from tvm.target import codegen
 from . import frontend, schedules
 from .export import export_library
 from .offload import offload as offload_module
+from .relax_conv import ConvolutionsAsGemms
 from .relax_indices import WrapIndices
 from .relax_reshape import FoldLinearReshapes
 from .relax_rows import FuseIntoRows
@@ -50,12 +51,14 @@ from .rewrite import calls_in_parallel_loops, intrinsic_calls
 logger = logging.getLogger("tir_byoc")
 
 #: The standard Relax lowering, in order: negative gather indices read as torch reads them
-#: (TVM 0.27's import reads them out of bounds), the reshapes around each Linear on an N-D
-#: activation folded away (so its activation or residual add fuses with the GEMM), a packed
-#: q/k/v split read as slices, attention's ``q @ k^T`` on K as it is, operators to TIR, fused
-#: into PrimFuncs, each elementwise op before a row reduction fused into it.
+#: (TVM 0.27's import reads them out of bounds), each convolution of one group as im2col and a
+#: GEMM, the reshapes around each Linear on an N-D activation folded away (so its activation or
+#: residual add fuses with the GEMM), a packed q/k/v split read as slices, attention's
+#: ``q @ k^T`` on K as it is, operators to TIR, fused into PrimFuncs, each elementwise op
+#: before a row reduction fused into it.
 LOWERING = (
     WrapIndices,
+    ConvolutionsAsGemms,
     FoldLinearReshapes,
     SliceSplits,
     UntransposeBatchMatmuls,

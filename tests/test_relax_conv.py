@@ -1,0 +1,204 @@
+"""relax_conv: convolutions of one group computed as im2col and a GEMM the library serves.
+
+Torch's own convolutions (the way ``build_model`` gets them) are checked against torch eager:
+each becomes a library call, with its bias and activation in the call, and the rest of the
+model is unchanged.  Relax modules check what torch never writes (a weight given as a
+parameter, asymmetric padding) and every refusal, which leaves the module as it was and says
+why.  ``tests/properties/test_convolutions.py`` draws the shapes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from byoc_testing import relax_inputs
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+import tir_byoc
+from tir_byoc import model as model_module
+from tir_byoc import relax_conv
+from tir_byoc.model import LOWERING
+from tir_byoc.relax_conv import ConvolutionsAsGemms, convolutions_as_gemms, find_convolutions
+
+torch = pytest.importorskip("torch")
+
+WITHOUT_REWRITE = tuple(p for p in LOWERING if p is not ConvolutionsAsGemms)
+
+
+class _Convs(torch.nn.Module):
+    """``layers`` applied one after the other, each optionally followed by ``activation``."""
+
+    def __init__(self, *layers, activation=None):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(layers)
+        self.activation = activation
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+            if self.activation is not None:
+                x = self.activation(x)
+        return x
+
+
+def _build_and_compare(module, x):
+    torch.manual_seed(0)
+    for parameter in module.parameters():
+        torch.nn.init.normal_(parameter)
+    module = module.eval()
+    built = tir_byoc.build_model(module, (x,))
+    with torch.no_grad():
+        expected = module(x).numpy()
+    np.testing.assert_allclose(built(x).numpy(), expected, rtol=1e-4, atol=1e-4)
+    return built
+
+
+@pytest.mark.parametrize(
+    ("layers", "activation", "shape"),
+    [
+        # Whisper's two: padded, the second of stride 2, each with a GELU.
+        (
+            (torch.nn.Conv1d(6, 8, 3, padding=1), torch.nn.Conv1d(8, 8, 3, stride=2, padding=1)),
+            torch.nn.GELU(),
+            (2, 6, 20),
+        ),
+        # ViT's patch embedding: an 8 x 8 kernel of stride 8, no bias here.
+        ((torch.nn.Conv2d(3, 16, 8, stride=8, bias=False),), None, (2, 3, 32, 24)),
+        # A ResNet-like 3 x 3, padded, with a ReLU; a 1 x 1 (a per-pixel Linear).
+        (
+            (torch.nn.Conv2d(3, 5, 3, padding=1), torch.nn.Conv2d(5, 4, 1)),
+            torch.nn.ReLU(),
+            (1, 3, 7, 9),
+        ),
+        # Strides and padding that differ per axis, a kernel that does not tile the input.
+        (
+            (torch.nn.Conv2d(2, 3, (2, 3), stride=(2, 1), padding=(0, 2)),),
+            torch.nn.SiLU(),
+            (1, 2, 9, 5),
+        ),
+    ],
+    ids=["whisper-like conv1d", "vit patch embedding", "3x3 then 1x1", "mixed strides"],
+)
+def test_each_convolution_is_a_library_call_with_its_bias_and_activation(layers, activation, shape):
+    module = _Convs(*layers, activation=activation)
+    built = _build_and_compare(module, torch.randn(*shape))
+    assert len(built.intrinsics) == len(layers)
+    assert not [name for name in built.rules if "conv" in name], built.rules
+    # Bias and activation run in the call: what TVM's code is left with is data movement.
+    left = " ".join(built.rules)
+    for op in ("gelu", "relu", "silu", "add"):
+        assert op not in left, left
+
+
+def test_a_convolution_that_is_not_served_keeps_tvms_code_and_says_why():
+    module = _Convs(torch.nn.Conv2d(4, 4, 3, groups=2), torch.nn.Conv2d(4, 2, 3, dilation=2))
+    built = _build_and_compare(module, torch.randn(1, 4, 12, 12))
+    mod, _ = tir_byoc.frontend.import_torch(module, (torch.randn(1, 4, 12, 12),))
+    reasons = [c.reason for c in find_convolutions(mod)]
+    assert reasons == [
+        "groups = 2; im2col serves groups = 1",
+        "dilation [2, 2]; im2col serves dilation 1",
+    ]
+    assert not built.intrinsics
+
+
+# fmt: off
+@I.ir_module
+class ParameterWeight:
+    """Weight and bias as parameters, asymmetric padding, the bias added on the left; the
+    tanh binds an output of the block, so it stays after the transpose back."""
+
+    @R.function
+    def main(
+        x: R.Tensor((2, 3, 10), "float32"), w: R.Tensor((4, 3, 3), "float32"),
+        b: R.Tensor((1, 4, 1), "float32"),
+    ):
+        with R.dataflow():
+            y = R.nn.conv1d(x, w, strides=[2], padding=[2, 1])
+            z = R.add(b, y)
+            t = R.tanh(z)
+            R.output(t)
+        return t
+
+
+@I.ir_module
+class ConvAlsoAnOutput:
+    """The convolution's result is an output too: its relu stays after the transpose back."""
+
+    @R.function
+    def main(x: R.Tensor((1, 2, 6, 6), "float32"), w: R.Tensor((3, 2, 2, 2), "float32")):
+        with R.dataflow():
+            y = R.nn.conv2d(x, w, padding=[1, 0, 0, 1])
+            z = R.nn.relu(y)
+            out = (y, z)
+            R.output(out)
+        return out
+
+
+@I.ir_module
+class ChannelsLast:
+    @R.function
+    def main(x: R.Tensor((1, 6, 6, 2), "float32"), w: R.Tensor((3, 2, 2, 2), "float32")):
+        with R.dataflow():
+            y = R.nn.conv2d(x, w, data_layout="NHWC", out_layout="NHWC")
+            R.output(y)
+        return y
+
+
+@I.ir_module
+class Half:
+    @R.function
+    def main(x: R.Tensor((1, 2, 8), "float16"), w: R.Tensor((3, 2, 3), "float16")):
+        with R.dataflow():
+            y = R.nn.conv1d(x, w)
+            R.output(y)
+        return y
+# fmt: on
+
+
+@pytest.mark.parametrize(
+    ("mod", "in_the_call", "left"),
+    [(ParameterWeight, "add", "tanh"), (ConvAlsoAnOutput, "", "relu")],
+    ids=["weight and bias as parameters, asymmetric padding", "the conv is also an output"],
+)
+def test_the_rewrite_computes_what_tvms_convolution_computes(mod, in_the_call, left, monkeypatch):
+    rewritten = convolutions_as_gemms(mod)
+    relax.analysis.well_formed(rewritten)
+    text = rewritten.script()
+    assert "R.nn.conv" not in text and "im2col" in text
+    inputs = relax_inputs(mod)
+    built = tir_byoc.build_model(mod)
+    (call,) = built.intrinsics
+    assert call.removesuffix("_packed").endswith(in_the_call or "matmul"), call
+    assert any(left in name for name in built.rules)  # a second use keeps its op out
+    got = built(*inputs)
+    monkeypatch.setattr(model_module, "LOWERING", WITHOUT_REWRITE)
+    before = tir_byoc.build_model(mod)(*inputs)
+    got, before = (v if isinstance(v, list | tuple) else [v] for v in (got, before))
+    for new, old in zip(got, before, strict=True):
+        np.testing.assert_allclose(new, old, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("mod", "reason"),
+    [
+        (ChannelsLast, "layouts NHWC/OIHW/NHWC; im2col serves NCHW/OIHW/NCHW"),
+        (Half, "dtypes float16, float16, float16; im2col serves float32"),
+    ],
+    ids=["channels last", "float16"],
+)
+def test_anything_else_comes_back_as_it_was_with_its_reason(mod, reason):
+    assert convolutions_as_gemms(mod).same_as(mod)
+    (found,) = find_convolutions(mod)
+    assert found.reason == reason
+    assert str(found).endswith(f"left to TVM ({reason})")
+
+
+def test_columns_larger_than_the_limit_are_left_to_tvm(monkeypatch):
+    mod = ParameterWeight
+    monkeypatch.setattr(relax_conv, "MAX_COLUMNS", 2 * 6 * 3 * 3 - 1)  # one element short
+    assert convolutions_as_gemms(mod).same_as(mod)
+    (found,) = find_convolutions(mod)
+    assert found.reason == "its im2col columns would hold 108 elements, more than 107"

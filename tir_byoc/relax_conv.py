@@ -1,0 +1,327 @@
+"""Convolutions as GEMMs: ``conv1d`` and ``conv2d`` served by the library through im2col.
+
+TVM lowers a convolution to one loop nest that reduces over the input channels and the kernel
+window, a nest no pattern of the family is, and its default CPU schedule runs it far from a
+GEMM's speed (Whisper's first two convolutions, 80 x 3000 -> 384 channels: about 1.9 s a run
+on a 2-vCPU AMD EPYC, against about 40 ms in torch).  Every output of a convolution with one
+group is a dot product of the weight's row for its channel with the input window it sees, so ::
+
+    cols[b, p, (c, r...)] = x[b, c, p * stride + r - pad]   (0 outside x)
+    y[b, p, o]            = sum over (c, r...) of cols[b, p, (c, r...)] * w[o, (c, r...)]
+    out[b, o, p]          = y[b, p, o]
+
+where p runs over the output positions (oh, ow row-major for conv2d), r over the kernel window
+and (c, r...) is the row-major flattening of w's (C, KH, KW) axes.  Here the gather ``cols``
+is a function of its own (an injective copy the default rules parallelise and vectorise),
+``y`` is a ``matmul`` of ``cols`` with the transposed, flattened weight (the form ``nn.Linear``
+imports as, which the library serves), and ``out`` is a reshape and transpose back to the
+convolution's layout.  The products and sums are those of the convolution; the library sums
+them in its own order, as for any GEMM it serves.
+
+The elementwise ops that follow the convolution, each the only use of the value before it,
+move before the transpose back: a bias of shape (1, O, 1...) (how torch's ``Conv`` adds its
+bias) becomes the GEMM's (O,) bias, and an activation (:data:`_UNARY`) is computed on ``y``:
+the same op on the same element.  They then fuse into the GEMM's PrimFunc, and the library
+call computes them as its epilogue (Whisper's bias and GELU).
+
+Entry point: :func:`ConvolutionsAsGemms`, a module pass before ``LegalizeOps``
+(:data:`tir_byoc.model.LOWERING`), and :func:`find_convolutions`, which says for each
+convolution whether it is served so and, if not, why.  A binding ``out = R.nn.conv1d(x, w)``
+or ``R.nn.conv2d(x, w)`` is rewritten when
+
+1. the layouts are the default ones (``NCW``/``NCHW`` data and output, ``OIW``/``OIHW``
+   kernel), ``groups`` is 1 and every dilation 1;
+2. x, w and out are float32 of static shapes, and out a variable of a dataflow block;
+3. the gathered columns hold at most :data:`MAX_COLUMNS` elements (the kernel window times
+   the input, about: a 3 x 3 window reads each input value nine times).
+
+A constant weight (a torch model's) is flattened once, here; a weight given as a parameter
+is flattened by an ``R.reshape`` on every run.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import ir, relax, te, tirx
+
+from .relax_reshape import static_dims, variable_uses
+
+logger = logging.getLogger("tir_byoc")
+
+_CONVS = {
+    "relax.nn.conv1d": ("NCW", "OIW"),
+    "relax.nn.conv2d": ("NCHW", "OIHW"),
+}
+_OPS = {ir.Op.get(name): layouts for name, layouts in _CONVS.items()}
+
+#: The most elements the gathered columns of one convolution may hold (1 GiB of float32).
+MAX_COLUMNS = 1 << 28
+
+
+@dataclass(frozen=True)
+class Convolution:
+    """One convolution of a Relax function: served as a GEMM, or ``reason`` why not."""
+
+    function: str
+    var: str
+    op: str
+    reason: str | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.function}: {self.var} = {self.op}"
+        return (
+            f"{where}: a GEMM" if self.reason is None else f"{where}: left to TVM ({self.reason})"
+        )
+
+
+@dataclass(frozen=True)
+class _Site:
+    """What the rewrite of one convolution needs."""
+
+    x: relax.Expr
+    weight: relax.Expr
+    out_dims: tuple[int, ...]  # (B, O, spatial...)
+    kernel: tuple[int, ...]  # the window (KW,) or (KH, KW)
+    strides: tuple[int, ...]
+    pad_before: tuple[int, ...]
+    # The elementwise ops after the convolution computed on the GEMM's rows instead, each
+    # ("bias", its (1, O, 1...) tensor) or ("unary", its call), and the variables they bound.
+    tail: tuple[tuple[str, object], ...] = ()
+    tail_vars: tuple[relax.Var, ...] = ()
+
+
+def _ints(values) -> tuple[int, ...]:
+    return tuple(int(v) for v in values)
+
+
+def _site(call: relax.Call, out_var) -> _Site | str:
+    """The rewrite of a conv call, or why there is none (the conditions of the module doc)."""
+    data_layout, kernel_layout = _OPS[call.op]
+    attrs = call.attrs
+    layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
+    if layouts != (data_layout, kernel_layout, data_layout):
+        return (
+            f"layouts {'/'.join(layouts)}; im2col serves {data_layout}/{kernel_layout}/"
+            f"{data_layout}"
+        )
+    if int(attrs.groups) != 1:
+        return f"groups = {int(attrs.groups)}; im2col serves groups = 1"
+    if any(d != 1 for d in _ints(attrs.dilation)):
+        return f"dilation {list(_ints(attrs.dilation))}; im2col serves dilation 1"
+    x, weight = call.args
+    dims = [static_dims(e) for e in (x, weight, out_var)]
+    if any(d is None for d in dims):
+        return "a shape is not static"
+    dtypes = [str(e.ty.dtype) for e in (x, weight, out_var)]
+    if dtypes != ["float32"] * 3:
+        return f"dtypes {', '.join(dtypes)}; im2col serves float32"
+    x_dims, w_dims, out_dims = dims
+    spatial = len(x_dims) - 2
+    strides, padding = _ints(attrs.strides), _ints(attrs.padding)
+    batch, channels = x_dims[:2]
+    kernel = tuple(w_dims[2:])
+    columns = batch * math.prod(out_dims[2:]) * channels * math.prod(kernel)
+    if columns > MAX_COLUMNS:
+        return f"its im2col columns would hold {columns} elements, more than {MAX_COLUMNS}"
+    return _Site(x, weight, tuple(out_dims), kernel, strides, padding[:spatial])
+
+
+#: Unary elementwise ops that may follow a convolution into its GEMM's epilogue: computed on
+#: the GEMM's (B, positions, O) rows, before the transpose back, each value is the same op on
+#: the same element.
+_UNARY = frozenset(
+    ir.Op.get(name)
+    for name in (
+        "relax.nn.relu",
+        "relax.nn.gelu",
+        "relax.nn.gelu_tanh",
+        "relax.nn.silu",
+        "relax.sigmoid",
+        "relax.tanh",
+    )
+)
+_ADD = ir.Op.get("relax.add")
+
+
+def _tail(site: _Site, var, values: dict, users: dict, uses) -> _Site:
+    """``site`` with the chain of elementwise ops that follows its convolution (``var``): a
+    bias add of a (1, O, 1...) tensor (how torch's ``Conv`` adds its bias) and the
+    :data:`_UNARY` ops, each the one use of the value before it, inside the dataflow block."""
+    out_channels, spatial = site.out_dims[1], len(site.kernel)
+    bias_dims = [1, out_channels, *([1] * spatial)]
+    tail, tail_vars = [], []
+    while uses[var] == 1 and (user := users.get(var)) is not None:
+        call = values[user]
+        if not isinstance(user, relax.DataflowVar) or static_dims(user) != list(site.out_dims):
+            break
+        if call.op in _UNARY and len(call.args) == 1:
+            tail.append(("unary", call))
+        elif call.op.same_as(_ADD):
+            other = call.args[1] if call.args[0].same_as(var) else call.args[0]
+            if other.same_as(var) or static_dims(other) != bias_dims:
+                break
+            if str(other.ty.dtype) != "float32":
+                break
+            tail.append(("bias", other))
+        else:
+            break
+        tail_vars.append(user)
+        var = user
+    return _Site(**{**site.__dict__, "tail": tuple(tail), "tail_vars": tuple(tail_vars)})
+
+
+def _gather(x: te.Tensor, site: _Site) -> te.Tensor:
+    """cols[b, p..., c, r...] = x[b, c, p * stride + r - pad] (0 outside x), the im2col of
+    ``x`` with the output positions and the kernel window as axes of their own."""
+    spatial = len(site.kernel)
+    out_positions = site.out_dims[2:]
+    channels = x.shape[1]
+    sizes = [int(d) for d in x.shape[2:]]
+
+    def element(b, *axes):
+        positions, c, window = axes[:spatial], axes[spatial], axes[spatial + 1 :]
+        index, inside = [], []
+        for p, r, count, extent, stride, pad, size in zip(
+            positions,
+            window,
+            out_positions,
+            site.kernel,
+            site.strides,
+            site.pad_before,
+            sizes,
+            strict=True,
+        ):
+            at = p * stride + r - pad
+            index.append(at)
+            last = (count - 1) * stride + extent - 1 - pad  # the largest index read
+            if pad > 0 or last >= size:  # a padded edge: 0 there, as the convolution reads
+                inside.append(tirx.all(at >= 0, at < size))
+        value = x[(b, c, *index)]
+        if not inside:
+            return value
+        return tirx.if_then_else(tirx.all(*inside), value, tirx.const(0.0, x.dtype))
+
+    shape = (x.shape[0], *out_positions, channels, *site.kernel)
+    return te.compute(shape, element, name="im2col")
+
+
+@relax.expr_functor.mutator
+class _Rewriter(relax.PyExprMutator):
+    """Emits each site's gather, GEMM and transpose back in the convolution's place."""
+
+    def __init__(self, mod: tvm.IRModule, sites: dict):
+        super().__init__(mod)
+        self.mod = mod
+        self.sites = sites
+
+    def transform(self) -> tvm.IRModule:
+        for gvar, sites in self.sites.items():
+            # Each site is emitted where the last op of its chain was bound (every operand of
+            # the chain is bound by then); the convolution and the rest of the chain are not.
+            self.here = {(site.tail_vars or (var,))[-1]: site for var, site in sites.items()}
+            self.dropped = {v for var, site in sites.items() for v in (var, *site.tail_vars)}
+            self.builder_.update_func(gvar, self.visit_expr(self.mod[gvar]))
+        return self.builder_.get()
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        site = self.here.get(binding.var)
+        if site is None:
+            if binding.var not in self.dropped:
+                super().visit_var_binding_(binding)
+            return
+        batch, out_channels, *positions = site.out_dims
+        window = math.prod(site.kernel) * int(static_dims(site.x)[1])
+        gathered = self.builder_.emit_te(
+            lambda x: _gather(x, site), self.visit_expr(site.x), primfunc_name_hint="im2col"
+        )
+        cols = self.builder_.emit(
+            relax.op.reshape(gathered, (batch, math.prod(positions), window)), "cols"
+        )
+        weight = self._flat(site.weight, (out_channels, window))
+        product = self.builder_.emit(
+            relax.op.matmul(cols, relax.op.permute_dims(weight)), "conv_gemm"
+        )
+        for kind, operand in site.tail:
+            if kind == "bias":
+                bias = self._flat(operand, (out_channels,))
+                product = self.builder_.emit(relax.op.add(product, bias), "conv_bias")
+            else:
+                unary = relax.Call(operand.op, [product], operand.attrs)
+                product = self.builder_.emit(unary, "conv_act")
+        spatial = len(positions)
+        unflat = self.builder_.emit(
+            relax.op.reshape(product, (batch, *positions, out_channels)), "conv_rows"
+        )
+        axes = [0, spatial + 1, *range(1, spatial + 1)]
+        self.set_var_remap(binding.var, self.builder_.emit(relax.op.permute_dims(unflat, axes)))
+
+    def _flat(self, tensor, shape):
+        """``tensor`` (a weight or a bias) reshaped to ``shape``: a new constant for a constant,
+        else a reshape (which copies nothing)."""
+        if isinstance(tensor, ir.Constant):
+            flat = tensor.value.numpy().reshape(shape)
+            return relax.const(np.ascontiguousarray(flat), "float32")
+        return self.builder_.emit(relax.op.reshape(self.visit_expr(tensor), shape), "conv_flat")
+
+
+def _scan(mod: tvm.IRModule):
+    """({gvar: {var: _Site}}, [Convolution]) over the Relax functions of ``mod``."""
+    sites, found = {}, []
+    for gvar, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        uses = None
+        for block in func.body.blocks:
+            values = {
+                b.var: b.value
+                for b in block.bindings
+                if isinstance(b, relax.VarBinding) and isinstance(b.value, relax.Call)
+            }
+            convs = {var: call for var, call in values.items() if call.op in _OPS}
+            if not convs:
+                continue
+            uses = uses if uses is not None else variable_uses(func)
+            users = {arg: var for var, call in values.items() for arg in call.args}
+            for var, call in convs.items():
+                site = _site(call, var)
+                if isinstance(site, _Site) and not isinstance(var, relax.DataflowVar):
+                    site = "its result is not a variable of a dataflow block"
+                reason = site if isinstance(site, str) else None
+                found.append(Convolution(gvar.name_hint, var.name, call.op.name, reason))
+                if reason is None:
+                    sites.setdefault(gvar, {})[var] = _tail(site, var, values, users, uses)
+    return sites, found
+
+
+def find_convolutions(mod: tvm.IRModule) -> tuple[Convolution, ...]:
+    """Every convolution of ``mod``'s Relax functions: served as a GEMM, or why not."""
+    return tuple(_scan(mod)[1])
+
+
+def convolutions_as_gemms(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with each qualifying convolution computed as im2col and a GEMM (see the module
+    docstring); ``mod`` itself when there is none.  ``mod`` is never modified."""
+    sites, found = _scan(mod)
+    for conv in found:
+        if conv.reason is not None:
+            logger.info("%s", conv)
+    if not sites:
+        return mod
+    return _Rewriter(mod, sites).transform()
+
+
+def ConvolutionsAsGemms() -> tvm.transform.Pass:
+    """:func:`convolutions_as_gemms` as a module pass."""
+    return tvm.transform.module_pass(
+        lambda mod, _ctx: convolutions_as_gemms(mod),
+        opt_level=0,
+        name="tir_byoc.ConvolutionsAsGemms",
+    )
+
+
+__all__ = ["Convolution", "ConvolutionsAsGemms", "convolutions_as_gemms", "find_convolutions"]
