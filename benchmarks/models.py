@@ -15,7 +15,10 @@ random weights; nothing is downloaded.  They keep the base models' widths (768 h
 heads) with ``--layers`` layers (default 2: a layer's cost is the same in a 12-layer model,
 and a run stays within minutes on a 2-core machine), and return the last hidden state (no
 language-model head).  Decoders take the additive float causal mask that eager attention adds
-(TVM 0.27 cannot compile the boolean one transformers builds).
+(TVM 0.27 cannot compile the boolean one transformers builds).  On request, two models whose
+transformer follows convolutions: ``whisper`` (Whisper-small's encoder on ``2 x --sequence``
+frames of 80 mel bins: two conv1d) and ``vit`` (ViT-base on 224 x 224 images: a 16 x 16 patch
+embedding).
 
 Columns: ``torch`` (eager, ``inference_mode``), ``torch.compile`` (inductor, default mode),
 ``onnxruntime`` (``torch.onnx.export`` then ORT's CPU provider, all graph optimisations),
@@ -73,6 +76,8 @@ from tir_byoc.threads import IDLE_DEFAULTS
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "models"
 MODELS = ("bert", "gpt2", "llama", "encoder")
+#: Models run on request (``--models whisper,vit``): convolutions before the transformer.
+CONV_MODELS = ("whisper", "vit")
 COLUMNS = ("torch", "torch.compile", "onnxruntime", "tvm", "tir_byoc")
 #: The columns run at libgomp's own idle spin under ``--gomp-spincount own``: the peers, as
 #: their users run them; every other column is TVM's and runs at tir_byoc's setting.
@@ -140,20 +145,49 @@ def build(name: str, layers: int, batch: int, sequence: int):
             attn_implementation="eager",
         )
         return _Hidden(transformers.LlamaModel(config), causal_mask(sequence)).eval(), ids
-    raise ValueError(f"benchmarks/models.py: expected a model of {MODELS}, got {name!r}")
+    if name == "whisper":  # Whisper-small's encoder: 2 x sequence frames of 80 mel bins
+        from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+        config = transformers.WhisperConfig(
+            d_model=HIDDEN,
+            encoder_layers=layers,
+            encoder_attention_heads=HEADS,
+            encoder_ffn_dim=INTERMEDIATE,
+            num_mel_bins=80,
+            max_source_positions=sequence,
+            attn_implementation="eager",
+        )
+        frames = torch.randn(batch, 80, 2 * sequence, generator=torch.Generator().manual_seed(1))
+        return _Hidden(WhisperEncoder(config), None, "input_features").eval(), frames
+    if name == "vit":  # ViT-base on 224 x 224 images (196 patches of 16 x 16): not `sequence`
+        config = transformers.ViTConfig(
+            hidden_size=HIDDEN,
+            num_hidden_layers=layers,
+            num_attention_heads=HEADS,
+            intermediate_size=INTERMEDIATE,
+            attn_implementation="eager",
+        )
+        pixels = torch.randn(batch, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+        model = transformers.ViTModel(config, add_pooling_layer=False)
+        return _Hidden(model, None, "pixel_values").eval(), pixels
+    raise ValueError(
+        f"benchmarks/models.py: expected a model of {MODELS + CONV_MODELS}, got {name!r}"
+    )
 
 
 class _Hidden(torch.nn.Module):
-    """``forward(ids)`` -> a transformers model's ``last_hidden_state`` (under ``mask``)."""
+    """``forward(x)`` -> a transformers model's ``last_hidden_state`` for ``argument=x``
+    (token ids by default), under ``mask``."""
 
-    def __init__(self, backbone, mask):
+    def __init__(self, backbone, mask, argument: str = "input_ids"):
         super().__init__()
         self.backbone = backbone.eval()
         self.register_buffer("mask", mask)
+        self.argument = argument
 
-    def forward(self, ids):
+    def forward(self, x):
         kwargs = {} if self.mask is None else {"attention_mask": self.mask}
-        return self.backbone(input_ids=ids, **kwargs).last_hidden_state
+        return self.backbone(**{self.argument: x}, **kwargs).last_hidden_state
 
 
 # --------------------------------------------------------------------------------------
