@@ -30,9 +30,10 @@ model).  Tuning is cached: a model's database, per column and budget, is kept in
 work_dir=...)``), by later runs and by the other thread counts of the same run (so with the
 default ``--threads 1,2`` the 2-thread cells build what was tuned at one thread; the note says
 where each was tuned and how long it took; delete the directory to tune again); on request
-``tir_byoc-plain`` (every weight left plain, to compare with packing's choice) and
-``tir_byoc-<backend>`` (one backend only: ``tir_byoc-onednn`` beside the default, which gives
-fp32 to MKL).
+``tir_byoc-plain`` (every weight left plain, to compare with packing's choice),
+``tir_byoc-native-conv`` (convolutions left to TVM's code, as before :mod:`tir_byoc.relax_conv`)
+and ``tir_byoc-<backend>`` (one backend only: ``tir_byoc-onednn`` beside the default, which
+gives fp32 to MKL).
 
 Each tir_byoc column's time is also split by its profile (:meth:`tir_byoc.model.Model.profile`)
 into the PrimFuncs that call an intrinsic ("library": the GEMMs with their epilogues) and the
@@ -86,6 +87,9 @@ TUNED_COLUMNS = ("tvm+ms", "tir_byoc+ms")
 #: tir_byoc with every weight left plain (each of :data:`PACK_SETTINGS` set to ``plain``),
 #: beside packing's choice; not a default column (``--columns ...,tir_byoc-plain``).
 PLAIN_COLUMN = "tir_byoc-plain"
+#: tir_byoc with its convolutions left to TVM's code (the lowering without
+#: ``tir_byoc.relax_conv``), beside the default, which serves them as GEMMs; not a default column.
+NATIVE_CONV_COLUMN = "tir_byoc-native-conv"
 #: The variables that name a backend's packed form, read by its pack function at build time.
 PACK_SETTINGS = ("TIR_BYOC_ONEDNN_PACK", "TIR_BYOC_MKL_PACK")
 #: tir_byoc on one backend only, ``tir_byoc-<backend>`` (``backends=[<backend>]``), e.g.
@@ -219,6 +223,11 @@ def column(name: str, model, x, threads: int, args):
         trials = 0 if tuning else args.tune_trials
     if plain:  # read by the backends' pack functions while this build packs, and only then
         os.environ.update(dict.fromkeys(PACK_SETTINGS, "plain"))
+    lowering = tir_byoc.model.LOWERING
+    if name == NATIVE_CONV_COLUMN:
+        from tir_byoc.relax_conv import ConvolutionsAsGemms
+
+        tir_byoc.model.LOWERING = tuple(p for p in lowering if p is not ConvolutionsAsGemms)
     start = time.perf_counter()
     try:
         built = tir_byoc.build_model(
@@ -230,6 +239,7 @@ def column(name: str, model, x, threads: int, args):
             work_dir=work_dir,
         )
     finally:
+        tir_byoc.model.LOWERING = lowering
         if plain:
             for setting in PACK_SETTINGS:
                 del os.environ[setting]
@@ -252,7 +262,7 @@ TUNED_FILE = "models_tuned.json"
 
 def _backends(name: str) -> list[str] | None:
     """The backends a column offloads to: one for ``tir_byoc-<backend>``, else the default."""
-    if not name.startswith(BACKEND_COLUMN) or name == PLAIN_COLUMN:
+    if not name.startswith(BACKEND_COLUMN) or name in (PLAIN_COLUMN, NATIVE_CONV_COLUMN):
         return None
     return [name[len(BACKEND_COLUMN) :]]
 

@@ -236,3 +236,26 @@ def test_the_table_gives_onnxruntimes_gemm_nodes_and_the_rest(models):
     assert table[0].endswith("| ONNX Runtime: GEMM nodes + other nodes |")
     assert table[1].count("---") == 7
     assert table[-1] == "| gpt2 | 1 | 1 | 60.0 | 46.4 | - | 41.3 + 3.5 |"
+
+
+def test_the_native_conv_column_builds_without_the_convolution_rewrite(models, monkeypatch):
+    import torch
+
+    import tir_byoc
+
+    seen = []
+
+    def build_model(model, inputs, **options):
+        seen.append((tir_byoc.model.LOWERING, options["backends"]))
+        return lambda x: x
+
+    monkeypatch.setattr(tir_byoc, "build_model", build_model)
+    conv = torch.nn.Conv1d(2, 2, 3).eval()
+    for name in ("tir_byoc", "tir_byoc-native-conv"):
+        models.column(name, conv, torch.zeros(1, 2, 5), 1, None)
+    (default, _), (native, backends) = seen
+    names = [p.__name__ for p in default]
+    assert "ConvolutionsAsGemms" in names
+    assert [p.__name__ for p in native] == [n for n in names if n != "ConvolutionsAsGemms"]
+    assert backends is None  # not a backend column
+    assert tir_byoc.model.LOWERING == default  # restored
