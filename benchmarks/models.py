@@ -39,9 +39,9 @@ Each tir_byoc column's time is also split by its profile (:meth:`tir_byoc.model.
 into the PrimFuncs that call an intrinsic ("library": the GEMMs with their epilogues) and the
 rest ("TVM code"); ``torch / library`` is the most that build could gain over torch eager with
 the rest taking no time at all.  The ONNX Runtime column is split likewise by ORT's own
-profiler, into its GEMM nodes (MLAS's kernels; an activation is a node of its own there) and
-the other nodes: set beside tir_byoc's library time, it says whose GEMMs are faster where ORT
-wins.  Each cell also has its "GEMM floor": the model's GEMM FLOPs
+profiler, into its GEMM and convolution nodes (MLAS's kernels; an activation is a node of its
+own there) and the other nodes: set beside tir_byoc's library time, it says whose GEMMs are
+faster where ORT wins.  Each cell also has its "GEMM floor": the model's GEMM FLOPs
 (torch's ``FlopCounterMode``) at the best fp32 GEMM rate torch reaches in the same process on
 the FFN's shapes; ``torch / floor`` is the most any fp32 build, whatever runs its GEMMs, could
 gain over torch eager unless its GEMMs ran faster than that.
@@ -303,8 +303,9 @@ def _onnxruntime_session(path: Path, threads: int, profile_prefix: str | None = 
 
 
 #: The ONNX Runtime nodes that are a GEMM (with what its graph optimisations fused into one: a
-#: bias in ``Gemm``, a scale or transpose in ``FusedMatMul``).
-ONNX_GEMM_OPS = frozenset({"Gemm", "MatMul", "FusedMatMul", "FusedGemm"})
+#: bias in ``Gemm``, a scale or transpose in ``FusedMatMul``), and its convolutions, whose
+#: work tir_byoc's library time holds too (im2col and a GEMM, :mod:`tir_byoc.relax_conv`).
+ONNX_GEMM_OPS = frozenset({"Gemm", "MatMul", "FusedMatMul", "FusedGemm", "Conv", "FusedConv"})
 
 
 def _onnxruntime_split(path: Path, threads: int, feed, runs: int = 10) -> dict:
