@@ -313,7 +313,7 @@ def _onnxruntime_split(path: Path, threads: int, feed, runs: int = 10) -> dict:
     model: ``ort_gemm_ms`` in its GEMM nodes (:data:`ONNX_GEMM_OPS`, MLAS's kernels),
     ``ort_rest_ms`` in every other node; each the mean of ``runs`` runs after three warm-up
     runs (the warm-up runs are profiled too, and left out)."""
-    session = _onnxruntime_session(path, threads, str(Path(tempfile.mkdtemp()) / "ort"))
+    session = _onnxruntime_session(path, threads, str(path.parent / "profile"))
     for _ in range(3):
         session.run(None, feed)
     for _ in range(runs):

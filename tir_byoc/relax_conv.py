@@ -41,6 +41,7 @@ is flattened by an ``R.reshape`` on every run.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -172,7 +173,7 @@ def _tail(site: _Site, var, values: dict, users: dict, uses) -> _Site:
             break
         tail_vars.append(user)
         var = user
-    return _Site(**{**site.__dict__, "tail": tuple(tail), "tail_vars": tuple(tail_vars)})
+    return dataclasses.replace(site, tail=tuple(tail), tail_vars=tuple(tail_vars))
 
 
 def _gather(x: te.Tensor, site: _Site) -> te.Tensor:
@@ -262,7 +263,7 @@ class _Rewriter(relax.PyExprMutator):
 
     def _flat(self, tensor, shape):
         """``tensor`` (a weight or a bias) reshaped to ``shape``: a new constant for a constant,
-        else a reshape (which copies nothing)."""
+        else an ``R.reshape`` (run on every call)."""
         if isinstance(tensor, ir.Constant):
             flat = tensor.value.numpy().reshape(shape)
             return relax.const(np.ascontiguousarray(flat), "float32")
