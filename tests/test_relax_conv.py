@@ -202,3 +202,11 @@ def test_columns_larger_than_the_limit_are_left_to_tvm(monkeypatch):
     assert convolutions_as_gemms(mod).same_as(mod)
     (found,) = find_convolutions(mod)
     assert found.reason == "its im2col columns would hold 108 elements, more than 107"
+
+
+@pytest.mark.parametrize("entry", [find_convolutions, convolutions_as_gemms])
+def test_anything_but_a_module_is_refused_in_one_line(entry):
+    with pytest.raises(
+        TypeError, match=r"^tir_byoc.relax_conv: expected a tvm.IRModule, got Function$"
+    ):
+        entry(ParameterWeight["main"])

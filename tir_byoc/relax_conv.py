@@ -272,6 +272,8 @@ class _Rewriter(relax.PyExprMutator):
 
 def _scan(mod: tvm.IRModule):
     """({gvar: {var: _Site}}, [Convolution]) over the Relax functions of ``mod``."""
+    if not isinstance(mod, tvm.IRModule):
+        raise TypeError(f"tir_byoc.relax_conv: expected a tvm.IRModule, got {type(mod).__name__}")
     sites, found = {}, []
     for gvar, func in mod.functions_items():
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
