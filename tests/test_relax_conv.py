@@ -1,4 +1,4 @@
-"""relax_conv: convolutions of one group computed as im2col and a GEMM the library serves.
+"""relax_conv: convolutions computed as im2col and a GEMM (a batched one with groups).
 
 Torch's own convolutions (the way ``build_model`` gets them) are checked against torch eager:
 each becomes a library call, with its bias and activation in the call, and the rest of the
@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tvm
 from byoc_testing import relax_inputs
-from tvm import relax
+from tvm import relax, tirx
 from tvm.script import ir as I
 from tvm.script import relax as R
 
 import tir_byoc
 from tir_byoc import model as model_module
 from tir_byoc import relax_conv
+from tir_byoc.match import scan_function
+from tir_byoc.match.exprs import expr_text
 from tir_byoc.model import LOWERING
 from tir_byoc.relax_conv import ConvolutionsAsGemms, convolutions_as_gemms, find_convolutions
 
@@ -78,8 +81,23 @@ def _build_and_compare(module, x):
             torch.nn.SiLU(),
             (1, 2, 9, 5),
         ),
+        # Dilated (a window with holes), as in WaveNet-like stacks and DeepLab.
+        (
+            (torch.nn.Conv1d(3, 4, 3, dilation=2, padding=2), torch.nn.Conv1d(4, 4, 2, dilation=4)),
+            torch.nn.ReLU(),
+            (2, 3, 19),
+        ),
+        # A video model's tubelet embedding (VideoMAE): 2 frames x 4 x 4 patches.
+        ((torch.nn.Conv3d(3, 8, (2, 4, 4), stride=(2, 4, 4)),), None, (1, 3, 4, 8, 12)),
     ],
-    ids=["whisper-like conv1d", "vit patch embedding", "3x3 then 1x1", "mixed strides"],
+    ids=[
+        "whisper-like conv1d",
+        "vit patch embedding",
+        "3x3 then 1x1",
+        "mixed strides",
+        "dilated conv1d",
+        "conv3d tubelets",
+    ],
 )
 def test_each_convolution_is_a_library_call_with_its_bias_and_activation(layers, activation, shape):
     module = _Convs(*layers, activation=activation)
@@ -92,14 +110,44 @@ def test_each_convolution_is_a_library_call_with_its_bias_and_activation(layers,
         assert op not in left, left
 
 
+@pytest.mark.parametrize("bias", [False, True], ids=["no bias", "bias"])
+def test_a_grouped_convolution_is_one_batched_call(bias):
+    # Wav2Vec2's positional convolution, smaller: 16 channels in 4 groups, a kernel of 8
+    # padded by half of it, then a GELU.
+    module = _Convs(
+        torch.nn.Conv1d(16, 16, 8, padding=4, groups=4, bias=bias), activation=torch.nn.GELU()
+    )
+    built = _build_and_compare(module, torch.randn(2, 16, 24))
+    (calls,) = built.intrinsics.values()
+    assert len(calls) == 1, calls
+    assert not [name for name in built.rules if "conv" in name], built.rules
+    left = " ".join(built.rules)
+    # A group's bias would be a (G, O/G) tensor no call takes: it and the GELU after it stay
+    # TVM code, after the transpose back; without a bias the GELU runs in the call.
+    assert ("gelu" in left) == bias and ("add" in left) == bias, left
+    mod, _ = tir_byoc.frontend.import_torch(module, (torch.randn(2, 16, 24),))
+    lowered = tvm.transform.Sequential([make_pass() for make_pass in LOWERING])(mod)
+    functions = lowered.functions_items()
+    (match,) = [m for g, f in functions if isinstance(f, tirx.PrimFunc) for m in _matches(g, f)]
+    assert match.pattern == ("bmm_matmul" if bias else "bmm_matmul_gelu"), match.pattern
+    # One product per (batch, group); the weight's matrices are the groups' (4 x 8 by 4).
+    assert [expr_text(c) for c in match.batch.counts] == ["2", "4"], match.batch
+    assert [expr_text(s) for s in match.batch.w_strides] == ["0", "128"], match.batch
+
+
+def _matches(gvar, func):
+    return scan_function(gvar.name_hint, func).matches
+
+
 def test_a_convolution_that_is_not_served_keeps_tvms_code_and_says_why():
-    module = _Convs(torch.nn.Conv2d(4, 4, 3, groups=2), torch.nn.Conv2d(4, 2, 3, dilation=2))
+    module = _Convs(torch.nn.Conv2d(4, 4, 3, groups=4), torch.nn.ConvTranspose2d(4, 2, 2))
     built = _build_and_compare(module, torch.randn(1, 4, 12, 12))
     mod, _ = tir_byoc.frontend.import_torch(module, (torch.randn(1, 4, 12, 12),))
     reasons = [c.reason for c in find_convolutions(mod)]
     assert reasons == [
-        "groups = 2; im2col serves groups = 1",
-        "dilation [2, 2]; im2col serves dilation 1",
+        "depthwise (groups = 4, one input channel each): a batched GEMM of one window per "
+        "product is slower than TVM's loop",
+        "a transposed convolution; im2col serves conv1d, conv2d and conv3d",
     ]
     assert not built.intrinsics
 

@@ -1,4 +1,4 @@
-"""Convolutions as GEMMs: ``conv1d`` and ``conv2d`` served by the library through im2col.
+"""Convolutions as GEMMs: ``conv1d``, ``conv2d`` and ``conv3d`` as im2col and a library GEMM.
 
 TVM lowers a convolution to one loop nest that reduces over the input channels and the kernel
 window, a nest no pattern of the family is, and its default CPU schedule runs it far from a
@@ -6,7 +6,7 @@ GEMM's speed (Whisper's first two convolutions, 80 x 3000 -> 384 channels: about
 on a 2-vCPU AMD EPYC, against about 40 ms in torch).  Every output of a convolution with one
 group is a dot product of the weight's row for its channel with the input window it sees, so ::
 
-    cols[b, p, (c, r...)] = x[b, c, p * stride + r - pad]   (0 outside x)
+    cols[b, p, (c, r...)] = x[b, c, p * stride + r * dilation - pad]   (0 outside x)
     y[b, p, o]            = sum over (c, r...) of cols[b, p, (c, r...)] * w[o, (c, r...)]
     out[b, o, p]          = y[b, p, o]
 
@@ -18,25 +18,35 @@ imports as, which the library serves), and ``out`` is a reshape and transpose ba
 convolution's layout.  The products and sums are those of the convolution; the library sums
 them in its own order, as for any GEMM it serves.
 
+With G groups, output channel o = g * O/G + o' sees only the input channels c = g * C/G + c':
+the gather puts the group first, ``cols[b, g, p, (c', r...)]``, and ``y[b, g, p, o']`` is one
+matrix product per group, a batched ``matmul`` with the weight as (G, C/G * window, O/G),
+which the library serves as one batched call; ``out`` is a transpose of the last two axes and
+a reshape back.  A depthwise convolution (one input channel per group) is left to TVM: as G
+products of one window each it ran slower than TVM's own loop.
+
 The elementwise ops that follow the convolution, each the only use of the value before it,
 move before the transpose back: a bias of shape (1, O, 1...) (how torch's ``Conv`` adds its
 bias) becomes the GEMM's (O,) bias, and an activation (:data:`_UNARY`) is computed on ``y``:
 the same op on the same element.  They then fuse into the GEMM's PrimFunc, and the library
-call computes them as its epilogue (Whisper's bias and GELU).
+call computes them as its epilogue (Whisper's bias and GELU).  With groups only the
+activations move: the bias would be a (G, O/G) tensor, one row per batch index, which no
+call takes, so it stays TVM code after the transpose.
 
 Entry point: :func:`ConvolutionsAsGemms`, a module pass before ``LegalizeOps``
 (:data:`tir_byoc.model.LOWERING`), and :func:`find_convolutions`, which says for each
 convolution whether it is served so and, if not, why.  A binding ``out = R.nn.conv1d(x, w)``
-or ``R.nn.conv2d(x, w)`` is rewritten when
+(``conv2d``, ``conv3d``) is rewritten when
 
-1. the layouts are the default ones (``NCW``/``NCHW`` data and output, ``OIW``/``OIHW``
-   kernel), ``groups`` is 1 and every dilation 1;
+1. the layouts are the default ones (``NCW``/``NCHW``/``NCDHW`` data and output,
+   ``OIW``/``OIHW``/``OIDHW`` kernel), and the groups are not depthwise (:func:`_site`);
 2. x, w and out are float32 of static shapes, and out a variable of a dataflow block;
 3. the gathered columns hold at most :data:`MAX_COLUMNS` elements (the kernel window times
    the input, about: a 3 x 3 window reads each input value nine times).
 
 A constant weight (a torch model's) is flattened once, here; a weight given as a parameter
-is flattened by an ``R.reshape`` on every run.
+is flattened by an ``R.reshape`` on every run.  Transposed convolutions are reported and left
+to TVM.
 """
 
 from __future__ import annotations
@@ -57,8 +67,11 @@ logger = logging.getLogger("tir_byoc")
 _CONVS = {
     "relax.nn.conv1d": ("NCW", "OIW"),
     "relax.nn.conv2d": ("NCHW", "OIHW"),
+    "relax.nn.conv3d": ("NCDHW", "OIDHW"),
 }
 _OPS = {ir.Op.get(name): layouts for name, layouts in _CONVS.items()}
+#: Convolutions :func:`find_convolutions` reports but im2col does not serve.
+_TRANSPOSED = frozenset(ir.Op.get(f"relax.nn.conv{d}d_transpose") for d in (1, 2, 3))
 
 #: The most elements the gathered columns of one convolution may hold (1 GiB of float32).
 MAX_COLUMNS = 1 << 28
@@ -87,9 +100,11 @@ class _Site:
     x: relax.Expr
     weight: relax.Expr
     out_dims: tuple[int, ...]  # (B, O, spatial...)
-    kernel: tuple[int, ...]  # the window (KW,) or (KH, KW)
+    kernel: tuple[int, ...]  # the window (KW,), (KH, KW) or (KD, KH, KW)
     strides: tuple[int, ...]
     pad_before: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int
     # The elementwise ops after the convolution computed on the GEMM's rows instead, each
     # ("bias", its (1, O, 1...) tensor) or ("unary", its call), and the variables they bound.
     tail: tuple[tuple[str, object], ...] = ()
@@ -110,10 +125,6 @@ def _site(call: relax.Call, out_var) -> _Site | str:
             f"layouts {'/'.join(layouts)}; im2col serves {data_layout}/{kernel_layout}/"
             f"{data_layout}"
         )
-    if int(attrs.groups) != 1:
-        return f"groups = {int(attrs.groups)}; im2col serves groups = 1"
-    if any(d != 1 for d in _ints(attrs.dilation)):
-        return f"dilation {list(_ints(attrs.dilation))}; im2col serves dilation 1"
     x, weight = call.args
     dims = [static_dims(e) for e in (x, weight, out_var)]
     if any(d is None for d in dims):
@@ -125,11 +136,21 @@ def _site(call: relax.Call, out_var) -> _Site | str:
     spatial = len(x_dims) - 2
     strides, padding = _ints(attrs.strides), _ints(attrs.padding)
     batch, channels = x_dims[:2]
+    groups = int(attrs.groups)
+    if groups > 1 and w_dims[1] == 1:
+        # One input channel per group: G products of (positions x window) by (window x O/G),
+        # which ran slower as a batched call than TVM's own loop (ConvNeXt's 7 x 7 over 96
+        # channels of 56 x 56: 52 against 29 ms on a 2-vCPU AMD EPYC).
+        return (
+            f"depthwise (groups = {groups}, one input channel each): a batched GEMM of one "
+            "window per product is slower than TVM's loop"
+        )
     kernel = tuple(w_dims[2:])
     columns = batch * math.prod(out_dims[2:]) * channels * math.prod(kernel)
     if columns > MAX_COLUMNS:
         return f"its im2col columns would hold {columns} elements, more than {MAX_COLUMNS}"
-    return _Site(x, weight, tuple(out_dims), kernel, strides, padding[:spatial])
+    dilation = _ints(attrs.dilation)
+    return _Site(x, weight, tuple(out_dims), kernel, strides, padding[:spatial], dilation, groups)
 
 
 #: Unary elementwise ops that may follow a convolution into its GEMM's epilogue: computed on
@@ -162,7 +183,9 @@ def _tail(site: _Site, var, values: dict, users: dict, uses) -> _Site:
             break
         if call.op in _UNARY and len(call.args) == 1:
             tail.append(("unary", call))
-        elif call.op.same_as(_ADD):
+        elif call.op.same_as(_ADD) and site.groups == 1:
+            # With groups, a GEMM's batch index is its group: the bias would be a (G, O/G)
+            # tensor, which no call takes, so it stays after the transpose back.
             other = call.args[1] if call.args[0].same_as(var) else call.args[0]
             if other.same_as(var) or static_dims(other) != bias_dims:
                 break
@@ -177,37 +200,42 @@ def _tail(site: _Site, var, values: dict, users: dict, uses) -> _Site:
 
 
 def _gather(x: te.Tensor, site: _Site) -> te.Tensor:
-    """cols[b, p..., c, r...] = x[b, c, p * stride + r - pad] (0 outside x), the im2col of
-    ``x`` with the output positions and the kernel window as axes of their own."""
+    """The im2col of ``x``, with the output positions and the kernel window as axes of their
+    own: cols[b, p..., c, r...] = x[b, c, p * stride + r * dilation - pad] (0 outside x), or
+    with groups, cols[b, g, p..., c', r...] for input channel c = g * C/G + c'."""
     spatial = len(site.kernel)
     out_positions = site.out_dims[2:]
-    channels = x.shape[1]
+    channels = int(x.shape[1]) // site.groups
     sizes = [int(d) for d in x.shape[2:]]
+    grouped = site.groups > 1
 
     def element(b, *axes):
+        g, axes = (axes[0], axes[1:]) if grouped else (0, axes)
         positions, c, window = axes[:spatial], axes[spatial], axes[spatial + 1 :]
         index, inside = [], []
-        for p, r, count, extent, stride, pad, size in zip(
+        for p, r, count, extent, stride, pad, dilation, size in zip(
             positions,
             window,
             out_positions,
             site.kernel,
             site.strides,
             site.pad_before,
+            site.dilation,
             sizes,
             strict=True,
         ):
-            at = p * stride + r - pad
+            at = p * stride + r * dilation - pad
             index.append(at)
-            last = (count - 1) * stride + extent - 1 - pad  # the largest index read
+            last = (count - 1) * stride + (extent - 1) * dilation - pad  # the largest index read
             if pad > 0 or last >= size:  # a padded edge: 0 there, as the convolution reads
                 inside.append(tirx.all(at >= 0, at < size))
-        value = x[(b, c, *index)]
+        value = x[(b, g * channels + c if grouped else c, *index)]
         if not inside:
             return value
         return tirx.if_then_else(tirx.all(*inside), value, tirx.const(0.0, x.dtype))
 
-    shape = (x.shape[0], *out_positions, channels, *site.kernel)
+    groups = (site.groups,) if grouped else ()
+    shape = (x.shape[0], *groups, *out_positions, channels, *site.kernel)
     return te.compute(shape, element, name="im2col")
 
 
@@ -236,17 +264,19 @@ class _Rewriter(relax.PyExprMutator):
                 super().visit_var_binding_(binding)
             return
         batch, out_channels, *positions = site.out_dims
-        window = math.prod(site.kernel) * int(static_dims(site.x)[1])
+        groups, count = site.groups, math.prod(positions)
+        window = math.prod(site.kernel) * int(static_dims(site.x)[1]) // groups
         gathered = self.builder_.emit_te(
             lambda x: _gather(x, site), self.visit_expr(site.x), primfunc_name_hint="im2col"
         )
-        cols = self.builder_.emit(
-            relax.op.reshape(gathered, (batch, math.prod(positions), window)), "cols"
-        )
-        weight = self._flat(site.weight, (out_channels, window))
-        product = self.builder_.emit(
-            relax.op.matmul(cols, relax.op.permute_dims(weight)), "conv_gemm"
-        )
+        if groups > 1:
+            cols = relax.op.reshape(gathered, (batch, groups, count, window))
+            weight = self._grouped(site.weight, groups, out_channels // groups, window)
+        else:
+            cols = relax.op.reshape(gathered, (batch, count, window))
+            weight = relax.op.permute_dims(self._flat(site.weight, (out_channels, window)))
+        cols = self.builder_.emit(cols, "cols")
+        product = self.builder_.emit(relax.op.matmul(cols, weight), "conv_gemm")
         for kind, operand in site.tail:
             if kind == "bias":
                 bias = self._flat(operand, (out_channels,))
@@ -255,11 +285,15 @@ class _Rewriter(relax.PyExprMutator):
                 unary = relax.Call(operand.op, [product], operand.attrs)
                 product = self.builder_.emit(unary, "conv_act")
         spatial = len(positions)
-        unflat = self.builder_.emit(
-            relax.op.reshape(product, (batch, *positions, out_channels)), "conv_rows"
-        )
-        axes = [0, spatial + 1, *range(1, spatial + 1)]
-        self.set_var_remap(binding.var, self.builder_.emit(relax.op.permute_dims(unflat, axes)))
+        if groups > 1:  # (B, G, positions, O/G) -> (B, G, O/G, positions) -> (B, O, ...)
+            product = self.builder_.emit(relax.op.permute_dims(product, [0, 1, 3, 2]))
+            out = relax.op.reshape(product, site.out_dims)
+        else:
+            unflat = self.builder_.emit(
+                relax.op.reshape(product, (batch, *positions, out_channels)), "conv_rows"
+            )
+            out = relax.op.permute_dims(unflat, [0, spatial + 1, *range(1, spatial + 1)])
+        self.set_var_remap(binding.var, self.builder_.emit(out))
 
     def _flat(self, tensor, shape):
         """``tensor`` (a weight or a bias) reshaped to ``shape``: a new constant for a constant,
@@ -268,6 +302,15 @@ class _Rewriter(relax.PyExprMutator):
             flat = tensor.value.numpy().reshape(shape)
             return relax.const(np.ascontiguousarray(flat), "float32")
         return self.builder_.emit(relax.op.reshape(self.visit_expr(tensor), shape), "conv_flat")
+
+    def _grouped(self, weight, groups, per_group, window):
+        """The (O, C/G, window...) weight as G matrices of (C/G * window, O/G): transposed
+        in NumPy for a constant, else by a reshape and a transpose on every call."""
+        if isinstance(weight, ir.Constant):
+            flat = weight.value.numpy().reshape(groups, per_group, window).transpose(0, 2, 1)
+            return relax.const(np.ascontiguousarray(flat), "float32")
+        flat = self._flat(weight, (groups, per_group, window))
+        return self.builder_.emit(relax.op.permute_dims(flat, [0, 2, 1]), "conv_flat")
 
 
 def _scan(mod: tvm.IRModule):
@@ -285,13 +328,16 @@ def _scan(mod: tvm.IRModule):
                 for b in block.bindings
                 if isinstance(b, relax.VarBinding) and isinstance(b.value, relax.Call)
             }
-            convs = {var: call for var, call in values.items() if call.op in _OPS}
+            convs = {v: c for v, c in values.items() if c.op in _OPS or c.op in _TRANSPOSED}
             if not convs:
                 continue
             uses = uses if uses is not None else variable_uses(func)
             users = {arg: var for var, call in values.items() for arg in call.args}
             for var, call in convs.items():
-                site = _site(call, var)
+                if call.op in _TRANSPOSED:
+                    site = "a transposed convolution; im2col serves conv1d, conv2d and conv3d"
+                else:
+                    site = _site(call, var)
                 if isinstance(site, _Site) and not isinstance(var, relax.DataflowVar):
                     site = "its result is not a variable of a dataflow block"
                 reason = site if isinstance(site, str) else None

@@ -1,17 +1,20 @@
 """Property: a convolution served as im2col and a GEMM computes what the convolution computes.
 
-Each example is a Relax ``conv1d`` or ``conv2d`` of drawn sizes, kernel, strides and
-asymmetric padding (a window may hang over both edges), with the weight a constant (as a
-torch model's is) or a parameter, and optionally a bias of shape (1, O, 1...) and one of the
-activations the rewrite takes into the call.  ``tir_byoc.build_model`` builds it (the rewrite
-of :mod:`tir_byoc.relax_conv`, the library call, TVM's code for the gather) and its result is
-compared with a float64 NumPy convolution written from the definition, window by window.
+Each example is a Relax ``conv1d``, ``conv2d`` or ``conv3d`` of drawn sizes, kernel,
+strides, dilations, groups and asymmetric padding (a window may hang over both edges), with
+the weight a constant (as a torch model's is) or a parameter, and optionally a bias of shape
+(1, O, 1...) and one of the activations the rewrite takes into the call.
+``tir_byoc.build_model`` builds it (the rewrite of :mod:`tir_byoc.relax_conv`, the library
+call, TVM's code for the gather) and its result is compared with a float64 NumPy convolution
+written from the definition, window by window.
 Every drawn convolution must be served as a GEMM: the draws stay inside what the rewrite
-takes, so a refusal is a failure too.
+takes (two or more input channels per group: a depthwise one is left to TVM), so a refusal
+is a failure too.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -40,17 +43,22 @@ ACTIVATIONS = {
 
 @st.composite
 def convolutions(draw):
-    spatial = draw(st.sampled_from([1, 2]))
+    spatial = draw(st.sampled_from([1, 2, 3]))
     axes = []
     for _ in range(spatial):
-        kernel = draw(st.integers(1, 4))
+        kernel = draw(st.integers(1, 4 if spatial < 3 else 2))
+        dilation = draw(st.sampled_from([1, 1, 2, 3]))
+        reach = (kernel - 1) * dilation + 1  # the input span one output reads
         before, after = draw(st.integers(0, 2)), draw(st.integers(0, 2))
-        size = draw(st.integers(max(1, kernel - before - after), 8))
-        axes.append((size, kernel, draw(st.integers(1, 3)), before, after))
+        size = draw(st.integers(max(1, reach - before - after), 8 if spatial < 3 else 5))
+        axes.append((size, kernel, draw(st.integers(1, 3)), before, after, dilation))
+    groups = draw(st.sampled_from([1, 1, 2, 3]))
+    per_group = draw(st.integers(1 if groups == 1 else 2, 4 if groups == 1 else 2))
     return {
         "batch": draw(st.integers(1, 2)),
-        "channels": draw(st.integers(1, 4)),
-        "out_channels": draw(st.integers(1, 5)),
+        "groups": groups,
+        "channels": groups * per_group,
+        "out_channels": groups * draw(st.integers(1, 5 if groups == 1 else 2)),
         "axes": axes,
         "constant_weight": draw(st.booleans()),
         "bias": draw(st.sampled_from([None, "constant", "parameter"])),
@@ -74,13 +82,17 @@ def _module(conv, weight, bias):
     elif conv["bias"] == "parameter":
         b = relax.Var("b", R.Tensor(bias.shape, "float32"))
         params.append(b)
-    op = R.nn.conv1d if spatial == 1 else R.nn.conv2d
+    op = (R.nn.conv1d, R.nn.conv2d, R.nn.conv3d)[spatial - 1]
     strides = [a[2] for a in conv["axes"]]
     padding = [a[3] for a in conv["axes"]] + [a[4] for a in conv["axes"]]
+    dilation = [a[5] for a in conv["axes"]]
     builder = relax.BlockBuilder()
     with builder.function("main", params):
         with builder.dataflow():
-            y = builder.emit(op(x, w, strides=strides, padding=padding))
+            conv_call = op(
+                x, w, strides=strides, padding=padding, dilation=dilation, groups=conv["groups"]
+            )
+            y = builder.emit(conv_call)
             if b is not None:
                 y = builder.emit(R.add(y, b))
             activation = ACTIVATIONS[conv["activation"]][0]
@@ -92,19 +104,23 @@ def _module(conv, weight, bias):
 
 
 def _expected(conv, x, weight, bias):
-    """The convolution from its definition, in float64: each kernel offset's shifted, strided
-    slice of the zero-padded input times that offset's weights, summed."""
+    """The convolution from its definition, in float64: for each group, each kernel offset's
+    shifted (by offset times dilation), strided slice of the zero-padded input times that
+    offset's weights, summed."""
     pads = [(0, 0), (0, 0)] + [(a[3], a[4]) for a in conv["axes"]]
     padded = np.pad(x.astype(np.float64), pads)
-    outs = [(a[0] + a[3] + a[4] - a[1]) // a[2] + 1 for a in conv["axes"]]
+    outs = [(a[0] + a[3] + a[4] - (a[1] - 1) * a[5] - 1) // a[2] + 1 for a in conv["axes"]]
     total = np.zeros((conv["batch"], conv["out_channels"], *outs))
-    for offset in np.ndindex(*[a[1] for a in conv["axes"]]):
+    groups = conv["groups"]
+    per_in, per_out = conv["channels"] // groups, conv["out_channels"] // groups
+    for g, offset in itertools.product(range(groups), np.ndindex(*[a[1] for a in conv["axes"]])):
         window = tuple(
-            slice(r, r + (n - 1) * a[2] + 1, a[2])
+            slice(r * a[5], r * a[5] + (n - 1) * a[2] + 1, a[2])
             for r, n, a in zip(offset, outs, conv["axes"], strict=True)
         )
-        taps = weight[(slice(None), slice(None), *offset)].astype(np.float64)
-        total += np.einsum("bc...,oc->bo...", padded[(slice(None), slice(None), *window)], taps)
+        ins, outs_g = slice(g * per_in, (g + 1) * per_in), slice(g * per_out, (g + 1) * per_out)
+        taps = weight[(outs_g, slice(None), *offset)].astype(np.float64)
+        total[:, outs_g] += np.einsum("bc...,oc->bo...", padded[(slice(None), ins, *window)], taps)
     if bias is not None:
         total += bias
     return ACTIVATIONS[conv["activation"]][1](total)
@@ -117,7 +133,11 @@ def test_a_convolution_as_a_gemm_computes_the_convolution(conv, seed):
     spatial = len(conv["axes"])
     x = rng.standard_normal((conv["batch"], conv["channels"], *[a[0] for a in conv["axes"]]))
     weight = rng.standard_normal(
-        (conv["out_channels"], conv["channels"], *[a[1] for a in conv["axes"]])
+        (
+            conv["out_channels"],
+            conv["channels"] // conv["groups"],
+            *[a[1] for a in conv["axes"]],
+        )
     )
     bias = rng.standard_normal((1, conv["out_channels"], *[1] * spatial))
     x, weight, bias = (a.astype("float32") for a in (x, weight, bias))
@@ -125,6 +145,7 @@ def test_a_convolution_as_a_gemm_computes_the_convolution(conv, seed):
     (found,) = find_convolutions(mod)
     assert found.reason is None, found
     event(f"conv{spatial}d, {'bias, ' if conv['bias'] else ''}{conv['activation']}")
+    event(f"groups {conv['groups']}, dilations {sorted({a[5] for a in conv['axes']})}")
 
     inputs = [x]
     if not conv["constant_weight"]:
