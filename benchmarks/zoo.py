@@ -60,7 +60,8 @@ class Arch:
     the prepared causal mask of :func:`tir_byoc.frontend.causal_mask`), ``"decoder-positions"``
     (the same with explicit position ids: OPT derives them from a 2-D mask),
     ``"decoder-own-mask"`` (no mask passed: Bloom builds its alibi from a 2-D one),
-    ``"vision"`` (32 x 32 images) or ``"audio"`` (16 mel bins).
+    ``"vision"`` (32 x 32 images), ``"audio"`` (16 mel bins), ``"waveform"`` (raw samples) or
+    ``"video"`` (4 frames of 32 x 32).
     """
 
     config: str
@@ -278,6 +279,40 @@ ZOO: dict[str, Arch] = {
             use_cache=False,
         ),
     ),
+    "Wav2Vec2": Arch(
+        "Wav2Vec2Config",
+        "Wav2Vec2Model",
+        "waveform",
+        dict(
+            _BERT,
+            conv_dim=(32, 32),
+            conv_stride=(5, 2),
+            conv_kernel=(10, 3),
+            num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=4,
+        ),
+    ),
+    "VideoMAE": Arch(
+        "VideoMAEConfig",
+        "VideoMAEModel",
+        "video",
+        dict(
+            hidden_size=HIDDEN,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS,
+            intermediate_size=INTERMEDIATE,
+            image_size=32,
+            patch_size=8,
+            num_frames=4,
+            tubelet_size=2,
+        ),
+    ),
+    "ConvNeXt": Arch(
+        "ConvNextConfig",
+        "ConvNextModel",
+        "vision",
+        dict(hidden_sizes=[16, 32], depths=[1, 1], num_stages=2, image_size=32, patch_size=4),
+    ),
 }
 
 
@@ -310,6 +345,12 @@ def build(name: str):
     if arch.kind == "audio":  # two convolutions, the second of stride 2: 32 frames -> 16
         inputs = (torch.randn(real_models.BATCH, 16, 32, generator=generator),)
         return real_models.RealModel(name, _Output(model, "input_features"), inputs)
+    if arch.kind == "waveform":  # 400 samples; convolutions of stride 5 and 2: 39 frames
+        inputs = (torch.randn(real_models.BATCH, 400, generator=generator),)
+        return real_models.RealModel(name, _Output(model, "input_values"), inputs)
+    if arch.kind == "video":  # 4 frames of 32 x 32, in tubelets of 2 x 8 x 8
+        inputs = (torch.randn(real_models.BATCH, 4, 3, 32, 32, generator=generator),)
+        return real_models.RealModel(name, _Output(model, "pixel_values"), inputs)
     ids = (torch.randint(0, VOCAB, (real_models.BATCH, real_models.SEQUENCE), generator=generator),)
     if arch.kind == "encoder":
         return real_models.RealModel(name, _Output(model, "input_ids"), ids)

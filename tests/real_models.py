@@ -1,9 +1,10 @@
 """Small real models through the whole flow, and how much of their GEMM work tir_byoc serves.
 
-Ten models, built from configs with random weights (nothing is downloaded): BERT-like,
-DeBERTa-like and CLIP-text-like encoders, a ViT and a Whisper encoder (convolutions before
-their transformer layers) and LLaMA-like, GPT-2-like, GPT-NeoX-like and Falcon-like decoders
-from transformers, and torch's ``nn.TransformerEncoderLayer``.
+Eleven models, built from configs with random weights (nothing is downloaded): BERT-like,
+DeBERTa-like and CLIP-text-like encoders, a ViT, a Whisper encoder and a Wav2Vec2
+(convolutions before their transformer layers, Wav2Vec2's in groups) and LLaMA-like,
+GPT-2-like, GPT-NeoX-like and Falcon-like decoders from transformers, and torch's
+``nn.TransformerEncoderLayer``.
 Each goes the way a user's model goes: ``torch.export`` -> ``from_exported_program`` (as
 :func:`tir_byoc.frontend.import_torch` runs them) -> the standard Relax lowering ->
 :func:`tir_byoc.offload` -> ``tvm.compile`` for llvm -> the Relax VM.
@@ -270,6 +271,26 @@ def whisper_encoder() -> RealModel:
     )
 
 
+def wav2vec2() -> RealModel:
+    """A two-layer Wav2Vec2 on 400 samples of raw audio: two convolutions (strides 5 and 2)
+    make 39 frames, and its positional embedding is a convolution in 4 groups (a kernel of
+    16, padded by 8), served as one batched GEMM of a (batch, group) product each
+    (:mod:`tir_byoc.relax_conv`)."""
+    encoder = _transformers_model(
+        "Wav2Vec2Model",
+        "Wav2Vec2Config",
+        decoder=False,
+        **_BERT_LIKE,
+        conv_dim=(32, 32),
+        conv_stride=(5, 2),
+        conv_kernel=(10, 3),
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4,
+    )
+    samples = torch.randn(BATCH, 400, generator=torch.Generator().manual_seed(10))
+    return RealModel("wav2vec2", _LastHiddenState(encoder, "input_values").eval(), (samples,))
+
+
 def gpt_neox() -> RealModel:
     """A two-layer GPT-NeoX decoder (Pythia's architecture): attention and MLP in parallel,
     both added to the layer's input, so the MLP's second GEMM has two residual adds after its
@@ -313,6 +334,7 @@ MODELS: dict[str, Callable[[], RealModel]] = {
     "clip_text": clip_text,
     "vit": vit,
     "whisper_encoder": whisper_encoder,
+    "wav2vec2": wav2vec2,
     "llama": llama,
     "gpt2": gpt2,
     "gpt_neox": gpt_neox,
