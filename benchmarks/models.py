@@ -15,10 +15,11 @@ random weights; nothing is downloaded.  They keep the base models' widths (768 h
 heads) with ``--layers`` layers (default 2: a layer's cost is the same in a 12-layer model,
 and a run stays within minutes on a 2-core machine), and return the last hidden state (no
 language-model head).  Decoders take the additive float causal mask that eager attention adds
-(TVM 0.27 cannot compile the boolean one transformers builds).  On request, two models whose
+(TVM 0.27 cannot compile the boolean one transformers builds).  On request, three models whose
 transformer follows convolutions: ``whisper`` (Whisper-small's encoder on ``2 x --sequence``
-frames of 80 mel bins: two conv1d) and ``vit`` (ViT-base on 224 x 224 images: a 16 x 16 patch
-embedding).
+frames of 80 mel bins: two conv1d), ``vit`` (ViT-base on 224 x 224 images: a 16 x 16 patch
+embedding) and ``wav2vec2`` (Wav2Vec2-base on raw samples making ``--sequence`` frames: seven
+conv1d, then a positional conv1d of 16 groups).
 
 Columns: ``torch`` (eager, ``inference_mode``), ``torch.compile`` (inductor, default mode),
 ``onnxruntime`` (``torch.onnx.export`` then ORT's CPU provider, all graph optimisations),
@@ -77,8 +78,9 @@ from tir_byoc.threads import IDLE_DEFAULTS
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "models"
 MODELS = ("bert", "gpt2", "llama", "encoder")
-#: Models run on request (``--models whisper,vit``): convolutions before the transformer.
-CONV_MODELS = ("whisper", "vit")
+#: Models run on request (``--models whisper,vit,wav2vec2``): convolutions before the
+#: transformer.
+CONV_MODELS = ("whisper", "vit", "wav2vec2")
 COLUMNS = ("torch", "torch.compile", "onnxruntime", "tvm", "tir_byoc")
 #: The columns run at libgomp's own idle spin under ``--gomp-spincount own``: the peers, as
 #: their users run them; every other column is TVM's and runs at tir_byoc's setting.
@@ -174,6 +176,14 @@ def build(name: str, layers: int, batch: int, sequence: int):
         pixels = torch.randn(batch, 3, 224, 224, generator=torch.Generator().manual_seed(1))
         model = transformers.ViTModel(config, add_pooling_layer=False)
         return _Hidden(model, None, "pixel_values").eval(), pixels
+    if name == "wav2vec2":  # Wav2Vec2-base: raw 16 kHz samples, `sequence` frames of 20 ms
+        config = transformers.Wav2Vec2Config(
+            num_hidden_layers=layers, attn_implementation="eager"
+        )  # base widths; seven convolutions of 512 channels, strides 5 2 2 2 2 2 2
+        samples = torch.randn(
+            batch, 320 * (sequence - 1) + 400, generator=torch.Generator().manual_seed(1)
+        )
+        return _Hidden(transformers.Wav2Vec2Model(config), None, "input_values").eval(), samples
     raise ValueError(
         f"benchmarks/models.py: expected a model of {MODELS + CONV_MODELS}, got {name!r}"
     )
