@@ -460,16 +460,19 @@ def _gemm_floor(model, x, budget: float) -> dict:
     reaches here on :data:`PEAK_SHAPES` (``peak_gflops``), measured now, at this process's
     threads; :func:`_ratios` makes a cell's floor of them (its children may measure several).
 
-    The models use eager attention, so every FLOP ``FlopCounterMode`` counts is a GEMM's.  They
-    are counted in training mode: in eval mode ``nn.TransformerEncoder`` takes its fused fast
-    path, whose one operator the counter does not know; the GEMMs are the same (dropout has
-    none).
+    The models use eager attention, so every FLOP ``FlopCounterMode`` counts is a GEMM's (or a
+    convolution's, the GEMM of its im2col).  ``nn.TransformerEncoder`` is counted in training
+    mode: in eval mode it takes its fused fast path, whose one operator the counter does not
+    know; the GEMMs are the same (dropout has none).  The others are counted as they run:
+    Wav2Vec2's feature extractor asks for gradients in training mode, which inference mode
+    refuses.
     """
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
     training = model.training
-    model.train()
+    fast_path = any(isinstance(m, torch.nn.TransformerEncoder) for m in model.modules())
+    model.train(fast_path or training)
     try:
         with counter, torch.inference_mode():
             model(x)
