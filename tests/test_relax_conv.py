@@ -150,6 +150,13 @@ def test_a_convolution_that_is_not_served_keeps_tvms_code_and_says_why():
         "a transposed convolution; im2col serves conv1d, conv2d and conv3d",
     ]
     assert not built.intrinsics
+    # After lowering, the matcher's reason for the convolution's block points back here.
+    lowered = tvm.transform.Sequential([make_pass() for make_pass in LOWERING])(mod)
+    (depthwise,) = [r for r in tir_byoc.explain(lowered) if "group_conv2d" in r.blocks[0]]
+    assert depthwise.reason.endswith(
+        "as a convolution does: tir_byoc serves a convolution before lowering, as a GEMM, and "
+        "tir_byoc.relax_conv.find_convolutions(mod) says why this one is not"
+    ), depthwise.reason
 
 
 # fmt: off

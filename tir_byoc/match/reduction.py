@@ -128,6 +128,25 @@ def unpack_operand(expr, acc_dtype):
     raise Refused(f"operand {expr} is not a buffer element")
 
 
+def _is_window(block, spatial, reduce) -> bool:
+    """Whether ``block`` reads a buffer at an index that adds a spatial and a reduction
+    iterator (``x[b, c, p * stride + r]``): a convolution's window."""
+    spatial_vars = {it.handle for it in spatial}
+    reduce_vars = {it.handle for it in reduce}
+    loads = []
+    walk(block.body, ir.TensorLoad, loads.append)
+    for load in loads:
+        for index in elements(load.indices):
+            if isinstance(index, tirx.Var):
+                continue
+            used = []
+            walk(index, tirx.Var, used.append)
+            handles = {v.__chandle__() for v in used}
+            if handles & spatial_vars and handles & reduce_vars:
+                return True
+    return False
+
+
 def analyze_reduction(
     nest: Nest, extents: Extents, index: FunctionIndex, init_nest: Nest | None = None
 ) -> Reduction:
@@ -139,7 +158,14 @@ def analyze_reduction(
 
     # Step 1. Shape of the iteration space and of the loops around it.
     if len(reduce) != 1:
-        raise Refused(f"block reduces over {len(reduce)} axes; the family reduces over one (k)")
+        reason = f"block reduces over {len(reduce)} axes; the family reduces over one (k)"
+        if _is_window(block, spatial, reduce):
+            reason += (
+                ". It reads an input at an output position plus a window offset, as a "
+                "convolution does: tir_byoc serves a convolution before lowering, as a GEMM, "
+                "and tir_byoc.relax_conv.find_convolutions(mod) says why this one is not"
+            )
+        raise Refused(reason)
     if len(spatial) < 2:
         raise Refused(
             f"block has {len(spatial)} spatial axes: a reduction to fewer than two axes is not "
