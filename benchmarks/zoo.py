@@ -37,6 +37,9 @@ HERE = Path(__file__).resolve().parent
 TESTS = HERE.parent / "tests"
 RESULTS = HERE / "results" / "zoo"
 
+sys.path.insert(0, str(TESTS))  # the settings shared with the real-model tests (torch-free)
+import model_settings  # noqa: E402
+
 #: A small model's dimensions (those of tests/real_models.py), shared by every config.
 HIDDEN, LAYERS, HEADS, KV_HEADS, INTERMEDIATE, VOCAB, POSITIONS = 64, 2, 4, 2, 128, 100, 32
 HEAD_DIM = HIDDEN // HEADS
@@ -102,15 +105,7 @@ ZOO: dict[str, Arch] = {
         "DebertaV2Config",
         "DebertaV2Model",
         "encoder",
-        dict(
-            _BERT,
-            relative_attention=True,
-            pos_att_type=["p2c", "c2p"],
-            position_buckets=16,
-            max_relative_positions=-1,
-            share_att_key=True,
-            norm_rel_ebd="layer_norm",
-        ),
+        dict(_BERT, **model_settings.DEBERTA_V3),
     ),
     "MPNet": Arch("MPNetConfig", "MPNetModel", "encoder", _BERT, {"add_pooling_layer": False}),
     "T5 encoder": Arch(
@@ -283,14 +278,7 @@ ZOO: dict[str, Arch] = {
         "Wav2Vec2Config",
         "Wav2Vec2Model",
         "waveform",
-        dict(
-            _BERT,
-            conv_dim=(32, 32),
-            conv_stride=(5, 2),
-            conv_kernel=(10, 3),
-            num_conv_pos_embeddings=16,
-            num_conv_pos_embedding_groups=4,
-        ),
+        dict(_BERT, **model_settings.WAV2VEC2_CONVOLUTIONS),
     ),
     "VideoMAE": Arch(
         "VideoMAEConfig",
@@ -345,8 +333,9 @@ def build(name: str):
     if arch.kind == "audio":  # two convolutions, the second of stride 2: 32 frames -> 16
         inputs = (torch.randn(real_models.BATCH, 16, 32, generator=generator),)
         return real_models.RealModel(name, _Output(model, "input_features"), inputs)
-    if arch.kind == "waveform":  # 400 samples; convolutions of stride 5 and 2: 39 frames
-        inputs = (torch.randn(real_models.BATCH, 400, generator=generator),)
+    if arch.kind == "waveform":  # raw samples; convolutions of stride 5 and 2: 39 frames
+        samples = model_settings.WAV2VEC2_SAMPLES
+        inputs = (torch.randn(real_models.BATCH, samples, generator=generator),)
         return real_models.RealModel(name, _Output(model, "input_values"), inputs)
     if arch.kind == "video":  # 4 frames of 32 x 32, in tubelets of 2 x 8 x 8
         inputs = (torch.randn(real_models.BATCH, 4, 3, 32, 32, generator=generator),)

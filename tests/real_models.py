@@ -35,6 +35,7 @@ from dataclasses import dataclass
 # The models are built from configs; transformers must never reach for the hub.
 os.environ["HF_HUB_OFFLINE"] = "1"
 
+import model_settings
 import numpy as np
 import torch
 import transformers
@@ -202,12 +203,7 @@ def deberta() -> RealModel:
         "DebertaV2Config",
         decoder=False,
         **_BERT_LIKE,
-        relative_attention=True,
-        pos_att_type=["p2c", "c2p"],
-        position_buckets=16,
-        max_relative_positions=-1,
-        share_att_key=True,
-        norm_rel_ebd="layer_norm",
+        **model_settings.DEBERTA_V3,
     )
     return RealModel("deberta", _LastHiddenState(encoder).eval(), (_token_ids(6),))
 
@@ -281,13 +277,11 @@ def wav2vec2() -> RealModel:
         "Wav2Vec2Config",
         decoder=False,
         **_BERT_LIKE,
-        conv_dim=(32, 32),
-        conv_stride=(5, 2),
-        conv_kernel=(10, 3),
-        num_conv_pos_embeddings=16,
-        num_conv_pos_embedding_groups=4,
+        **model_settings.WAV2VEC2_CONVOLUTIONS,
     )
-    samples = torch.randn(BATCH, 400, generator=torch.Generator().manual_seed(10))
+    samples = torch.randn(
+        BATCH, model_settings.WAV2VEC2_SAMPLES, generator=torch.Generator().manual_seed(10)
+    )
     return RealModel("wav2vec2", _LastHiddenState(encoder, "input_values").eval(), (samples,))
 
 
