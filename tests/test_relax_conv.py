@@ -135,6 +135,48 @@ def test_a_grouped_convolution_is_one_batched_call(bias):
     assert [expr_text(s) for s in match.batch.w_strides] == ["0", "128"], match.batch
 
 
+def test_a_weight_computed_from_constants_is_computed_once_at_build_time():
+    # Wav2Vec2's positional convolution has a weight norm: g * v / ||v||, from constants.
+    conv = torch.nn.Conv1d(16, 16, 8, padding=4, groups=4)
+    module = _Convs(torch.nn.utils.parametrizations.weight_norm(conv, dim=2))
+    built = _build_and_compare(module, torch.randn(2, 16, 24))
+    assert sum(len(calls) for calls in built.intrinsics.values()) == 1, built.intrinsics
+    norm = [name for name in built.rules if any(op in name for op in ("power", "sum", "divide"))]
+    assert not norm, built.rules
+
+
+# fmt: off
+@I.ir_module
+class ComputedWeights:
+    """Two weights computed at run time: from a constant, but also an output of the function
+    (so its computation stays), and from a parameter (so it cannot be computed before)."""
+
+    @R.function
+    def main(x: R.Tensor((1, 2, 9), "float32"), w: R.Tensor((4, 2, 3), "float32")):
+        with R.dataflow():
+            shared = R.multiply(R.const(np.full((4, 2, 3), 0.5, "float32")), R.const(3.0))
+            y = R.nn.conv1d(x, shared, padding=[1, 1])
+            doubled = R.multiply(w, R.const(2.0))
+            z = R.nn.conv1d(x, doubled, strides=[2])
+            out = (y, z, shared)
+            R.output(out)
+        return out
+# fmt: on
+
+
+def test_a_weight_used_elsewhere_or_computed_from_parameters_is_left_in_place(monkeypatch):
+    rewritten = convolutions_as_gemms(ComputedWeights)
+    relax.analysis.well_formed(rewritten)
+    text = rewritten.script()
+    assert "R.nn.conv" not in text and text.count("R.multiply") == 2, text
+    inputs = relax_inputs(ComputedWeights)
+    got = tir_byoc.build_model(ComputedWeights)(*inputs)
+    monkeypatch.setattr(model_module, "LOWERING", WITHOUT_REWRITE)
+    before = tir_byoc.build_model(ComputedWeights)(*inputs)
+    for new, old in zip(got, before, strict=True):
+        np.testing.assert_allclose(new, old, rtol=1e-5, atol=1e-5)
+
+
 def _matches(gvar, func):
     return scan_function(gvar.name_hint, func).matches
 

@@ -45,8 +45,11 @@ convolution whether it is served so and, if not, why.  A binding ``out = R.nn.co
    the input, about: a 3 x 3 window reads each input value nine times).
 
 A constant weight (a torch model's) is flattened once, here; a weight given as a parameter
-is flattened by an ``R.reshape`` on every run.  Transposed convolutions are reported and left
-to TVM.
+is flattened by an ``R.reshape`` on every run.  A weight computed from constants alone, each
+step used by the next only (a weight norm's ``g * v / ||v||``, as Wav2Vec2's positional
+convolution has), is computed once here, by Relax's ``FoldConstant`` on that computation
+alone, and its bindings are dropped: otherwise every run recomputes it.  Transposed
+convolutions are reported and left to TVM.
 """
 
 from __future__ import annotations
@@ -105,6 +108,9 @@ class _Site:
     pad_before: tuple[int, ...]
     dilation: tuple[int, ...]
     groups: int
+    # The bindings that compute the weight from constants alone, in order (see
+    # :func:`_constant_bindings`), folded into one constant by the rewrite.
+    weight_bindings: tuple[tuple[relax.Var, relax.Call], ...] = ()
     # The elementwise ops after the convolution computed on the GEMM's rows instead, each
     # ("bias", its (1, O, 1...) tensor) or ("unary", its call), and the variables they bound.
     tail: tuple[tuple[str, object], ...] = ()
@@ -199,6 +205,58 @@ def _tail(site: _Site, var, values: dict, users: dict, uses) -> _Site:
     return dataclasses.replace(site, tail=tuple(tail), tail_vars=tuple(tail_vars))
 
 
+#: Arguments a computation from constants may take besides constants and its own variables.
+_LITERALS = (ir.Constant, relax.ShapeExpr, ir.StringImm)  # a prim value is an ir.Constant
+
+
+def _constant_bindings(var, values: dict, uses) -> tuple | None:
+    """The bindings of the dataflow block that compute ``var`` from constants alone, in the
+    order they are bound, or None unless each is a call used once (by the next step, the last
+    by the convolution), so that all of them go when the convolution's weight is folded."""
+    found = []
+
+    def visit(value) -> bool:
+        if isinstance(value, _LITERALS):
+            return True
+        if isinstance(value, relax.Tuple):
+            return all(visit(field) for field in value.fields)
+        call = values.get(value) if isinstance(value, relax.Var) else None
+        if call is None or uses[value] != 1 or not isinstance(call.op, ir.Op):
+            return False
+        if not all(visit(arg) for arg in call.args):
+            return False
+        found.append((value, call))
+        return True
+
+    return tuple(found) if visit(var) else None
+
+
+def _folded(var, bindings) -> ir.Constant | None:
+    """The value of ``var``, computed by ``bindings`` from constants, as one constant: Relax's
+    ``FoldConstant`` on a function of those bindings alone; None if it does not fold."""
+    builder = relax.BlockBuilder()
+    remap = {}
+
+    def remapped(value):
+        if isinstance(value, relax.Tuple):
+            return relax.Tuple([remapped(field) for field in value.fields])
+        return remap.get(value, value)
+
+    with builder.function("weight", []):
+        with builder.dataflow():
+            for bound, call in bindings:
+                args = [remapped(arg) for arg in call.args]
+                remap[bound] = builder.emit(relax.Call(call.op, args, call.attrs, call.ty_args))
+            out = builder.emit_output(remap[var])
+        builder.emit_func_output(out)
+    folded = relax.transform.FoldConstant()(builder.get())["weight"].body
+    value = folded.body if isinstance(folded, relax.SeqExpr) else folded
+    if isinstance(folded, relax.SeqExpr) and isinstance(value, relax.Var):
+        bound = {b.var: b.value for block in folded.blocks for b in block.bindings}
+        value = bound.get(value, value)
+    return value if isinstance(value, ir.Constant) else None
+
+
 def _gather(x: te.Tensor, site: _Site) -> te.Tensor:
     """The im2col of ``x``, with the output positions and the kernel window as axes of their
     own: cols[b, p..., c, r...] = x[b, c, p * stride + r * dilation - pad] (0 outside x), or
@@ -253,7 +311,11 @@ class _Rewriter(relax.PyExprMutator):
             # Each site is emitted where the last op of its chain was bound (every operand of
             # the chain is bound by then); the convolution and the rest of the chain are not.
             self.here = {(site.tail_vars or (var,))[-1]: site for var, site in sites.items()}
-            self.dropped = {v for var, site in sites.items() for v in (var, *site.tail_vars)}
+            self.dropped = {
+                v
+                for var, site in sites.items()
+                for v in (var, *site.tail_vars, *(b for b, _ in site.weight_bindings))
+            }
             self.builder_.update_func(gvar, self.visit_expr(self.mod[gvar]))
         return self.builder_.get()
 
@@ -343,7 +405,12 @@ def _scan(mod: tvm.IRModule):
                 reason = site if isinstance(site, str) else None
                 found.append(Convolution(gvar.name_hint, var.name, call.op.name, reason))
                 if reason is None:
-                    sites.setdefault(gvar, {})[var] = _tail(site, var, values, users, uses)
+                    site = _tail(site, var, values, users, uses)
+                    if isinstance(site.weight, relax.Var):
+                        bindings = _constant_bindings(site.weight, values, uses)
+                        if bindings:
+                            site = dataclasses.replace(site, weight_bindings=bindings)
+                    sites.setdefault(gvar, {})[var] = site
     return sites, found
 
 
@@ -361,6 +428,12 @@ def convolutions_as_gemms(mod: tvm.IRModule) -> tvm.IRModule:
             logger.info("%s", conv)
     if not sites:
         return mod
+    for by_var in sites.values():
+        for var, site in by_var.items():
+            if site.weight_bindings:
+                weight = _folded(site.weight, site.weight_bindings)
+                folded = {"weight": weight} if weight is not None else {"weight_bindings": ()}
+                by_var[var] = dataclasses.replace(site, **folded)
     return _Rewriter(mod, sites).transform()
 
 
