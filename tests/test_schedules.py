@@ -29,6 +29,15 @@ def add_transpose(A: T.Buffer((256, 128), "float32"), B: T.Buffer((128, 256), "f
 
 
 @T.prim_func(s_tir=True)
+def transpose_uneven(A: T.Buffer((100, 64), "float32"), B: T.Buffer((64, 100), "float32")):
+    """A transpose whose written rows (100) the vector width does not divide."""
+    for j, i in T.grid(64, 100):
+        with T.sblock("transpose"):
+            vj, vi = T.axis.remap("SS", [j, i])
+            B[vj, vi] = A[vi, vj]
+
+
+@T.prim_func(s_tir=True)
 def small_add(A: T.Buffer((4, 8), "float32"), B: T.Buffer((4, 8), "float32")):
     for i, j in T.grid(4, 8):
         with T.sblock("add"):
@@ -123,6 +132,33 @@ def test_an_elementwise_function_is_inlined_parallel_outside_and_vectorised_insi
     arrays = _random([(256, 128), (128, 256)])
     np.testing.assert_array_equal(_run(scheduled, arrays)[1], _run(add_transpose, arrays)[1])
     assert dict(report.serial_blocks) == {}
+
+
+def _loop_extents(func: tirx.PrimFunc) -> list[int]:
+    extents = []
+    tvm_ffi.structural_walk(func.body, [(tirx.For, lambda loop: extents.append(loop.extent))])
+    return [int(e) for e in reversed(extents)]  # post-order: innermost last, outermost first
+
+
+def test_a_transpose_is_tiled_so_that_each_tile_reuses_the_cache_lines_it_reads():
+    """Along the written row a transpose reads one element per cache line: in tiles of the
+    vector width on both axes, the lines one tile reads serve all of it."""
+    lanes = loops.vector_lanes(TARGET, 32)
+    scheduled = _schedule(add_transpose).module["main"]
+    assert _loop_extents(scheduled)[-2:] == [lanes, lanes], scheduled.script()
+    arrays = _random([(256, 128), (128, 256)])
+    np.testing.assert_array_equal(_run(scheduled, arrays)[1], _run(add_transpose, arrays)[1])
+
+
+def test_a_transpose_whose_rows_the_vector_width_does_not_divide_reads_vectors():
+    lanes = loops.vector_lanes(TARGET, 32)
+    report = _schedule(transpose_uneven)
+    scheduled = report.module["main"]
+    assert _loop_extents(scheduled)[-2:] == [lanes, lanes], scheduled.script()
+    # The read's tile is the vector: A's rows, contiguous; the write's tile checks the bound.
+    assert vector_loads(scheduled), scheduled.script()
+    arrays = _random([(100, 64), (64, 100)])
+    np.testing.assert_array_equal(_run(scheduled, arrays)[1], _run(transpose_uneven, arrays)[1])
 
 
 def test_a_concatenation_on_the_vector_axis_is_partitioned_where_its_parts_meet():

@@ -86,6 +86,9 @@ def parallel_vectorize(sch: s_tir.Schedule, block, target: Target) -> str | None
     inner = loops[-1]
     extent = _static(sch, inner)
     outer = list(loops[:-1])
+    across = _transposed_read(sch, loops)
+    if across is not None and _tile(sch, across, inner, lanes):
+        return _parallel(sch, list(sch.get_loops(block)[:-2]), work)
     if extent is not None and extent % lanes == 0 and extent >= lanes:
         bounds = _branch_bounds(sch, inner, extent) if extent > lanes and outer else None
         if extent == lanes:
@@ -100,6 +103,64 @@ def parallel_vectorize(sch: s_tir.Schedule, block, target: Target) -> str | None
         # One loop that the vector width does not divide: parallel over it as it is.
         outer = [inner]
     return _parallel(sch, outer, work)
+
+
+def _transposed_read(sch: s_tir.Schedule, loops):
+    """The loop of a transpose's other axis, or None: the block stores along the innermost
+    loop, and reads a buffer whose last (contiguous) axis follows an outer loop while the
+    innermost loop's iterator indexes another of its axes.  Along the innermost loop such a
+    read takes one element per cache line."""
+    realize = sch.get(loops[-1]).body
+    if not isinstance(realize, s_tir.SBlockRealize):
+        return None
+    block = realize.block
+    loop_of = {}  # iterator handle -> the loop it is bound to
+    by_var = {sch.get(loop).loop_var.__chandle__(): loop for loop in loops}
+    for iv, value in zip(block.iter_vars, realize.iter_values, strict=True):
+        if isinstance(value, tirx.Var) and value.__chandle__() in by_var:
+            loop_of[iv.var.__chandle__()] = by_var[value.__chandle__()]
+    store = block.body
+    if not isinstance(store, tirx.BufferStore) or not store.indices:
+        return None
+
+    def handle(index):
+        return index.__chandle__() if isinstance(index, tirx.Var) else None
+
+    inner = handle(store.indices[-1])
+    if inner is None or loop_of.get(inner) is None or not loop_of[inner].same_as(loops[-1]):
+        return None
+    reads = []
+    tvm_ffi.structural_walk(store.value, [(ir.TensorLoad, reads.append)])
+    for load in reads:
+        indices = [handle(i) for i in load.indices]
+        last = indices[-1] if indices else None
+        if last is not None and last != inner and inner in indices[:-1] and last in loop_of:
+            return loop_of[last]
+    return None
+
+
+def _tile(sch: s_tir.Schedule, across, inner, lanes: int) -> bool:
+    """Tile a transpose: ``across`` (the loop of the read's contiguous axis) and ``inner`` (the
+    write's) split by ``lanes``, the two tile loops innermost, so that each tile reads
+    ``lanes`` short rows whose cache lines serve all of it.  The write's tile loop is
+    vectorised, or the read's when the write's extent leaves a remainder (its tile loop then
+    carries the bound check, outside the vector).  False, and nothing changed, unless both
+    extents are static, at least ``lanes``, one a multiple of it, and the block has no branch
+    to keep whole per vector (a concatenation's)."""
+    extents = [_static(sch, loop) for loop in (across, inner)]
+    if any(e is None or e < lanes for e in extents) or all(e % lanes for e in extents):
+        return False
+    if _branch_bounds(sch, inner, extents[1]) != []:
+        return False
+    _, across_tile = sch.split(across, factors=[None, lanes])
+    inner_rest, inner_tile = sch.split(inner, factors=[None, lanes])
+    if extents[1] % lanes == 0:  # write a vector, read lanes of them
+        sch.reorder(inner_rest, across_tile)
+        sch.vectorize(inner_tile)
+    else:  # the write's tile has a remainder: read a vector, write lanes of them
+        sch.reorder(inner_rest, inner_tile, across_tile)
+        sch.vectorize(across_tile)
+    return True
 
 
 def _branch_bounds(sch: s_tir.Schedule, loop, extent: int) -> list[int] | None:
