@@ -52,6 +52,15 @@ _BERT = dict(
     max_position_embeddings=POSITIONS,
 )
 _LLAMA = dict(_BERT, num_key_value_heads=KV_HEADS)
+#: A vision transformer's: 32 x 32 images in patches of 8 x 8.
+_VISION = dict(
+    hidden_size=HIDDEN,
+    num_hidden_layers=LAYERS,
+    num_attention_heads=HEADS,
+    intermediate_size=INTERMEDIATE,
+    image_size=32,
+    patch_size=8,
+)
 _TOKENS = dict(bos_token_id=0, eos_token_id=0)
 
 
@@ -249,14 +258,7 @@ ZOO: dict[str, Arch] = {
         "ViTConfig",
         "ViTModel",
         "vision",
-        dict(
-            hidden_size=HIDDEN,
-            num_hidden_layers=LAYERS,
-            num_attention_heads=HEADS,
-            intermediate_size=INTERMEDIATE,
-            image_size=32,
-            patch_size=8,
-        ),
+        _VISION,
         {"add_pooling_layer": False},
     ),
     "Whisper encoder": Arch(
@@ -284,16 +286,7 @@ ZOO: dict[str, Arch] = {
         "VideoMAEConfig",
         "VideoMAEModel",
         "video",
-        dict(
-            hidden_size=HIDDEN,
-            num_hidden_layers=LAYERS,
-            num_attention_heads=HEADS,
-            intermediate_size=INTERMEDIATE,
-            image_size=32,
-            patch_size=8,
-            num_frames=4,
-            tubelet_size=2,
-        ),
+        dict(_VISION, num_frames=4, tubelet_size=2),
     ),
     "ConvNeXt": Arch(
         "ConvNextConfig",
