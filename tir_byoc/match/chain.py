@@ -99,14 +99,14 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
             continue
         cuts.append(Cut(len(members), block.out, steps))
     # Step 2. The cuts whose inner buffers nothing else reads, longest first.
-    valid, cut_refused = [], None
+    valid, cut_refused = [], None  # cut_refused: (the cut, why), for the longest refused cut
     chain_written = list(zip(written, written_at))
     for cut in reversed(cuts):
         reason = cut_refusal(cut, members, chain_written, index)
         if reason is None:
             valid.append(cut)
         elif not valid and cut_refused is None:
-            cut_refused = Refused(reason)
+            cut_refused = (cut, Refused(reason))
     best = valid[0]
     shorter = tuple(
         make_match(cut, members, chain_written, core, index, func_name) for cut in valid[1:]
@@ -118,10 +118,7 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
     left_out = members[best.count :]
     refused, blocks = None, ()
     if left_out:
-        # A near miss judged at the last block (a gelu with a wrong constant, read whole) says
-        # more than an inner cut that could not end the chain.
-        last = [r for p, r in parse_refusals if p == left_out[-1] and r.op is not None]
-        refused = (last or [None])[0] or cut_refused or _telling(parse_refusals, left_out)
+        refused = _telling(parse_refusals, cut_refused, members, best.count)
         blocks = left_out
     elif compose_refusal is not None:
         refused, blocks = compose_refusal
@@ -135,13 +132,23 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
     return match, rejections, members[: best.count]
 
 
-def _telling(refusals, left_out) -> Refused | None:
-    """The refusal that says best why the blocks ``left_out`` are no epilogue: the last that
-    names an op it came close to (a gelu spread over five blocks is only judged at the fifth),
-    else the first (what a later block adds around it is refused first)."""
-    mine = [r for position, r in refusals if position in left_out]
-    near = [r for r in mine if r.op is not None]
-    return near[-1] if near else (mine[0] if mine else None)
+def _telling(parse_refusals, cut_refused, members, end) -> Refused | None:
+    """The refusal that says best why the members after ``end`` are no part of the chain.
+
+    The furthest of the near misses (a refusal naming the op it came close to: a gelu spread
+    over five blocks is only judged at the fifth) and the longest cut that parsed but could not
+    end the chain: whichever reaches further, since the chain went that far before it failed.
+    A near miss at a cut's own end is impossible (a cut is a parsed block). Without either, the
+    first refusal: what a later block adds around it is refused first.
+    """
+    after = {position: i for i, position in enumerate(members) if i >= end}
+    mine = [(after[p], r) for p, r in parse_refusals if p in after]
+    near = [(i, r) for i, r in mine if r.op is not None]
+    if near and (cut_refused is None or near[-1][0] >= cut_refused[0].count):
+        return near[-1][1]
+    if cut_refused is not None:
+        return cut_refused[1]
+    return mine[0][1] if mine else None
 
 
 def compose(block, axes, values, live):
