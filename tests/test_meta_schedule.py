@@ -22,9 +22,7 @@ import tir_byoc
 from tir_byoc import demo
 from tir_byoc import meta_schedule as tms
 from tir_byoc.rewrite import intrinsic_calls
-from tir_byoc.schedules import RULE_ATTR, default_schedule, first_rule
-from tir_byoc.schedules.vector_exp import applies as vector_exp_applies
-from tir_byoc.schedules.vector_exp import expand_exp
+from tir_byoc.schedules import RULE_ATTR, default_schedule, first_rule, vector_math
 
 pytestmark = pytest.mark.usefixtures("reference_backend")
 
@@ -595,7 +593,9 @@ def test_a_function_left_to_tvm_keeps_the_default_rule_schedule_if_it_measures_f
     report = tms.load_report(tmp_path)["main"]
     ((record, rule),) = batches
     rule_name, scheduled, _ = first_rule(as_module(exp_only)["main"], TARGET)
-    built = expand_exp(scheduled) if vector_exp_applies(TARGET) else scheduled  # as measured
+    built = (
+        vector_math.expand(scheduled) if vector_math.applies(TARGET) else scheduled
+    )  # as measured
     tvm.ir.assert_structural_equal(rule.body, built.body)
     assert report.default_rule == rule_name == "Elementwise" and report.best_default_ms == 2.0 - (
         faster == "rule"

@@ -9,7 +9,7 @@ from tvm import s_tir, te, tirx
 
 from tir_byoc import schedules
 from tir_byoc.model import host_target
-from tir_byoc.schedules import vector_exp
+from tir_byoc.schedules import vector_exp, vector_math
 
 POINTS = 1 << 22
 
@@ -104,13 +104,13 @@ def test_every_float32_exp_is_replaced_and_other_dtypes_are_left():
     y = te.compute((64,), lambda i: tirx.exp(x[i]) + tirx.exp(x[i] * 2.0), name="y")
     z = te.compute((64,), lambda i: tirx.exp(d[i]), name="z")
     func = te.create_prim_func([x, d, y, z])
-    expanded = vector_exp.expand_exp(func)
+    expanded = vector_math.expand(func)
     text = expanded.script()
     assert text.count("T.exp(") == 1  # the float64 one
     # A function without float32 exp comes back as it was.
     w = te.compute((64,), lambda i: x[i] + 1.0, name="w")
     plain = te.create_prim_func([x, w])
-    assert vector_exp.expand_exp(plain).same_as(plain)
+    assert vector_math.expand(plain).same_as(plain)
 
 
 def test_the_default_schedule_writes_exp_out_only_where_the_target_rounds_in_vectors():
@@ -119,10 +119,10 @@ def test_the_default_schedule_writes_exp_out_only_where_the_target_rounds_in_vec
     func = lowered(lambda x: R.nn.softmax(x, axis=-1), (32, 128))
     generic = tvm.target.Target("llvm")  # x86-64: SSE2, no vector rounding
     host = host_target()
-    assert not vector_exp.applies(generic)
+    assert not vector_math.applies(generic)
     by_generic = schedules.default_schedule(tvm.IRModule({"main": func}), generic)
     assert "T.exp(" in by_generic.module["main"].script()
-    if not vector_exp.applies(host):
+    if not vector_math.applies(host):
         pytest.skip(f"this machine's CPU ({host}) has no SSE4.1")
     by_host = schedules.default_schedule(tvm.IRModule({"main": func}), host)
     assert "T.exp(" not in by_host.module["main"].script()
@@ -142,8 +142,8 @@ def test_a_function_a_tuner_scheduled_keeps_its_loops_and_gets_the_same_exp():
     assert dict(generic.rules) == {"main": "tuner"}
     tvm.ir.assert_structural_equal(generic.module["main"], tuned)
     host = host_target()
-    if not vector_exp.applies(host):
+    if not vector_math.applies(host):
         pytest.skip(f"this machine's CPU ({host}) has no SSE4.1")
     by_host = schedules.default_schedule(mod, host, scheduled_by="tuner")
-    tvm.ir.assert_structural_equal(by_host.module["main"], vector_exp.expand_exp(tuned))
+    tvm.ir.assert_structural_equal(by_host.module["main"], vector_math.expand(tuned))
     assert "T.exp(" not in by_host.module["main"].script()

@@ -33,9 +33,7 @@ from ..offload import apply
 from ..packing import PackedVariant, PackReport, install_packed, packed_variant
 from ..registry import REGISTRY, Registry
 from ..rewrite import RewriteError, intrinsic_calls, rewrite_function
-from ..schedules import RULE_ATTR, first_rule
-from ..schedules.vector_exp import applies as vector_exp_applies
-from ..schedules.vector_exp import expand_exp
+from ..schedules import RULE_ATTR, first_rule, vector_math
 from .features import cost_model
 from .measure import measure
 from .options import TuneOptions
@@ -457,7 +455,7 @@ def _against_default_rules(
         compared.append((task, rule, scheduled))
     if not compared:
         return
-    built = expand_exp if vector_exp_applies(target) else (lambda func: func)
+    built = vector_math.expand if vector_math.applies(target) else (lambda func: func)
     candidates = [(functions[task.members[0]], scheduled) for task, _, scheduled in compared]
     times = measure(
         [built(func) for pair in candidates for func in pair],

@@ -16,8 +16,8 @@ thread.  The rules here, one per module, decline with ``None`` as dlight's do:
   transpose, reshape, gather): inlined into one loop nest per output where TVM allows, the
   outer loops fused and run in parallel, the innermost loop vectorised;
 - :class:`~.reduction.RowReduction`: functions with reductions dlight declines: each block
-  parallel over its leading spatial loops, each row reduced in vector lanes where the vector
-  width divides it, else serially in TVM's order.
+  parallel over its leading spatial loops, each row reduced in vector lanes where it is longer
+  than the vector width, else serially in TVM's order.
 
 A schedule that runs a whole reduction again on each iteration of a loop it does not index
 (:func:`recomputed_reduction`) counts as the rule declining: dlight's ``Reduction`` does that
@@ -25,11 +25,11 @@ to LLaMA's RMSNorm of a single token, which then took 0.5 ms per call instead of
 
 ``VectorRows`` and ``RowReduction`` reorder a sum over a row into vector-wide partial sums (a
 maximum is the same in any order; a row they cannot split keeps TVM's order, and says so).  In
-every function a rule schedules, float32 ``exp`` is written out in vector arithmetic
-(:mod:`.vector_exp`, within one ulp) when the target has vector rounding.  Inlining puts an
-elementwise block's expression into its consumer's, where LLVM may contract a multiply and an
-add into one fused multiply-add (TVM's LLVM code generator allows it within one expression
-anyway), so results can differ from the unscheduled function's in the last bit;
+every function a rule schedules, float32 ``exp`` and ``erf`` are written out in vector
+arithmetic (:mod:`.vector_math`: within one ulp, and two) when the target has vector rounding.
+Inlining puts an elementwise block's expression into its consumer's, where LLVM may contract
+a multiply and an add into one fused multiply-add (TVM's LLVM code generator allows it within
+one expression anyway), so results can differ from the unscheduled function's in the last bit;
 `tests/test_real_models.py` checks whole models against torch.
 """
 
@@ -49,11 +49,10 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from ..frontend import first_line
 from ..match.exprs import const_value
 from ..rewrite import INTRINSIC_ATTR, intrinsic_calls
+from . import vector_math
 from .elementwise import Elementwise
 from .reduction import RowReduction
 from .rows import VectorRows
-from .vector_exp import applies as _vector_exp_applies
-from .vector_exp import expand_exp
 
 logger = logging.getLogger("tir_byoc")
 
@@ -209,7 +208,7 @@ def default_schedule(
     """
     result = mod.clone()
     rules, unscheduled, failures, serial = {}, {}, {}, {}
-    vector_exp = _vector_exp_applies(target)  # the same answer for every function
+    vector_math_applies = vector_math.applies(target)  # the same for every function
     for gvar, func in mod.functions_items():
         if not isinstance(func, tirx.PrimFunc):
             continue
@@ -217,8 +216,8 @@ def default_schedule(
         if is_scheduled(func):
             if not offloaded:
                 rules[name] = str(func.attrs.get(RULE_ATTR, scheduled_by))
-                if vector_exp:  # a tuner's schedule, with the rules' exp
-                    result.update_func(gvar, expand_exp(func))
+                if vector_math_applies:  # a tuner's schedule, with the rules' exp and erf
+                    result.update_func(gvar, vector_math.expand(func))
             continue
         if offloaded:
             left = _tvm_blocks(func)
@@ -236,7 +235,9 @@ def default_schedule(
             unscheduled[name] = _why_no_rule(func)
             continue
         rules[name], scheduled, notes = applied
-        result.update_func(gvar, expand_exp(scheduled) if vector_exp else scheduled)
+        result.update_func(
+            gvar, vector_math.expand(scheduled) if vector_math_applies else scheduled
+        )
         if notes:
             serial[name] = notes
     return ScheduleReport(

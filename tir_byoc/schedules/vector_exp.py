@@ -5,9 +5,8 @@ TVM's LLVM code generator turns ``T.exp`` into ``llvm.exp``, which LLVM turns in
 libm's ``expf`` per vector lane: a 16-lane softmax loop makes 16 scalar calls.  With the row
 reductions vectorised (:mod:`.rows`) those calls were most of what was left of a softmax.
 
-Entry points: :func:`exp_float32` (the expression) and :func:`expand_exp` (every float32
-``exp`` call of a PrimFunc replaced by it), which :func:`tir_byoc.schedules.default_schedule`
-applies to the functions its rules schedule when :func:`applies` to the target.
+Entry point: :func:`exp_float32` (the expression); :func:`tir_byoc.schedules.vector_math.expand`
+puts it in place of every float32 ``exp`` call.
 
 The method: ``exp(x) = 2**n * exp(r)`` with ``n = round(x / ln 2)`` and ``|r| <= ln(2) / 2``;
 ``r`` from ``ln 2`` in two parts (the first exact in a product with ``n``), ``exp(r)`` from a
@@ -21,13 +20,7 @@ underflow thresholds as libm has them.
 
 from __future__ import annotations
 
-import tvm
-import tvm_ffi
 from tvm import tirx
-from tvm.target import Target
-from tvm.target.codegen import llvm_cpu_has_features
-
-_EXP = tvm.ir.Op.get("tirx.exp")
 
 #: The largest float32 whose exp is finite, and the smallest whose exp rounds above zero.
 OVERFLOW = 88.72283935546875
@@ -47,13 +40,7 @@ _LN2_LOW = -2.12194440e-4
 _LOG2_E = 1.44269504088896341
 
 
-def applies(target: Target) -> bool:
-    """Whether ``target`` rounds in vector registers (SSE4.1's ``roundps`` or later): without
-    it ``floor`` is one libm call per lane too, and nothing is gained."""
-    return target.kind.name == "llvm" and bool(llvm_cpu_has_features("sse4.1", target))
-
-
-def _f32(value: float) -> tirx.PrimExpr:
+def f32(value: float) -> tirx.PrimExpr:
     return tirx.const(value, "float32")
 
 
@@ -66,7 +53,7 @@ def _power_of_two(exponent: tirx.PrimExpr) -> tirx.PrimExpr:
     return tirx.reinterpret("float32", tirx.shift_left(exponent + _i32(127), _i32(23)))
 
 
-def _is_nan(x: tirx.PrimExpr) -> tirx.PrimExpr:
+def is_nan(x: tirx.PrimExpr) -> tirx.PrimExpr:
     """Whether float32 ``x`` is NaN, from its bits: without the sign they exceed infinity's (an
     exponent of all ones and a mantissa that is not zero).  Not ``isnan``: TVM's vectoriser has
     no vector form of that call and turns the whole loop back into scalar code around it.  Not
@@ -79,37 +66,21 @@ def exp_float32(value: tirx.PrimExpr) -> tirx.PrimExpr:
     """float32 exp of ``value`` in TIR arithmetic; ``value`` is evaluated once (a Let)."""
     x, clamped, n, r = (tirx.Var(name, "float32") for name in ("x", "clamped", "n", "r"))
     n_int, half = tirx.Var("n_int", "int32"), tirx.Var("half", "int32")
-    polynomial = _f32(_POLYNOMIAL[0])
+    polynomial = f32(_POLYNOMIAL[0])
     for coefficient in _POLYNOMIAL[1:]:
-        polynomial = polynomial * r + _f32(coefficient)
-    exp_r = polynomial * r * r + r + _f32(1.0)
+        polynomial = polynomial * r + f32(coefficient)
+    exp_r = polynomial * r * r + r + f32(1.0)
     result = exp_r * _power_of_two(half) * _power_of_two(n_int - half)
-    result = tirx.Select(x > _f32(OVERFLOW), _f32(float("inf")), result)
-    result = tirx.Select(x < _f32(UNDERFLOW), _f32(0.0), result)
-    result = tirx.Select(_is_nan(x), x, result)
+    result = tirx.Select(x > f32(OVERFLOW), f32(float("inf")), result)
+    result = tirx.Select(x < f32(UNDERFLOW), f32(0.0), result)
+    result = tirx.Select(is_nan(x), x, result)
     body = tirx.Let(half, tirx.shift_right(n_int, _i32(1)), result)
     body = tirx.Let(n_int, tirx.Cast("int32", n), body)
-    body = tirx.Let(r, clamped - n * _f32(_LN2_HIGH) - n * _f32(_LN2_LOW), body)
-    body = tirx.Let(n, tirx.floor(clamped * _f32(_LOG2_E) + _f32(0.5)), body)
+    body = tirx.Let(r, clamped - n * f32(_LN2_HIGH) - n * f32(_LN2_LOW), body)
+    body = tirx.Let(n, tirx.floor(clamped * f32(_LOG2_E) + f32(0.5)), body)
     # Below UNDERFLOW the result is 0 (selected above); computing exp(0) there instead keeps
     # the products normal: a product that underflows costs a microcode assist on Intel CPUs,
     # about a hundred cycles, and a causal mask puts -inf or float32's lowest in half a row.
-    below = tirx.Select(x < _f32(UNDERFLOW), _f32(0.0), tirx.min(x, _f32(OVERFLOW + 0.1)))
+    below = tirx.Select(x < f32(UNDERFLOW), f32(0.0), tirx.min(x, f32(OVERFLOW + 0.1)))
     body = tirx.Let(clamped, below, body)
     return tirx.Let(x, value, body)
-
-
-def expand_exp(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """``func`` with every float32 ``exp`` call replaced by :func:`exp_float32`; ``func``
-    itself when it has none."""
-    found = []
-
-    def on_call(call, mutator):
-        call = mutator.default_mutate(call)
-        if call.op.same_as(_EXP) and str(call.ty.dtype) == "float32":
-            found.append(call)
-            return exp_float32(call.args[0])
-        return call
-
-    body = tvm_ffi.structural_mutate(func.body, [(tvm.ir.Call, on_call)])
-    return func.with_body(body) if found else func
