@@ -99,10 +99,30 @@ def parallel_vectorize(sch: s_tir.Schedule, block, target: Target) -> str | None
             rest, vector = sch.split(inner, factors=[None, lanes])
             outer.append(rest)
             sch.vectorize(vector)
+    elif extent is not None and extent > lanes and outer:
+        why = _parallel(sch, outer, work)
+        vectorize_split(sch, inner, lanes)
+        return why
     elif not outer:
         # One loop that the vector width does not divide: parallel over it as it is.
         outer = [inner]
     return _parallel(sch, outer, work)
+
+
+def vectorize_split(sch: s_tir.Schedule, loop, lanes: int) -> None:
+    """Split ``loop`` into vectors of ``lanes`` and vectorise them.  When ``lanes`` does not
+    divide its static extent, the vectors' loop is first partitioned before the last, partial
+    vector: the whole vectors then have no bound check, and the partial one stays scalar (a
+    bound check in a vector loop would make TVM's vectoriser turn all of it into scalar
+    code)."""
+    extent = _static(sch, loop)
+    rest, vector = sch.split(loop, factors=[None, lanes])
+    if extent is None or extent % lanes == 0:
+        sch.vectorize(vector)
+        return
+    whole, _ = sch.loop_partition(rest, factors=[extent // lanes, None])
+    for block in sch.get_child_blocks(whole):
+        sch.vectorize(sch.get_loops(block)[-1])
 
 
 def _transposed_read(sch: s_tir.Schedule, loops):
@@ -286,8 +306,6 @@ def split_row(sch: s_tir.Schedule, info, rows: int, lanes: int) -> tuple:
         return None, "its reduction extent is symbolic"
     if extent <= lanes:
         return None, f"its reduction extent {extent} is not above the {lanes} vector lanes"
-    if extent % lanes:
-        return None, f"its reduction extent {extent} is not a multiple of the {lanes} vector lanes"
     _, lane = sch.split(sch.get_loops(info.block_rv)[-1], factors=[None, lanes])
     try:
         return sch.rfactor(lane, factor_axis=rows), None
@@ -295,13 +313,41 @@ def split_row(sch: s_tir.Schedule, info, rows: int, lanes: int) -> tuple:
         return None, f"rfactor declined ({str(error).splitlines()[0]})"
 
 
-def vectorize_partials(sch: s_tir.Schedule, partial, lanes: int) -> str | None:
-    """The partial-result block of :func:`split_row`: its lane loop innermost and vectorised,
-    its initialisation moved out of its reduction loop.
+def _bound(sch: s_tir.Schedule, partial, extent: int) -> None:
+    """Give :func:`split_row`'s block of partial results, over a row of ``extent`` elements
+    that its lanes do not divide, its bound check (``vector * lanes + lane < extent``) if it
+    has none: TVM 0.27's ``compute_at`` drops it, and makes the block's loops cover every lane
+    of the last vector, which would then read past the row."""
+    loop = sch.get_loops(partial)[-1]
+    stmt = sch.get(loop)
+    realize = stmt.body
+    if not (isinstance(realize.predicate, tirx.IntImm) and realize.predicate.value):
+        return  # rfactor's check is still there
+    lanes = realize.block.iter_vars[0].dom.extent
+    lane, vector = realize.iter_values[0], realize.iter_values[-1]
+    bound = vector * lanes + lane < tirx.const(extent, lane.ty.dtype)
+    bounded = s_tir.SBlockRealize(realize.iter_values, bound, realize.block)
+    replaced = tirx.For(
+        stmt.loop_var,
+        stmt.min,
+        stmt.extent,
+        stmt.kind,
+        bounded,
+        stmt.thread_binding,
+        stmt.annotations,
+    )
+    sch.state.replace(sch.get_sref(loop), replaced, {realize.block: realize.block})
+
+
+def vectorize_partials(sch: s_tir.Schedule, partial, lanes: int, extent: int) -> str | None:
+    """The partial-result block of :func:`split_row` (over rows of ``extent`` elements): its
+    lane loop innermost and vectorised, its initialisation moved out of its reduction loop.
 
     rfactor makes the lane iterator the block's first and leaves the reduction its last; each
-    must be bound to a loop of its own.  Returns why the lanes stay serial when they are not
-    (nothing is changed then), else None.
+    must be bound to a loop of its own.  When ``lanes`` does not divide ``extent``, the last
+    vector of a row has a bound check, which would turn the whole vector loop back into scalar
+    code: the reduction loop is partitioned before it, and only it is scalar.  Returns why the
+    lanes stay serial when they are not (nothing is changed then), else None.
     """
     loops = {sch.get(loop).loop_var: loop for loop in sch.get_loops(partial)}
     realize = sch.get(sch.get_loops(partial)[-1]).body
@@ -312,9 +358,14 @@ def vectorize_partials(sch: s_tir.Schedule, partial, lanes: int) -> str | None:
         return "its partial results are not in the loops rfactor makes"
     order = list(loops.values())
     if order.index(lane) < order.index(reduction):
-        sch.reorder(reduction, lane)
+        sch.reorder(reduction, lane)  # before the bound check: reorder declines a block with one
+    vectors = _static(sch, reduction)
+    if extent % lanes:
+        _bound(sch, partial, extent)
     sch.vectorize(lane)
     sch.decompose_reduction(partial, reduction)
+    if extent % lanes and vectors > 1:
+        sch.loop_partition(reduction, factors=[vectors - 1, None])
     return None
 
 
@@ -344,12 +395,13 @@ def _reduce_rows(sch: s_tir.Schedule, info, target: Target) -> str | None:
     :func:`split_row` can.  Returns why it runs on one thread or reduces a row serially."""
     rows = leading_spatial(info.dom_kind())
     lanes = vector_lanes(target, _dtype_bits(sch, info.block_rv))
+    extent = _static(sch, sch.get_loops(info.block_rv)[-1])
     partial, serial = split_row(sch, info, rows, lanes) if rows else (None, None)
     note = parallel_rows(sch, info.block_rv, rows)
     if partial is not None:
         # The partial results hold the work; the block left combines `lanes` of them per row.
         note = parallel_rows(sch, partial, rows)
-        serial = vectorize_partials(sch, partial, lanes)
+        serial = vectorize_partials(sch, partial, lanes, extent)
     if note is None and serial is not None:
         return f"reduces each row serially: {serial}"
     return note

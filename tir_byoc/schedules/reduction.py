@@ -18,8 +18,8 @@ from .loops import schedule_blocks
 class RowReduction(NotingRule):
     """Inline what can be, then give each remaining block its own parallel loop nest: a
     reduction block runs its leading spatial loops (its rows) in parallel and reduces each row
-    in vector lanes where the vector width divides it (:func:`~.loops.split_row`), else
-    serially in the order TVM wrote it; a spatial block is scheduled as
+    in vector lanes where it is longer than the vector width (:func:`~.loops.split_row`),
+    else serially in the order TVM wrote it; a spatial block is scheduled as
     :class:`~tir_byoc.schedules.elementwise.Elementwise` schedules one.
 
     Applies when the function has at least one reduction block and every block is in

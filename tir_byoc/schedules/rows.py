@@ -10,13 +10,15 @@ spatial blocks vectorised.  dlight then reduces each row serially: one chain of 
 ``maxss`` or ``addss`` per row, 128 to 768 long in a transformer, which took most of a
 softmax's time (5.7 ms of BERT's batch-8 softmax, on the Intel Xeon VM).  Here a reduction
 over one trailing axis is first split into ``lanes`` partial results (``rfactor``), kept in one
-vector register and combined at the end of the row.
+vector register and combined at the end of the row.  When ``lanes`` does not divide the row
+(Wav2Vec2's GroupNorm over 8,207 positions), the last, partial vector of each row is added lane
+by lane after the whole ones; so is a spatial block's last vector.
 
 A maximum or minimum is the same in any order.  A sum is not: the partial sums add each row's
 elements in another order than TVM's serial loop, and the result can differ in the last bits,
 as any vectorised or library sum does (torch's and MKL's among them).  A reduction this rule
-cannot split (several reduction axes, an extent the vector width does not divide, a reducer
-``rfactor`` does not recognise) stays serial, with the reason in :attr:`VectorRows.notes`.
+cannot split (several reduction axes, a symbolic or short extent, a reducer ``rfactor`` does
+not recognise) stays serial, with the reason in :attr:`VectorRows.notes`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,13 @@ from tvm.s_tir.dlight.base import get_extent
 from tvm.target import Target
 
 from .base import NotingRule
-from .loops import leading_spatial, split_row, vector_lanes, vectorize_partials
+from .loops import (
+    leading_spatial,
+    split_row,
+    vector_lanes,
+    vectorize_partials,
+    vectorize_split,
+)
 
 
 class VectorRows(NotingRule):
@@ -46,33 +54,34 @@ class VectorRows(NotingRule):
 
         # Step 1. Split each reduction it can into `lanes` partial results (before compute_at:
         # rfactor needs the block alone under its loops).
-        plan = []  # (block, role): "spatial", "partial", "combine" or "serial"
+        plan = []  # (block, role, row length): roles "spatial", "partial", "combine", "serial"
         for info in infos:
             if info.is_injective():
-                plan.append((info.block_rv, "spatial"))
+                plan.append((info.block_rv, "spatial", None))
                 continue
+            extent = get_extent(sch, sch.get_loops(info.block_rv)[-1])
             partial, why = split_row(sch, info, rows, lanes)
             if partial is not None:
-                plan += [(partial, "partial"), (info.block_rv, "combine")]
+                plan += [(partial, "partial", extent), (info.block_rv, "combine", extent)]
             else:
                 self.notes[info.name] = f"reduces each row serially: {why}"
-                plan.append((info.block_rv, "serial"))
+                plan.append((info.block_rv, "serial", extent))
 
         # Step 2. The rows of the last block in parallel, every other block inside them.
         last = plan[-1][0]
         loops = sch.get_loops(last)
         row_loop = sch.fuse(*loops[:rows]) if rows > 1 else loops[0]
         sch.parallel(row_loop)
-        _vectorize_inner(sch, last, lanes)
-        for block, _ in reversed(plan[:-1]):
+        for block, _, _ in reversed(plan[:-1]):
             sch.compute_at(block, row_loop, preserve_unit_loops=True)
 
-        # Step 3. Vector loops inside each row.
-        for block, role in plan[:-1]:
+        # Step 3. Vector loops inside each row (after compute_at: a loop partitioned at a
+        # remainder hides the last block's loops from it).
+        for block, role, extent in plan:
             if role == "spatial":
                 _vectorize_inner(sch, block, lanes)
             elif role == "partial":
-                why = vectorize_partials(sch, block, lanes)
+                why = vectorize_partials(sch, block, lanes, extent)
                 if why is not None:
                     self.notes[sch.get(block).name_hint] = f"reduces each row serially: {why}"
         return sch
@@ -89,5 +98,4 @@ def _vectorize_inner(sch: s_tir.Schedule, block, lanes: int) -> None:
         if extent >= 2:
             sch.vectorize(inner)
         return
-    _, vector = sch.split(inner, factors=[None, lanes])
-    sch.vectorize(vector)
+    vectorize_split(sch, inner, lanes)
