@@ -130,9 +130,12 @@ def test_a_grouped_convolution_is_one_batched_call(bias):
     functions = lowered.functions_items()
     (match,) = [m for g, f in functions if isinstance(f, tirx.PrimFunc) for m in _matches(g, f)]
     assert match.pattern == ("bmm_matmul" if bias else "bmm_matmul_gelu"), match.pattern
-    # One product per (batch, group); the weight's matrices are the groups' (4 x 8 by 4).
+    # One product per (batch, group); the weight is the left operand, its matrices the
+    # groups' (4 by 4 x 8), shared by the batch; the columns are the right one.
     assert [expr_text(c) for c in match.batch.counts] == ["2", "4"], match.batch
-    assert [expr_text(s) for s in match.batch.w_strides] == ["0", "128"], match.batch
+    assert [expr_text(s) for s in match.batch.x_strides] == ["0", "128"], match.batch
+    # The product is in the convolution's layout: nothing is transposed back.
+    assert "transpose" not in left, left
 
 
 def test_a_weight_computed_from_constants_is_computed_once_at_build_time():

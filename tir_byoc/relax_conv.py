@@ -18,20 +18,31 @@ imports as, which the library serves), and ``out`` is a reshape and transpose ba
 convolution's layout.  The products and sums are those of the convolution; the library sums
 them in its own order, as for any GEMM it serves.
 
+That form is kept for a convolution whose bias moves into the call (below).  Every other one
+takes the same product the other way round, the weight on the left::
+
+    colsT[b, (c, r...), p] = x[b, c, p * stride + r * dilation - pad]
+    out[b, o, p]           = sum over (c, r...) of w[o, (c, r...)] * colsT[b, (c, r...), p]
+
+which is already the convolution's layout: no transpose back, and the gather reads along the
+input's rows (Wav2Vec2's feature encoder, 512 channels over 8,207 positions: 254 -> 215 ms of
+PrimFuncs a run at one thread on the Intel Xeon VM, the transposes gone, the first gather
+16 -> 5 ms).  Its bias would be a vector indexed by the GEMM's row, which no call takes.
+
 With G groups, output channel o = g * O/G + o' sees only the input channels c = g * C/G + c':
-the gather puts the group first, ``cols[b, g, p, (c', r...)]``, and ``y[b, g, p, o']`` is one
-matrix product per group, a batched ``matmul`` with the weight as (G, C/G * window, O/G),
-which the library serves as one batched call; ``out`` is a transpose of the last two axes and
-a reshape back.  A depthwise convolution (one input channel per group) is left to TVM: as G
-products of one window each it ran slower than TVM's own loop.
+the gather puts the group first, ``colsT[b, g, (c', r...), p]``, and ``out[b, g, o', p]`` is
+one matrix product per group, a batched ``matmul`` of the weight as (G, O/G, C/G * window)
+with the columns, which the library serves as one batched call.  A depthwise convolution (one
+input channel per group) is left to TVM: as G products of one window each it ran slower than
+TVM's own loop.
 
 The elementwise ops that follow the convolution, each the only use of the value before it,
-move before the transpose back: a bias of shape (1, O, 1...) (how torch's ``Conv`` adds its
-bias) becomes the GEMM's (O,) bias, and an activation (:data:`_UNARY`) is computed on ``y``:
-the same op on the same element.  They then fuse into the GEMM's PrimFunc, and the library
-call computes them as its epilogue (Whisper's bias and GELU).  With groups only the
+move into the call: a bias of shape (1, O, 1...) (how torch's ``Conv`` adds its bias) becomes
+the GEMM's (O,) bias (in the first form), and an activation (:data:`_UNARY`) is computed on
+``y``: the same op on the same element.  They then fuse into the GEMM's PrimFunc, and the
+library call computes them as its epilogue (Whisper's bias and GELU).  With groups only the
 activations move: the bias would be a (G, O/G) tensor, one row per batch index, which no
-call takes, so it stays TVM code after the transpose.
+call takes, so it stays TVM code after the product.
 
 Entry point: :func:`ConvolutionsAsGemms`, a module pass before ``LegalizeOps``
 (:data:`tir_byoc.model.LOWERING`), and :func:`find_convolutions`, which says for each
@@ -111,7 +122,7 @@ class _Site:
     # The bindings that compute the weight from constants alone, in order (see
     # :func:`_constant_bindings`), folded into one constant by the rewrite.
     weight_bindings: tuple[tuple[relax.Var, relax.Call], ...] = ()
-    # The elementwise ops after the convolution computed on the GEMM's rows instead, each
+    # The elementwise ops after the convolution computed on the GEMM's output instead, each
     # ("bias", its (1, O, 1...) tensor) or ("unary", its call), and the variables they bound.
     tail: tuple[tuple[str, object], ...] = ()
     tail_vars: tuple[relax.Var, ...] = ()
@@ -160,8 +171,8 @@ def _site(call: relax.Call, out_var) -> _Site | str:
 
 
 #: Unary elementwise ops that may follow a convolution into its GEMM's epilogue: computed on
-#: the GEMM's (B, positions, O) rows, before the transpose back, each value is the same op on
-#: the same element.
+#: the GEMM's output (before the transpose back, in the first form), each value is the same op
+#: on the same element.
 _UNARY = frozenset(
     ir.Op.get(name)
     for name in (
@@ -257,10 +268,12 @@ def _folded(var, bindings) -> ir.Constant | None:
     return value if isinstance(value, ir.Constant) else None
 
 
-def _gather(x: te.Tensor, site: _Site) -> te.Tensor:
+def _gather(x: te.Tensor, site: _Site, channels_first: bool) -> te.Tensor:
     """The im2col of ``x``, with the output positions and the kernel window as axes of their
     own: cols[b, p..., c, r...] = x[b, c, p * stride + r * dilation - pad] (0 outside x), or
-    with groups, cols[b, g, p..., c', r...] for input channel c = g * C/G + c'."""
+    with groups, cols[b, g, p..., c', r...] for input channel c = g * C/G + c'.  With
+    ``channels_first`` the positions come last, cols[b, (g,) c, r..., p...]: the transposed
+    columns, read along the input's rows."""
     spatial = len(site.kernel)
     out_positions = site.out_dims[2:]
     channels = int(x.shape[1]) // site.groups
@@ -269,7 +282,10 @@ def _gather(x: te.Tensor, site: _Site) -> te.Tensor:
 
     def element(b, *axes):
         g, axes = (axes[0], axes[1:]) if grouped else (0, axes)
-        positions, c, window = axes[:spatial], axes[spatial], axes[spatial + 1 :]
+        if channels_first:
+            c, window, positions = axes[0], axes[1 : spatial + 1], axes[spatial + 1 :]
+        else:
+            positions, c, window = axes[:spatial], axes[spatial], axes[spatial + 1 :]
         index, inside = [], []
         for p, r, count, extent, stride, pad, dilation, size in zip(
             positions,
@@ -293,13 +309,17 @@ def _gather(x: te.Tensor, site: _Site) -> te.Tensor:
         return tirx.if_then_else(tirx.all(*inside), value, tirx.const(0.0, x.dtype))
 
     groups = (site.groups,) if grouped else ()
-    shape = (x.shape[0], *groups, *out_positions, channels, *site.kernel)
+    if channels_first:
+        shape = (x.shape[0], *groups, channels, *site.kernel, *out_positions)
+    else:
+        shape = (x.shape[0], *groups, *out_positions, channels, *site.kernel)
     return te.compute(shape, element, name="im2col")
 
 
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
-    """Emits each site's gather, GEMM and transpose back in the convolution's place."""
+    """Emits each site's gather, GEMM and (in the first form) transpose back in the
+    convolution's place."""
 
     def __init__(self, mod: tvm.IRModule, sites: dict):
         super().__init__(mod)
@@ -328,17 +348,27 @@ class _Rewriter(relax.PyExprMutator):
         batch, out_channels, *positions = site.out_dims
         groups, count = site.groups, math.prod(positions)
         window = math.prod(site.kernel) * int(static_dims(site.x)[1]) // groups
+        # The weight on the left (see the module doc) unless a bias moves into the call; with
+        # groups it never does.
+        left = not any(kind == "bias" for kind, _ in site.tail)
         gathered = self.builder_.emit_te(
-            lambda x: _gather(x, site), self.visit_expr(site.x), primfunc_name_hint="im2col"
+            lambda x: _gather(x, site, channels_first=left),
+            self.visit_expr(site.x),
+            primfunc_name_hint="im2col",
         )
-        if groups > 1:
-            cols = relax.op.reshape(gathered, (batch, groups, count, window))
-            weight = self._grouped(site.weight, groups, out_channels // groups, window)
-        else:
-            cols = relax.op.reshape(gathered, (batch, count, window))
-            weight = relax.op.permute_dims(self._flat(site.weight, (out_channels, window)))
-        cols = self.builder_.emit(cols, "cols")
-        product = self.builder_.emit(relax.op.matmul(cols, weight), "conv_gemm")
+        if left:  # (G, O/G, window) or (O, window) by (B, (G,) window, positions) columns
+            grouping = (groups,) if groups > 1 else ()
+            cols = relax.op.reshape(gathered, (batch, *grouping, window, count))
+            cols = self.builder_.emit(cols, "cols")
+            rows = (groups, out_channels // groups) if groups > 1 else (out_channels,)
+            operands = (self._flat(site.weight, (*rows, window)), cols)
+        else:  # (B, positions, window) columns by the (window, O) weight
+            cols = self.builder_.emit(relax.op.reshape(gathered, (batch, count, window)), "cols")
+            operands = (
+                cols,
+                relax.op.permute_dims(self._flat(site.weight, (out_channels, window))),
+            )
+        product = self.builder_.emit(relax.op.matmul(*operands), "conv_gemm")
         for kind, operand in site.tail:
             if kind == "bias":
                 bias = self._flat(operand, (out_channels,))
@@ -346,14 +376,13 @@ class _Rewriter(relax.PyExprMutator):
             else:
                 unary = relax.Call(operand.op, [product], operand.attrs)
                 product = self.builder_.emit(unary, "conv_act")
-        spatial = len(positions)
-        if groups > 1:  # (B, G, positions, O/G) -> (B, G, O/G, positions) -> (B, O, ...)
-            product = self.builder_.emit(relax.op.permute_dims(product, [0, 1, 3, 2]))
+        if left:  # (B, (G,) O', positions): the convolution's layout already
             out = relax.op.reshape(product, site.out_dims)
-        else:
+        else:  # (B, positions, O) -> (B, O, positions)
             unflat = self.builder_.emit(
                 relax.op.reshape(product, (batch, *positions, out_channels)), "conv_rows"
             )
+            spatial = len(positions)
             out = relax.op.permute_dims(unflat, [0, spatial + 1, *range(1, spatial + 1)])
         self.set_var_remap(binding.var, self.builder_.emit(out))
 
@@ -364,15 +393,6 @@ class _Rewriter(relax.PyExprMutator):
             flat = tensor.value.numpy().reshape(shape)
             return relax.const(np.ascontiguousarray(flat), "float32")
         return self.builder_.emit(relax.op.reshape(self.visit_expr(tensor), shape), "conv_flat")
-
-    def _grouped(self, weight, groups, per_group, window):
-        """The (O, C/G, window...) weight as G matrices of (C/G * window, O/G): transposed
-        in NumPy for a constant, else by a reshape and a transpose on every call."""
-        if isinstance(weight, ir.Constant):
-            flat = weight.value.numpy().reshape(groups, per_group, window).transpose(0, 2, 1)
-            return relax.const(np.ascontiguousarray(flat), "float32")
-        flat = self._flat(weight, (groups, per_group, window))
-        return self.builder_.emit(relax.op.permute_dims(flat, [0, 2, 1]), "conv_flat")
 
 
 def _scan(mod: tvm.IRModule):
