@@ -294,6 +294,8 @@ ZOO: dict[str, Arch] = {
         "vision",
         dict(hidden_sizes=[16, 32], depths=[1, 1], num_stages=2, image_size=32, patch_size=4),
     ),
+    # A ViT whose attention and MLP outputs are multiplied by a per-channel layer scale.
+    "DINOv2": Arch("Dinov2Config", "Dinov2Model", "vision", dict(_VISION, mlp_ratio=4)),
 }
 
 

@@ -223,23 +223,40 @@ def clip_text() -> RealModel:
     return RealModel("clip_text", _LastHiddenState(encoder).eval(), (_token_ids(7),))
 
 
+#: A two-layer vision transformer on 32 x 32 images in 8 x 8 patches.
+_IMAGES = dict(
+    {k: v for k, v in _BERT_LIKE.items() if k not in ("vocab_size", "max_position_embeddings")},
+    image_size=32,
+    patch_size=8,
+)
+
+
 def vit() -> RealModel:
     """A two-layer ViT on 32 x 32 images: its patch embedding is a convolution of stride 8
     with an 8 x 8 kernel, served as a GEMM (:mod:`tir_byoc.relax_conv`)."""
-    settings = {
-        k: v for k, v in _BERT_LIKE.items() if k not in ("vocab_size", "max_position_embeddings")
-    }
     encoder = _transformers_model(
-        "ViTModel",
-        "ViTConfig",
-        decoder=False,
-        model_args={"add_pooling_layer": False},
-        **settings,
-        image_size=32,
-        patch_size=8,
+        "ViTModel", "ViTConfig", decoder=False, model_args={"add_pooling_layer": False}, **_IMAGES
     )
     pixels = torch.randn(BATCH, 3, 32, 32, generator=torch.Generator().manual_seed(8))
     return RealModel("vit", _LastHiddenState(encoder, "pixel_values").eval(), (pixels,))
+
+
+def dinov2() -> RealModel:
+    """A two-layer DINOv2: a ViT whose attention and MLP outputs are each multiplied by a
+    per-channel layer scale before the residual add (the epilogue op ``channel_scale``).  The
+    scales start as ones; they are drawn here, so that a scale read at the wrong channel
+    shows."""
+    settings = {k: v for k, v in _IMAGES.items() if k != "intermediate_size"}
+    encoder = _transformers_model(
+        "Dinov2Model", "Dinov2Config", decoder=False, **settings, mlp_ratio=INTERMEDIATE // HIDDEN
+    )
+    generator = torch.Generator().manual_seed(12)
+    with torch.no_grad():
+        for module in encoder.modules():
+            if hasattr(module, "lambda1"):
+                module.lambda1.copy_(torch.rand(module.lambda1.shape, generator=generator) + 0.5)
+    pixels = torch.randn(BATCH, 3, 32, 32, generator=torch.Generator().manual_seed(9))
+    return RealModel("dinov2", _LastHiddenState(encoder, "pixel_values").eval(), (pixels,))
 
 
 def whisper_encoder() -> RealModel:
@@ -327,6 +344,7 @@ MODELS: dict[str, Callable[[], RealModel]] = {
     "deberta": deberta,
     "clip_text": clip_text,
     "vit": vit,
+    "dinov2": dinov2,
     "whisper_encoder": whisper_encoder,
     "wav2vec2": wav2vec2,
     "llama": llama,

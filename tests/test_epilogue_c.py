@@ -95,6 +95,7 @@ CHAINS: dict[str, tuple[Op, ...]] = {
     "gelu,clip_nan_to_lo": (Op("gelu"), clip(0.0, 6.0, 0.0)),
     "bias,leaky_relu0": (Op("bias"), Op("leaky_relu", (0.0,))),
     "scale,bias,relu,mul": (Op("scale"), Op("bias"), Op("relu"), Op("mul")),
+    "bias,channel_scale,add": (Op("bias"), Op("channel_scale"), Op("add")),  # DINOv2
     "eight_ops": (
         Op("scale", (0.5,)),
         Op("bias"),
@@ -419,7 +420,7 @@ BASE = Shape("error_paths", 2, 3, 4)
 
 #: Calls that are refused, each a change to a well-formed call of bias then add.
 REFUSED = {
-    "unknown op code": ({"ops": 16}, EEPILOGUE),
+    "unknown op code": ({"ops": 17}, EEPILOGUE),  # TIR_BYOC_OP_COUNT
     "op code 255": ({"ops": 0xFF}, EEPILOGUE),
     "a byte after the end marker": ({"ops": 3 | 4 << 16}, EEPILOGUE),
     "a bias without its tensor": ({"tensors": [None, None]}, ENULL),
@@ -468,6 +469,7 @@ ONEDNN_FUSION = {
         True,
     ),
     "bias after scale: a fused binary add": ((Op("scale"), Op("bias")), (Op("scale"),), False),
+    "layer scale: a fused binary mul": ((Op("bias"), Op("channel_scale")), (Op("bias"),), False),
 }
 
 

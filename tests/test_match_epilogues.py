@@ -33,6 +33,7 @@ def _linear_then(op_name):
     w = relax.Var("w", R.Tensor((K, N), "float32"))
     b = relax.Var("b", R.Tensor((N,), "float32"))
     t = relax.Var("t", R.Tensor((M, N), "float32"))
+    g = relax.Var("g", R.Tensor((N,), "float32"))
     builder = relax.BlockBuilder()
     ops = {
         "scale": lambda z: R.multiply(z, R.const(0.125, "float32")),
@@ -49,8 +50,9 @@ def _linear_then(op_name):
         "leaky_relu": lambda z: R.nn.leakyrelu(z, 0.01),
         "add": lambda z: R.add(z, t),
         "mul": lambda z: R.multiply(z, t),
+        "channel_scale": lambda z: R.multiply(g, z),  # torch's layer_scale * x
     }
-    with builder.function("main", [x, w, b, t]):
+    with builder.function("main", [x, w, b, t, g]):
         with builder.dataflow():
             if OPS[op_name].slot == "scale":  # the scale slot comes before the bias
                 out = builder.emit_output(R.add(ops[op_name](R.matmul(x, w)), b))
@@ -80,10 +82,11 @@ def _inputs(seed):
     w = rng.standard_normal((K, N)).astype("float32")
     b = rng.standard_normal(N).astype("float32")
     t = rng.standard_normal((M, N)).astype("float32")
+    g = rng.standard_normal(N).astype("float32")
     # Row 0 of the product is zeroed and the bias carries the special values.
     x[0] = 0
     b[: len(SPECIAL)] = SPECIAL
-    return x, w, b, t
+    return x, w, b, t, g
 
 
 def _run(mod, arrays):
@@ -121,18 +124,23 @@ def _agrees_on_every_backend(lowered, arrays, entries, label):
 
 
 #: Epilogues out of slot order or with an op twice, as real models write them after a GEMM
-#: (z = x @ w; b a bias, t and u tensors of z's shape), by the pattern they are read as.
+#: (z = x @ w; b a bias, t and u tensors of z's shape, g a layer scale), by the pattern they are
+#: read as.
 REORDERED = {
     # OPT's and Whisper's query projection: the scale after the bias.
-    "matmul_bias_scale": lambda z, b, t, u: R.multiply(R.add(z, b), R.const(0.125, "float32")),
+    "matmul_bias_scale": lambda z, b, t, u, g: R.multiply(R.add(z, b), R.const(0.125, "float32")),
     # GPT-NeoX's, GPT-J's and Phi's parallel attention and MLP: two residual adds.
-    "matmul_bias_add_add": lambda z, b, t, u: R.add(R.add(R.add(z, b), t), u),
+    "matmul_bias_add_add": lambda z, b, t, u, g: R.add(R.add(R.add(z, b), t), u),
     # Gemma 2's soft-capping of the logits.
-    "matmul_div_tanh_scale": lambda z, b, t, u: R.multiply(
+    "matmul_div_tanh_scale": lambda z, b, t, u, g: R.multiply(
         R.tanh(R.divide(z, R.const(30.0, "float32"))), R.const(30.0, "float32")
     ),
-    "matmul_relu_bias": lambda z, b, t, u: R.add(R.nn.relu(z), b),
-    "matmul_bias_mul_gelu_add": lambda z, b, t, u: R.add(R.nn.gelu(R.multiply(R.add(z, b), t)), u),
+    "matmul_relu_bias": lambda z, b, t, u, g: R.add(R.nn.relu(z), b),
+    "matmul_bias_mul_gelu_add": lambda z, b, t, u, g: R.add(
+        R.nn.gelu(R.multiply(R.add(z, b), t)), u
+    ),
+    # DINOv2's and BEiT's attention and MLP outputs: the residual after a layer scale.
+    "matmul_bias_channel_scale_add": lambda z, b, t, u, g: R.add(t, R.multiply(g, R.add(z, b))),
 }
 
 
@@ -143,16 +151,17 @@ def test_an_epilogue_out_of_slot_order_is_offloaded_whole_and_agrees_with_tvm(na
     b = relax.Var("b", R.Tensor((N,), "float32"))
     t = relax.Var("t", R.Tensor((M, N), "float32"))
     u = relax.Var("u", R.Tensor((M, N), "float32"))
+    g = relax.Var("g", R.Tensor((N,), "float32"))
     builder = relax.BlockBuilder()
-    with builder.function("main", [x, w, b, t, u]):
+    with builder.function("main", [x, w, b, t, u, g]):
         with builder.dataflow():
-            out = builder.emit_output(REORDERED[name](R.matmul(x, w), b, t, u))
+            out = builder.emit_output(REORDERED[name](R.matmul(x, w), b, t, u, g))
         builder.emit_func_output(out)
     lowered = _fuse(builder.get())
     (match,) = tir_byoc.scan(lowered)
     assert match.pattern == name
-    x_, w_, b_, t_ = _inputs(seed=len(name))
-    arrays = (x_, w_, b_, t_, np.flip(t_, axis=0).copy())
+    x_, w_, b_, t_, g_ = _inputs(seed=len(name))
+    arrays = (x_, w_, b_, t_, np.flip(t_, axis=0).copy(), g_)
     _agrees_on_every_backend(lowered, arrays, ("gemm",), name)
 
 
@@ -300,3 +309,17 @@ def test_a_transpose_of_the_chain_output_ends_the_chain_with_a_reason():
     (rejection,) = tir_byoc.explain(func)
     assert rejection.blocks == ("transpose",)
     assert "reads T_add at other indices than its own axes" in rejection.reason
+
+
+def test_a_multiply_by_a_per_row_vector_is_no_layer_scale():
+    x = te.placeholder((M, K), "float32", name="X")
+    w = te.placeholder((N, K), "float32", name="W")
+    g = te.placeholder((M,), "float32", name="g")
+    r = te.reduce_axis((0, K), name="k")
+    y = te.compute((M, N), lambda i, j: te.sum(x[i, r] * w[j, r], axis=r), name="dense")
+    out = te.compute((M, N), lambda i, j: y[i, j] * g[i], name="epilogue")
+    func = te.create_prim_func([x, w, g, out])
+    assert only_match(func).pattern == "dense"
+    (rejection,) = tir_byoc.explain(func)
+    assert rejection.nearest == "dense_channel_scale"
+    assert "layer scale g is indexed by the row" in rejection.reason, rejection

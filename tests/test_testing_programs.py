@@ -310,9 +310,9 @@ def test_ops_out_of_slot_order_before_a_spelling_of_several_blocks_scan_whole():
 def test_a_near_miss_is_explained_by_its_op_when_a_block_follows_in_place():
     chain = ChainSpec(tail="z * G", n=3, k=3)
     spec = ProgramSpec(chains=(chain,), distractors=(DistractorSpec("inplace_out", 0),), m=3)
-    program = build_program(mutate(spec, 0, "gate_row_broadcast"))
+    program = build_program(mutate(spec, 0, "gate_column_broadcast"))
     (rejection,) = tir_byoc.explain(program.func)
-    assert MUTATIONS["gate_row_broadcast"].refusal in rejection.reason
+    assert MUTATIONS["gate_column_broadcast"].refusal in rejection.reason
 
 
 #: The ChainSpec field each spelling goes in.

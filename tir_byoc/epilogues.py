@@ -10,6 +10,7 @@ belongs to a **slot**, the place real models most often put it::
     activation                     relu, gelu, gelu_tanh, silu, swish, sigmoid, tanh, clip,
                                    leaky_relu
     tail   (z + R, z * G)          a residual add, the gate of a gated MLP (R, G of y's shape)
+           (z * g[j])              a layer scale (ConvNeXt, DINOv2, BEiT), g an (n,) vector
 
 and the epilogues with at most one op per slot, in slot order, are the **canonical** ones
 (:func:`epilogues`): the members the tests describe and match one by one.  Other orders come
@@ -95,6 +96,7 @@ OPS: dict[str, OpSpec] = {
         OpSpec("swish", 15, "activation", ("alpha",), example=(1.702,)),
         OpSpec("add", 13, "tail", tensor="full"),
         OpSpec("mul", 14, "tail", tensor="full"),
+        OpSpec("channel_scale", 16, "tail", tensor="vector"),
     )
 }
 
@@ -151,7 +153,7 @@ def reference(name: str, z: np.ndarray, constants=(), tensor=None, keep_nan=Fals
             return z / c[0]
         if name in ("bias", "add"):
             return z + tensor
-        if name == "mul":
+        if name in ("mul", "channel_scale"):
             return z * tensor
         if name == "relu":
             return np.where(z < 0, f32(0), z) if keep_nan else np.where(z > 0, z, f32(0))
@@ -182,8 +184,8 @@ def _erf(x: np.ndarray) -> np.ndarray:
 def compose(name: str, value: te.Tensor, tensor: te.Tensor | None = None, constants=None):
     """``name`` applied to ``value`` as TE blocks, spelled as Relax's ``LegalizeOps`` does.
 
-    ``tensor`` is the bias (n,) or the residual / gate tensor (value's shape); ``constants``
-    default to the op's :attr:`OpSpec.example`.
+    ``tensor`` is the bias or the layer scale (n,), or the residual / gate tensor (value's
+    shape); ``constants`` default to the op's :attr:`OpSpec.example`.
     """
     spec = OPS[name]
     dtype = value.dtype
@@ -202,6 +204,8 @@ def compose(name: str, value: te.Tensor, tensor: te.Tensor | None = None, consta
         return each(lambda *i: value[i] + tensor[i], "T_add")
     if name == "mul":
         return each(lambda *i: value[i] * tensor[i], "T_multiply")
+    if name == "channel_scale":
+        return each(lambda *i: value[i] * tensor[i[-1]], "T_multiply")
     if name == "relu":
         return each(lambda *i: te.max(value[i], tirx.const(0, dtype)), "compute")
     if name == "sigmoid":

@@ -286,7 +286,7 @@ def describe(
     for op in member.ops:
         tensor = None
         if OPS[op].tensor == "vector":
-            tensor = te.placeholder((n,), out_dtype, name="b")
+            tensor = te.placeholder((n,), out_dtype, name="b" if op == "bias" else "g")
         elif OPS[op].tensor == "full":
             tensor = te.placeholder(y.shape, out_dtype, name="R" if op == "add" else "G")
         if tensor is not None:

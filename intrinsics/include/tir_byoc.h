@@ -390,7 +390,8 @@ static inline int32_t tir_byoc_each_batch(tir_byoc_gemm_fn impl, const void *x, 
 #define TIR_BYOC_OP_ADD 13           /* z + t[i, j], t with y's shape */
 #define TIR_BYOC_OP_MUL 14           /* z * t[i, j], t with y's shape */
 #define TIR_BYOC_OP_SWISH 15         /* z * (1 / (1 + exp(-(c0 * z)))) (CLIP's quick_gelu) */
-#define TIR_BYOC_OP_COUNT 16
+#define TIR_BYOC_OP_CHANNEL_SCALE 16 /* z * t[j], t an (n,) vector (a layer scale) */
+#define TIR_BYOC_OP_COUNT 17
 #define TIR_BYOC_MAX_OPS 8
 #define TIR_BYOC_MAX_CONSTANTS 6
 #define TIR_BYOC_MAX_TENSORS 4
@@ -416,6 +417,7 @@ static inline int tir_byoc_op_constants(int32_t code) {
     case TIR_BYOC_OP_TANH:
     case TIR_BYOC_OP_ADD:
     case TIR_BYOC_OP_MUL:
+    case TIR_BYOC_OP_CHANNEL_SCALE:
       return 0;
     default:
       return -1;
@@ -423,7 +425,8 @@ static inline int tir_byoc_op_constants(int32_t code) {
 }
 
 static inline int tir_byoc_op_has_tensor(int32_t code) {
-  return code == TIR_BYOC_OP_BIAS || code == TIR_BYOC_OP_ADD || code == TIR_BYOC_OP_MUL;
+  return code == TIR_BYOC_OP_BIAS || code == TIR_BYOC_OP_ADD || code == TIR_BYOC_OP_MUL ||
+         code == TIR_BYOC_OP_CHANNEL_SCALE;
 }
 
 /* One op of an epilogue, with its constants and tensor. */

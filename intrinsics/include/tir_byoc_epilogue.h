@@ -131,7 +131,7 @@ static inline int32_t tir_byoc_vector_math(void) {
 }
 
 /* One op over `len` values of row i of an (., n) output, from column j0: row[0] is column j0.
- * A bias is read from column j0 on, a full tensor from element i * n + j0 on. */
+ * A bias or a layer scale is read from column j0 on, a full tensor from element i * n + j0 on. */
 static inline void tir_byoc_op_span(const tir_byoc_op *op, float *row, int64_t i, int64_t j0,
                                     int64_t len, int64_t n) {
   const float c0 = (float)op->c[0], c1 = (float)op->c[1], c2 = (float)op->c[2];
@@ -192,6 +192,9 @@ static inline void tir_byoc_op_span(const tir_byoc_op *op, float *row, int64_t i
       break;
     case TIR_BYOC_OP_MUL:
       for (j = 0; j < len; ++j) row[j] = row[j] * t[i * n + j0 + j];
+      break;
+    case TIR_BYOC_OP_CHANNEL_SCALE:
+      for (j = 0; j < len; ++j) row[j] = row[j] * t[j0 + j];
       break;
     default: /* tir_byoc_decode_epilogue refused every other code */
       break;

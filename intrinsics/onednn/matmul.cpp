@@ -704,6 +704,8 @@ bool PostOpOf(const tir_byoc_op &op, PostOp *post) {
       return binary(alg::binary_add, PostOp::kFull);
     case TIR_BYOC_OP_MUL:
       return binary(alg::binary_mul, PostOp::kFull);
+    case TIR_BYOC_OP_CHANNEL_SCALE:
+      return binary(alg::binary_mul, PostOp::kRow);
     default:  // TIR_BYOC_OP_RELU_KEEP_NAN
       return false;
   }

@@ -367,17 +367,21 @@ class EpilogueParser:
             raise Refused(f"{what} values that do not depend on {self.source.name}")
         return (expr.a, expr.b) if a_has else (expr.b, expr.a)
 
+    def _vector(self, load, op: str, role: str) -> Step:
+        """The step of ``op`` reading the (n,) vector ``load`` (a bias, a layer scale)."""
+        try:
+            vector = bias_vector(
+                load, self.vi, self.vj, self.chain.n, self.chain.dtype.out, self.extents, role
+            )
+        except Refused as refused:
+            raise Refused(refused.reason, op=op) from None
+        return Step(op, OPS[op].code, (), vector)
+
     def _add(self, expr):
         value, other = self._split(expr, "adds")
         kind = self._operand(other)
         if kind == "vector":
-            try:
-                bias = bias_vector(
-                    other, self.vi, self.vj, self.chain.n, self.chain.dtype.out, self.extents
-                )
-            except Refused as refused:
-                raise Refused(refused.reason, op="bias") from None
-            return value, Step("bias", OPS["bias"].code, (), bias)
+            return value, self._vector(other, "bias", "bias")
         if kind == "full":
             return value, Step("add", OPS["add"].code, (), self._full(other, "adds"))
         what = const_value(other)
@@ -407,9 +411,11 @@ class EpilogueParser:
             return value, Step("mul", OPS["mul"].code, (), self._full(other, "multiplies by"))
         if kind == "scalar":
             return value, Step("scale", OPS["scale"].code, (self._scalar(other),))
+        if kind == "vector":
+            return value, self._vector(other, "channel_scale", "layer scale")
         raise Refused(
-            f"multiplies by {expr_text(other)}: neither a constant, a scalar nor a tensor of the "
-            "output's shape",
+            f"multiplies by {expr_text(other)}: neither a constant, a scalar, an (N,) vector nor "
+            "a tensor of the output's shape",
             op="scale",
         )
 

@@ -446,30 +446,35 @@ def check_init(init: Init, out) -> None:
         raise Refused(f"the reduction is initialised to {shown}, not 0 or a bias b[j]")
 
 
-def bias_vector(load, row, col, n, out_dtype, extents: Extents):
-    """The buffer of a bias read ``b[j]`` or ``b[0, j]`` (``row``, ``col`` = i, j); else refused."""
+def bias_vector(load, row, col, n, out_dtype, extents: Extents, role: str = "bias"):
+    """The buffer of a bias read ``b[j]`` or ``b[0, j]`` (``row``, ``col`` = i, j); else refused.
+    ``role`` names the vector in the refusal (a layer scale is read the same way)."""
     buf, indices = load.source, list(elements(load.indices))
     shape = shape_of(buf)
     if len(shape) == 2 and len(indices) == 2 and is_var(indices[0], row):
-        raise Refused(f"bias {buf.name} has a full (M, N) shape; the pattern needs (N,) or (1, N)")
+        what = "a full (M, N)" if is_var(indices[1], col) else f"an (M, {expr_text(shape[1])})"
+        raise Refused(
+            f"{role} {buf.name} has {what} shape, read along the rows; the pattern needs (N,) "
+            "or (1, N)"
+        )
     j_index = indices[-1] if indices else None
     if indices and is_var(j_index, row):
         raise Refused(
-            f"bias {buf.name} is indexed by the row {row.name}; "
+            f"{role} {buf.name} is indexed by the row {row.name}; "
             f"the pattern needs the column {col.name}"
         )
     if not is_var(j_index, col) or (len(indices) == 2 and not is_zero(indices[0])):
-        raise Refused(f"bias {buf.name}{index_text(load)} is not indexed as b[j] or b[0, j]")
+        raise Refused(f"{role} {buf.name}{index_text(load)} is not indexed as b[j] or b[0, j]")
     if len(shape) not in (1, 2) or len(indices) != len(shape):
-        raise Refused(f"bias {buf.name} has shape {list(shape)}, expected (N,) or (1, N)")
+        raise Refused(f"{role} {buf.name} has shape {list(shape)}, expected (N,) or (1, N)")
     if len(shape) == 2 and not extents.equal(shape[0], 1):
-        raise Refused(f"bias {buf.name} has shape {list(shape)}, expected (1, N)")
+        raise Refused(f"{role} {buf.name} has shape {list(shape)}, expected (1, N)")
     if not extents.equal(shape[-1], n):
         raise Refused(
-            f"bias {buf.name} has {expr_text(shape[-1])} elements, expected N = {expr_text(n)}"
+            f"{role} {buf.name} has {expr_text(shape[-1])} elements, expected N = {expr_text(n)}"
         )
     if dtype_of(buf) != out_dtype:
-        raise Refused(f"bias {buf.name} is {dtype_of(buf)}, expected {out_dtype}")
+        raise Refused(f"{role} {buf.name} is {dtype_of(buf)}, expected {out_dtype}")
     reason = compact_global(buf)
     if reason:
         raise Refused(reason)

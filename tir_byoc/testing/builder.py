@@ -117,13 +117,15 @@ class ChainBuilder:
             local_b = "bias_in" in produced
             shape = self.bias_form.shape(b.m, n)
             self.bias = b.buffer(f"b{c}", shape, self.acc, param=not local_b, alloc=alloc)
-        # The scalar a scale reads, and the residual or gate tensor.
+        # The scalar a scale reads, the layer scale vector, and the residual or gate tensor.
         self.tensors = {}  # op -> the buffer it reads
         for op in chain.ops:
             spelling = chain.spelling(op)
             reads = spelling.reads if spelling is not None else None
             if reads == "scalar":
                 self.tensors[op] = b.buffer(f"s{c}", (1,), self.acc)
+            elif reads == "vector":
+                self.tensors[op] = b.buffer(f"g{c}", (n,), self.acc)
             elif reads == "tensor":
                 shape = TAIL_FORMS[self.knobs.tail_form].shape(self.batch, b.m, n)
                 stem = "R" if op == "add" else "G"
@@ -382,8 +384,11 @@ class ChainBuilder:
             name, changed = knobs.fixed_constant
             values[name] = changed
         operand, tensor = None, self.tensors.get(op)
-        if tensor is not None and len(tensor.shape) == 1:
+        reads = chain.spelling(op).reads if tensor is not None else None
+        if reads == "scalar":
             operand = tirx.BufferLoad(tensor, [self.b.const(0)])
+        elif reads == "vector":
+            operand = tirx.BufferLoad(tensor, [v["j"]])
         elif tensor is not None:
             index = TAIL_FORMS[knobs.tail_form].index
             at = index(self._batch_iters(v), v["i"], v["j"], self.b.const)

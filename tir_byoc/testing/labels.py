@@ -242,8 +242,8 @@ def _read_as(chain: ChainSpec, op: str) -> str | None:
     if op == "leaky_relu" and knobs.slope is not None and not 0 <= knobs.slope <= 1:
         return None
     if op in ("add", "mul") and knobs.tail_form != "full":
-        # R[0, j] of a (1, N) tensor is a bias; the other broadcasts are refused.
-        return "bias" if (op, knobs.tail_form) == ("add", "row") else None
+        # R[0, j] of a (1, N) tensor is a bias, G[0, j] a layer scale; an (M, 1) is refused.
+        return None if knobs.tail_form == "column" else {"add": "bias", "mul": "channel_scale"}[op]
     return op
 
 

@@ -189,8 +189,9 @@ class OpSpelling:
         A clip: what a NaN becomes, ``"lo"``, ``"hi"`` or ``"nan"``, as TVM lowers the
         spelling (``max(a, b)`` is ``a > b ? a : b``, ``min(a, b)`` is ``a < b ? a : b``).
     reads : str or None
-        ``"scalar"`` (a scale by ``s[0]``, a parameter of shape (1,)) or ``"tensor"`` (a
-        residual or gate of the output's shape).
+        ``"scalar"`` (a scale by ``s[0]``, a parameter of shape (1,)), ``"vector"`` (a layer
+        scale ``g[j]`` of shape (N,)) or ``"tensor"`` (a residual or gate of the output's
+        shape).
     """
 
     op: str
@@ -359,12 +360,15 @@ ACTIVATION_SPELLINGS: dict[str, OpSpelling] = {
     ),
 }
 
-#: Tail-slot spellings, by name: a residual ``R`` or a gate ``G`` of the output's shape.
+#: Tail-slot spellings, by name: a residual ``R`` or a gate ``G`` of the output's shape, a
+#: layer scale ``g`` of shape (N,).
 TAIL_SPELLINGS: dict[str, OpSpelling] = {
     "z + R": _one(lambda z, k: _add(z, k.operand), "add", reads="tensor"),
     "R + z": _one(lambda z, k: _add(k.operand, z), "add", reads="tensor"),
     "z * G": _one(lambda z, k: _mul(z, k.operand), "mul", reads="tensor"),
     "G * z": _one(lambda z, k: _mul(k.operand, z), "mul", reads="tensor"),
+    "z * g[j]": _one(lambda z, k: _mul(z, k.operand), "channel_scale", reads="vector"),
+    "g[j] * z": _one(lambda z, k: _mul(k.operand, z), "channel_scale", reads="vector"),
 }
 
 #: Every op spelling, by name.
