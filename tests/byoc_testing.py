@@ -159,3 +159,32 @@ def vector_loads(func: tirx.PrimFunc) -> list:
         (tvm.ir.TensorLoad, lambda load: loads.append(load) if load.ty.dtype.lanes > 1 else None),
     )
     return loads
+
+
+#: How many floats :func:`pointwise_func` maps: 4 million.
+POINTS = 1 << 22
+
+
+def pointwise_func(expression, lanes: int) -> tirx.PrimFunc:
+    """y = expression(x) over :data:`POINTS` float32s, in a loop of ``lanes``-wide vectors
+    (1: a serial loop); ``expression`` builds a TIR expression from an element of x."""
+    from tvm import te
+
+    x = te.placeholder((POINTS,), "float32", name="x")
+    y = te.compute((POINTS,), lambda i: expression(x[i]), name="y")
+    func = te.create_prim_func([x, y])
+    if lanes == 1:
+        return func
+    sch = s_tir.Schedule(func)
+    (loop,) = sch.get_loops(sch.get_sblock("y"))
+    sch.vectorize(sch.split(loop, [None, lanes])[1])
+    return sch.mod["main"]
+
+
+def run_pointwise(built, x: np.ndarray) -> np.ndarray:
+    """A built :func:`pointwise_func` over ``x`` (at most :data:`POINTS` values)."""
+    padded = np.zeros(POINTS, "float32")
+    padded[: x.size] = x
+    out = tvm.runtime.tensor(np.empty_like(padded))
+    built(tvm.runtime.tensor(padded), out)
+    return out.numpy()[: x.size]

@@ -6,47 +6,25 @@ import math
 import numpy as np
 import pytest
 import tvm
-from byoc_testing import lowered, vector_loads
-from tvm import s_tir, te, tirx
+from byoc_testing import POINTS, lowered, pointwise_func, run_pointwise, vector_loads
+from tvm import te, tirx
 
 from tir_byoc import schedules
 from tir_byoc.model import host_target
 from tir_byoc.schedules import vector_erf, vector_math
 
-POINTS = 1 << 22
-
 _erf = np.vectorize(math.erf, otypes=[np.float64])
-
-
-def _erf_func(lanes: int) -> tirx.PrimFunc:
-    """y = erf(x) over POINTS floats, in a loop of ``lanes``-wide vectors (1: a serial loop)."""
-    x = te.placeholder((POINTS,), "float32", name="x")
-    y = te.compute((POINTS,), lambda i: vector_erf.erf_float32(x[i]), name="y")
-    func = te.create_prim_func([x, y])
-    if lanes == 1:
-        return func
-    sch = s_tir.Schedule(func)
-    (loop,) = sch.get_loops(sch.get_sblock("y"))
-    sch.vectorize(sch.split(loop, [None, lanes])[1])
-    return sch.mod["main"]
-
-
-def _run(built, x: np.ndarray) -> np.ndarray:
-    padded = np.zeros(POINTS, "float32")
-    padded[: x.size] = x
-    out = tvm.runtime.tensor(np.empty_like(padded))
-    built(tvm.runtime.tensor(padded), out)
-    return out.numpy()[: x.size]
 
 
 @pytest.fixture(scope="module", params=[1, 16], ids=["serial", "16 lanes"])
 def built(request):
-    func = _erf_func(request.param)
+    func = pointwise_func(vector_erf.erf_float32, request.param)
     return tvm.compile(tvm.IRModule({"main": func}), target=tvm.target.Target("llvm"))
 
 
 def test_a_vectorised_loop_stays_vector():
-    assert [load.ty.dtype.lanes for load in vector_loads(_erf_func(16))] == [16]
+    func = pointwise_func(vector_erf.erf_float32, 16)
+    assert [load.ty.dtype.lanes for load in vector_loads(func)] == [16]
 
 
 def test_within_two_ulps_of_the_exact_erf(built):
@@ -62,14 +40,14 @@ def test_within_two_ulps_of_the_exact_erf(built):
     ).astype("float32")
     exact = _erf(x.astype(np.float64))
     ulp = np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64)
-    error = np.abs(_run(built, x).astype(np.float64) - exact) / ulp
+    error = np.abs(run_pointwise(built, x).astype(np.float64) - exact) / ulp
     assert error.max() <= 2.0, f"{error.max():.2f} ulps at x = {x[error.argmax()]!r}"
 
 
 def test_special_values_are_erfs(built):
     tiny = np.finfo(np.float32).smallest_subnormal
     x = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 3.92, 4.0, -10.0, 1e30, tiny, -tiny, 0.875])
-    got = _run(built, x.astype("float32"))
+    got = run_pointwise(built, x.astype("float32"))
     assert np.isnan(got[4]) and not np.isnan(np.delete(got, 4)).any()
     np.testing.assert_array_equal(np.signbit(got[:2]), [False, True])
     np.testing.assert_array_equal(got[2:4], [1.0, -1.0])

@@ -4,47 +4,25 @@ exp over float32's range, libm's special values, and where the default schedule 
 import numpy as np
 import pytest
 import tvm
-from byoc_testing import lowered, vector_loads
-from tvm import s_tir, te, tirx
+from byoc_testing import POINTS, lowered, pointwise_func, run_pointwise, vector_loads
+from tvm import te, tirx
 
 from tir_byoc import schedules
 from tir_byoc.model import host_target
 from tir_byoc.schedules import vector_exp, vector_math
 
-POINTS = 1 << 22
-
-
-def _exp_func(lanes: int) -> tirx.PrimFunc:
-    """y = exp(x) over POINTS floats, in a loop of ``lanes``-wide vectors (1: a serial loop)."""
-    x = te.placeholder((POINTS,), "float32", name="x")
-    y = te.compute((POINTS,), lambda i: vector_exp.exp_float32(x[i]), name="y")
-    func = te.create_prim_func([x, y])
-    if lanes == 1:
-        return func
-    sch = s_tir.Schedule(func)
-    (loop,) = sch.get_loops(sch.get_sblock("y"))
-    sch.vectorize(sch.split(loop, [None, lanes])[1])
-    return sch.mod["main"]
-
-
-def _run(built, x: np.ndarray) -> np.ndarray:
-    padded = np.zeros(POINTS, "float32")
-    padded[: x.size] = x
-    out = tvm.runtime.tensor(np.empty_like(padded))
-    built(tvm.runtime.tensor(padded), out)
-    return out.numpy()[: x.size]
-
 
 @pytest.fixture(scope="module", params=[1, 16], ids=["serial", "16 lanes"])
 def built(request):
-    func = _exp_func(request.param)
+    func = pointwise_func(vector_exp.exp_float32, request.param)
     return tvm.compile(tvm.IRModule({"main": func}), target=tvm.target.Target("llvm"))
 
 
 def test_a_vectorised_loop_stays_vector():
     # The vectoriser turns a whole loop back into scalar code around any call it has no vector
     # form of (`isnan` was one): the 16-lane loop must still load 16 lanes at a time.
-    assert [load.ty.dtype.lanes for load in vector_loads(_exp_func(16))] == [16]
+    func = pointwise_func(vector_exp.exp_float32, 16)
+    assert [load.ty.dtype.lanes for load in vector_loads(func)] == [16]
 
 
 def test_within_one_ulp_of_the_exact_exp_over_floats_range(built):
@@ -56,7 +34,7 @@ def test_within_one_ulp_of_the_exact_exp_over_floats_range(built):
             rng.standard_normal(POINTS // 4) * 1e-4,  # around 0, where exp(x) is 1 + x
         ]
     ).astype("float32")
-    got = _run(built, x).astype(np.float64)
+    got = run_pointwise(built, x).astype(np.float64)
     exact = np.exp(x.astype(np.float64))
     with np.errstate(over="ignore"):
         rounded = exact.astype(np.float32)
@@ -90,7 +68,7 @@ def test_special_values_are_libms(built):
     )
     with np.errstate(over="ignore"):
         expected = np.exp(x)
-    got = _run(built, x)
+    got = run_pointwise(built, x)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
     np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
     finite = np.isfinite(expected)
