@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from tvm import tirx
 
-from .vector_exp import exp_float32, f32, is_nan
+from .vector_exp import exp_float32, f32, horner, is_nan
 
 #: Where the two forms meet, and where erf has rounded to 1 in float32.
 _SMALL = 0.875
@@ -63,18 +63,11 @@ _CENTER = 0.6964285969734192  # (1 / 0.875 + 1 / 4) / 2
 _SCALE = 2.240000009536743  # 2 / (1 / 0.875 - 1 / 4)
 
 
-def _horner(coefficients, x: tirx.PrimExpr) -> tirx.PrimExpr:
-    result = f32(coefficients[0])
-    for coefficient in coefficients[1:]:
-        result = result * x + f32(coefficient)
-    return result
-
-
 def erf_float32(value: tirx.PrimExpr) -> tirx.PrimExpr:
     """float32 erf of ``value`` in TIR arithmetic; ``value`` is evaluated once (a Let)."""
     x, a, c, r, large = (tirx.Var(name, "float32") for name in ("x", "a", "c", "r", "large"))
-    small = x + x * _horner(_Q, x * x)
-    tail = exp_float32(-(c * c)) * _horner(_H, (r - f32(_CENTER)) * f32(_SCALE)) * r
+    small = x + x * horner(_Q, x * x)
+    tail = exp_float32(-(c * c)) * horner(_H, (r - f32(_CENTER)) * f32(_SCALE)) * r
     result = tirx.Select(a < f32(_SMALL), small, tirx.Select(x < f32(0.0), -large, large))
     result = tirx.Select(is_nan(x), x, result)
     # Each Let is read more than once (tail's exp too, a Let itself, which must not be copied).

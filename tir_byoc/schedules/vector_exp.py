@@ -44,6 +44,14 @@ def f32(value: float) -> tirx.PrimExpr:
     return tirx.const(value, "float32")
 
 
+def horner(coefficients, x: tirx.PrimExpr) -> tirx.PrimExpr:
+    """The polynomial of ``coefficients`` (highest power first) at ``x``, by Horner's rule."""
+    result = f32(coefficients[0])
+    for coefficient in coefficients[1:]:
+        result = result * x + f32(coefficient)
+    return result
+
+
 def _i32(value: int) -> tirx.PrimExpr:
     return tirx.const(value, "int32")
 
@@ -66,10 +74,7 @@ def exp_float32(value: tirx.PrimExpr) -> tirx.PrimExpr:
     """float32 exp of ``value`` in TIR arithmetic; ``value`` is evaluated once (a Let)."""
     x, clamped, n, r = (tirx.Var(name, "float32") for name in ("x", "clamped", "n", "r"))
     n_int, half = tirx.Var("n_int", "int32"), tirx.Var("half", "int32")
-    polynomial = f32(_POLYNOMIAL[0])
-    for coefficient in _POLYNOMIAL[1:]:
-        polynomial = polynomial * r + f32(coefficient)
-    exp_r = polynomial * r * r + r + f32(1.0)
+    exp_r = horner(_POLYNOMIAL, r) * r * r + r + f32(1.0)
     result = exp_r * _power_of_two(half) * _power_of_two(n_int - half)
     result = tirx.Select(x > f32(OVERFLOW), f32(float("inf")), result)
     result = tirx.Select(x < f32(UNDERFLOW), f32(0.0), result)

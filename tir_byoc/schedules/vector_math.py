@@ -18,9 +18,8 @@ from tvm.target.codegen import llvm_cpu_has_features
 from .vector_erf import erf_float32
 from .vector_exp import exp_float32
 
-#: float32 calls written out, and the expression each becomes.
+#: float32 calls written out, by op name, and the expression each becomes.
 _WRITTEN_OUT = {"tirx.exp": exp_float32, "tirx.erf": erf_float32}
-_OPS = {tvm.ir.Op.get(name): expression for name, expression in _WRITTEN_OUT.items()}
 
 
 def applies(target: Target) -> bool:
@@ -38,11 +37,11 @@ def expand(func: tirx.PrimFunc) -> tirx.PrimFunc:
         call = mutator.default_mutate(call)
         if str(call.ty.dtype) != "float32" or not isinstance(call.op, tvm.ir.Op):
             return call
-        for op, expression in _OPS.items():
-            if call.op.same_as(op):
-                found.append(call)
-                return expression(call.args[0])
-        return call
+        expression = _WRITTEN_OUT.get(call.op.name)
+        if expression is None:
+            return call
+        found.append(call)
+        return expression(call.args[0])
 
     body = tvm_ffi.structural_mutate(func.body, [(tvm.ir.Call, on_call)])
     return func.with_body(body) if found else func
