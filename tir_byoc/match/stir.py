@@ -33,6 +33,8 @@ from .exprs import (
 from .records import Refused
 from .traversal import elements, walk
 
+_UNDEFINED_VARS = tvm.get_global_func("tirx.analysis.UndefinedVars")
+
 DATA_PAR = 0
 _THREAD_BINDING = tirx.ForKind.THREAD_BINDING
 
@@ -216,9 +218,9 @@ class FunctionIndex:
     In a function without SBlocks (plain loops, as TVM's lowering leaves them), each perfect
     loop nest around one store is read as the SBlock it denotes (:mod:`tir_byoc.plain_loops`).
 
-    The buffer uses (:attr:`owners`, :attr:`uses`) are counted on the first question about
-    them: a function with no GEMM candidate never asks, and counting walks every variable of
-    the function.
+    The buffer uses (:attr:`owners`, :attr:`uses`) are found on the first question about
+    them: a function with no GEMM candidate never asks, and finding them reads the whole
+    function.
     """
 
     def __init__(self, func: tirx.PrimFunc):
@@ -282,10 +284,11 @@ class FunctionIndex:
         else:
             self._noted.append((stmt, -1, True))
 
-    # Step 2. Count the buffer uses per owner (a nest's position, or -1 for other code).
+    # Step 2. Find each owner's buffers (an owner is a nest's position, or -1 for other code).
     @property
     def owners(self) -> dict[ir.Var, dict[int, int]]:
-        """Buffer -> {position of a nest that uses it, or -1 for other code: its use count}."""
+        """Buffer -> {position of a nest that uses it, or -1 for other code: how many of that
+        owner's statements and expressions use it}."""
         if self._owners is None:
             self._count()
         return self._owners
@@ -311,11 +314,16 @@ class FunctionIndex:
         self._owners = {}
         found = {}  # handle -> [the variable (one object per variable), its counts, is a buffer]
         for node, owner, walked in self._noted:
-            if walked:  # a walk counts buffers only
+            if not walked:
+                variables = (node,)
+            elif isinstance(node, tirx.Stmt):
+                # The variables it uses but does not define, each once, found in C++: a nest
+                # holds five times as many variables (its loops' and iterators'), and none
+                # of the buffers it defines can be used outside it.
+                variables = elements(_UNDEFINED_VARS(node, []))
+            else:  # a walk counts buffers only
                 variables = []
                 walk(node, ir.Var, variables.append)  # a builtin callback: no Python frame
-            else:
-                variables = (node,)
             for var in variables:
                 handle = var.__chandle__()
                 entry = found.get(handle)
