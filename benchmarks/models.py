@@ -78,9 +78,9 @@ from tir_byoc.threads import IDLE_DEFAULTS
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "models"
 MODELS = ("bert", "gpt2", "llama", "encoder")
-#: Models run on request (``--models whisper,vit,wav2vec2``): convolutions before the
-#: transformer.
-CONV_MODELS = ("whisper", "vit", "wav2vec2")
+#: Models run on request (``--models whisper,vit,wav2vec2,convnext``): convolutions before the
+#: transformer, and ConvNeXt's convolutions throughout.
+CONV_MODELS = ("whisper", "vit", "wav2vec2", "convnext")
 COLUMNS = ("torch", "torch.compile", "onnxruntime", "tvm", "tir_byoc")
 #: The columns run at libgomp's own idle spin under ``--gomp-spincount own``: the peers, as
 #: their users run them; every other column is TVM's and runs at tir_byoc's setting.
@@ -176,6 +176,10 @@ def build(name: str, layers: int, batch: int, sequence: int):
         pixels = torch.randn(batch, 3, 224, 224, generator=torch.Generator().manual_seed(1))
         model = transformers.ViTModel(config, add_pooling_layer=False)
         return _Hidden(model, None, "pixel_values").eval(), pixels
+    if name == "convnext":  # ConvNeXt-T's widths, `layers` blocks per stage, 224 x 224 images
+        config = transformers.ConvNextConfig(depths=[layers] * 4)
+        pixels = torch.randn(batch, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+        return _Hidden(transformers.ConvNextModel(config), None, "pixel_values").eval(), pixels
     if name == "wav2vec2":  # Wav2Vec2-base: raw 16 kHz samples, `sequence` frames of 20 ms
         config = transformers.Wav2Vec2Config(
             num_hidden_layers=layers, attn_implementation="eager"

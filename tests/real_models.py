@@ -259,6 +259,32 @@ def dinov2() -> RealModel:
     return RealModel("dinov2", _LastHiddenState(encoder, "pixel_values").eval(), (pixels,))
 
 
+def convnext() -> RealModel:
+    """A two-stage ConvNeXt on 32 x 32 images (rows of 8, then 4): its 7 x 7 depthwise
+    convolutions are no GEMM and stay TVM code, which the ``SlidingWindow`` rule schedules.
+    Not in :data:`MODELS`: those convolutions are 18 % of what torch counts as its GEMM FLOPs,
+    and none of it goes to a library.  The layer scales (drawn here, as for DINOv2) are the
+    epilogue op ``channel_scale``."""
+    model = _transformers_model(
+        "ConvNextModel",
+        "ConvNextConfig",
+        decoder=False,
+        hidden_sizes=[16, 32],
+        depths=[1, 1],
+        num_stages=2,
+        image_size=32,
+        patch_size=4,
+    )
+    generator = torch.Generator().manual_seed(13)
+    with torch.no_grad():
+        for module in model.modules():
+            if getattr(module, "layer_scale_parameter", None) is not None:
+                scale = module.layer_scale_parameter
+                scale.copy_(torch.rand(scale.shape, generator=generator) + 0.5)
+    pixels = torch.randn(BATCH, 3, 32, 32, generator=torch.Generator().manual_seed(10))
+    return RealModel("convnext", _LastHiddenState(model, "pixel_values").eval(), (pixels,))
+
+
 def whisper_encoder() -> RealModel:
     """A two-layer Whisper encoder on 32 frames of 16 mel bins: two convolutions with a GELU
     each (the second of stride 2, both padded), served as GEMMs with the bias and the GELU in

@@ -173,3 +173,15 @@ def test_build_model_leaves_no_function_unscheduled_and_agrees_with_torch(name):
     with torch.no_grad():
         expected = model.module(*model.inputs).numpy()
     np.testing.assert_allclose(built(*model.inputs).numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_convnext_runs_its_depthwise_convolutions_in_the_window_rule_and_agrees_with_torch():
+    model = real_models.convnext()
+    built = tir_byoc.build_model(model.module, model.inputs)
+    windows = {name for name, rule in built.rules.items() if rule == "SlidingWindow"}
+    assert len(windows) == 2, dict(built.rules)  # one depthwise convolution per stage
+    assert all("conv2d" in name for name in windows)
+    assert dict(built.unscheduled) == {}
+    with torch.no_grad():
+        expected = model.module(*model.inputs).numpy()
+    np.testing.assert_allclose(built(*model.inputs).numpy(), expected, rtol=1e-4, atol=1e-4)

@@ -10,7 +10,7 @@ from tvm import s_tir, tirx
 from tvm.script import tirx as T
 
 from tir_byoc import schedules
-from tir_byoc.schedules import Elementwise, RowReduction, loops
+from tir_byoc.schedules import Elementwise, RowReduction, SlidingWindow, loops
 
 TARGET = tvm.target.Target("llvm")
 
@@ -433,3 +433,97 @@ def test_a_sum_the_vector_width_does_not_divide_is_reduced_in_vectors_up_to_its_
     np.testing.assert_allclose(
         _run(report.module["main"], arrays)[1], _run(func, arrays)[1], rtol=2e-6, atol=1e-5
     )
+
+
+def _window(
+    width: int, kernel: int = 3, stride: int = 1, op: str = "conv", channels: int = 8
+) -> tirx.PrimFunc:
+    """A depthwise convolution (``op="conv"``: pad, window sum, bias) or a max pooling
+    (``"max"``) of ``kernel`` x ``kernel`` over (1, channels, 12, width), as TOPI writes them."""
+    from tvm import te
+
+    x = te.placeholder((1, channels, 12, width), name="x")
+    pad = kernel // 2
+    padded = te.compute(
+        (1, channels, 12 + 2 * pad, width + 2 * pad),
+        lambda n, c, h, w: tirx.if_then_else(
+            tirx.all(h >= pad, h < 12 + pad, w >= pad, w < width + pad),
+            x[n, c, h - pad, w - pad],
+            tirx.const(0.0, "float32"),
+        ),
+        name="pad_temp",
+    )
+    rows, cols = (12 + 2 * pad - kernel) // stride + 1, (width + 2 * pad - kernel) // stride + 1
+    r = te.reduce_axis((0, kernel), name="r")
+    s = te.reduce_axis((0, kernel), name="s")
+    shape = (1, channels, rows, cols)
+
+    def tap(n, c, h, w):
+        return padded[n, c, h * stride + r, w * stride + s]
+
+    if op == "max":
+        pooled = te.compute(shape, lambda *i: te.max(tap(*i), axis=[r, s]), name="pool")
+        return te.create_prim_func([x, pooled])
+    weight = te.placeholder((channels, 1, kernel, kernel), name="w")
+    bias = te.placeholder((1, channels, 1, 1), name="b")
+    conv = te.compute(
+        shape,
+        lambda n, c, h, w: te.sum(tap(n, c, h, w) * weight[c, 0, r, s], axis=[r, s]),
+        name="depthwise",
+    )
+    out = te.compute(shape, lambda n, c, h, w: conv[n, c, h, w] + bias[0, c, 0, 0], name="bias")
+    return te.create_prim_func([x, weight, bias, out])
+
+
+def _params(func: tirx.PrimFunc, seed=0):
+    return _random([[int(d) for d in p.ty.shape] for p in func.params], seed)
+
+
+@pytest.mark.parametrize("width", [56, 64, 7], ids=["8 lanes", "16 lanes", "narrow"])
+def test_a_depthwise_convolution_sums_its_window_over_vectors_of_its_rows(width):
+    func = _window(width, kernel=7)
+    report = _schedule(func)
+    assert dict(report.rules) == {"main": "SlidingWindow"}
+    assert "depthwise" not in report.serial_blocks.get("main", {})
+    scheduled = report.module["main"]
+    # The init and the update each run along the row in vectors, the window's taps outside.
+    assert _vector_loops_in(scheduled, "depthwise_init") == 1
+    assert _vector_loops_in(scheduled, "depthwise_update") == 1
+    assert tirx.ForKind.PARALLEL in _loop_kinds(scheduled)
+    assert tirx.ForKind.UNROLLED in _loop_kinds(scheduled)
+    arrays = _params(func)
+    # Each output adds its products in the unscheduled order; only a fused multiply-add may
+    # round differently.
+    np.testing.assert_allclose(
+        _run(scheduled, arrays)[-1], _run(func, arrays)[-1], rtol=1e-6, atol=1e-6
+    )
+
+
+def test_a_max_pooling_window_is_the_unscheduled_one_bit_for_bit():
+    func = _window(32, kernel=3, op="max")
+    report = _schedule(func)
+    assert dict(report.rules) == {"main": "SlidingWindow"}
+    arrays = _params(func)
+    np.testing.assert_array_equal(_run(report.module["main"], arrays)[-1], _run(func, arrays)[-1])
+
+
+def test_a_window_whose_rows_take_no_vector_stays_serial_along_them_and_says_why():
+    func = _window(30, kernel=3)  # 30: no multiple of 4
+    report = _schedule(func)
+    assert dict(report.rules) == {"main": "SlidingWindow"}
+    assert report.serial_blocks["main"]["depthwise"] == (
+        "its rows of 30 are no multiple of 4: not vectorised"
+    )
+    arrays = _params(func)
+    np.testing.assert_allclose(
+        _run(report.module["main"], arrays)[-1], _run(func, arrays)[-1], rtol=1e-6, atol=1e-6
+    )
+
+
+@pytest.mark.parametrize(
+    "func",
+    [_window(32, kernel=3, stride=2), row_sum, row_sum_512, total_sum, _rms_norm(4)],
+    ids=["stride 2", "row sum", "row sum 512", "total sum", "two reductions"],
+)
+def test_the_window_rule_declines_reductions_that_do_not_read_along_their_rows(func):
+    assert SlidingWindow().apply(func, TARGET, False) is None

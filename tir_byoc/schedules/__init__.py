@@ -53,11 +53,19 @@ from . import vector_math
 from .elementwise import Elementwise
 from .reduction import RowReduction
 from .rows import VectorRows
+from .window import SlidingWindow
 
 logger = logging.getLogger("tir_byoc")
 
 #: Tried in order on every PrimFunc tir_byoc did not offload; the first that applies wins.
-RULES = (dlight.cpu.GEMV, VectorRows, dlight.cpu.Reduction, RowReduction, Elementwise)
+RULES = (
+    dlight.cpu.GEMV,
+    SlidingWindow,
+    VectorRows,
+    dlight.cpu.Reduction,
+    RowReduction,
+    Elementwise,
+)
 
 _SCHEDULED_ATTR = "tirx.is_scheduled"
 
@@ -255,6 +263,7 @@ __all__ = [
     "Elementwise",
     "RowReduction",
     "ScheduleReport",
+    "SlidingWindow",
     "VectorRows",
     "default_schedule",
     "first_rule",

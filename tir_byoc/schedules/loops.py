@@ -29,7 +29,7 @@ def vector_lanes(target: Target, dtype_bits: int) -> int:
     return max((width if width > 0 else 128) // dtype_bits, 2)
 
 
-def _static(sch: s_tir.Schedule, loop) -> int | None:
+def static_extent(sch: s_tir.Schedule, loop) -> int | None:
     extent = get_extent(sch, loop)
     return extent if isinstance(extent, int) else None
 
@@ -38,7 +38,7 @@ def _work(sch: s_tir.Schedule, loops) -> int | None:
     """Iterations of ``loops`` together, ``None`` if one is symbolic."""
     total = 1
     for loop in loops:
-        extent = _static(sch, loop)
+        extent = static_extent(sch, loop)
         if extent is None:
             return None
         total *= extent
@@ -52,7 +52,7 @@ def _parallel(sch: s_tir.Schedule, loops, work: int | None) -> str | None:
     if work is not None and work < MIN_PARALLEL_WORK:
         return f"{work} iterations, below {MIN_PARALLEL_WORK}: runs on one thread"
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    if _static(sch, fused) == 1:
+    if static_extent(sch, fused) == 1:
         return "its spatial loops have extent 1: runs on one thread"
     sch.parallel(fused)
     return None
@@ -84,7 +84,7 @@ def parallel_vectorize(sch: s_tir.Schedule, block, target: Target) -> str | None
     work = _work(sch, loops)
     lanes = vector_lanes(target, _dtype_bits(sch, block))
     inner = loops[-1]
-    extent = _static(sch, inner)
+    extent = static_extent(sch, inner)
     outer = list(loops[:-1])
     across = _transposed_read(sch, loops)
     if across is not None and _tile(sch, across, inner, lanes):
@@ -115,7 +115,7 @@ def vectorize_split(sch: s_tir.Schedule, loop, lanes: int) -> None:
     vector: the whole vectors then have no bound check, and the partial one stays scalar (a
     bound check in a vector loop would make TVM's vectoriser turn all of it into scalar
     code)."""
-    extent = _static(sch, loop)
+    extent = static_extent(sch, loop)
     rest, vector = sch.split(loop, factors=[None, lanes])
     if extent is None or extent % lanes == 0:
         sch.vectorize(vector)
@@ -167,7 +167,7 @@ def _tile(sch: s_tir.Schedule, across, inner, lanes: int) -> bool:
     carries the bound check, outside the vector).  False, and nothing changed, unless both
     extents are static, at least ``lanes``, one a multiple of it, and the block has no branch
     to keep whole per vector (a concatenation's)."""
-    extents = [_static(sch, loop) for loop in (across, inner)]
+    extents = [static_extent(sch, loop) for loop in (across, inner)]
     if any(e is None or e < lanes for e in extents) or all(e % lanes for e in extents):
         return False
     if _branch_bounds(sch, inner, extents[1]) != []:
@@ -246,10 +246,11 @@ def _compared(condition, var) -> set[int] | None:
             a, b = b, a
         if a.same_as(var) and isinstance(b, tirx.IntImm):
             return {int(b.value), int(b.value) + 1}
-    return None if _reads(condition, var) else set()
+    return None if reads_var(condition, var) else set()
 
 
-def _reads(expr, var) -> bool:
+def reads_var(expr, var) -> bool:
+    """Whether ``expr`` reads ``var``."""
     found = []
     tvm_ffi.structural_walk(expr, (tirx.Var, lambda v: found.append(v) if v.same_as(var) else None))
     return bool(found)
@@ -301,7 +302,7 @@ def split_row(sch: s_tir.Schedule, info, rows: int, lanes: int) -> tuple:
     kind = info.dom_kind()
     if kind != "S" * rows + "R":
         return None, f"its iterators are {kind!r}, not the rows and one reduction axis"
-    extent = _static(sch, sch.get_loops(info.block_rv)[-1])
+    extent = static_extent(sch, sch.get_loops(info.block_rv)[-1])
     if extent is None:
         return None, "its reduction extent is symbolic"
     if extent <= lanes:
@@ -354,12 +355,12 @@ def vectorize_partials(sch: s_tir.Schedule, partial, lanes: int, extent: int) ->
     values = realize.iter_values if isinstance(realize, s_tir.SBlockRealize) else ()
     lane = next((rv for var, rv in loops.items() if values and values[0].same_as(var)), None)
     reduction = next((rv for var, rv in loops.items() if values and values[-1].same_as(var)), None)
-    if lane is None or reduction is None or _static(sch, lane) != lanes:
+    if lane is None or reduction is None or static_extent(sch, lane) != lanes:
         return "its partial results are not in the loops rfactor makes"
     order = list(loops.values())
     if order.index(lane) < order.index(reduction):
         sch.reorder(reduction, lane)  # before the bound check: reorder declines a block with one
-    vectors = _static(sch, reduction)
+    vectors = static_extent(sch, reduction)
     if extent % lanes:
         _bound(sch, partial, extent)
     sch.vectorize(lane)
@@ -395,7 +396,7 @@ def _reduce_rows(sch: s_tir.Schedule, info, target: Target) -> str | None:
     :func:`split_row` can.  Returns why it runs on one thread or reduces a row serially."""
     rows = leading_spatial(info.dom_kind())
     lanes = vector_lanes(target, _dtype_bits(sch, info.block_rv))
-    extent = _static(sch, sch.get_loops(info.block_rv)[-1])
+    extent = static_extent(sch, sch.get_loops(info.block_rv)[-1])
     partial, serial = split_row(sch, info, rows, lanes) if rows else (None, None)
     note = parallel_rows(sch, info.block_rv, rows)
     if partial is not None:
