@@ -34,7 +34,7 @@ the gather puts the group first, ``colsT[b, g, (c', r...), p]``, and ``out[b, g,
 one matrix product per group, a batched ``matmul`` of the weight as (G, O/G, C/G * window)
 with the columns, which the library serves as one batched call.  A depthwise convolution (one
 input channel per group) is left to TVM: as G products of one window each it ran slower than
-TVM's own loop.
+TVM's own loop, and :class:`tir_byoc.schedules.window.SlidingWindow` schedules that loop.
 
 The elementwise ops that follow the convolution, each the only use of the value before it,
 move into the call: a bias of shape (1, O, 1...) (how torch's ``Conv`` adds its bias) becomes

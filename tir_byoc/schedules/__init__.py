@@ -1,6 +1,6 @@
-"""The default CPU schedule of what tir_byoc leaves to TVM: dlight's CPU rules and three
+"""The default CPU schedule of what tir_byoc leaves to TVM: dlight's CPU rules and four
 dlight-style rules of this package, one that vectorises what dlight's reduction rule leaves
-serial and two for the blocks dlight's do not cover.
+serial and three for the blocks dlight's do not cover.
 
 Entry point: :func:`default_schedule`, which tries :data:`RULES` in order on each PrimFunc that
 calls no intrinsic and reports, per PrimFunc, the rule that scheduled it, or why none did, and
@@ -10,6 +10,10 @@ TVM 0.27's dlight has two CPU rules, GEMV and Reduction (softmax and norms whose
 their leading spatial axes); every other block would run as TVM wrote it, a loop nest on one
 thread.  The rules here, one per module, decline with ``None`` as dlight's do:
 
+- :class:`~.window.SlidingWindow`: one reduction that reads along its output's rows (a
+  depthwise convolution, a pooling): the window's loops outside, each row in vectors, the
+  rows in parallel; tried first, as ``VectorRows`` would take it and reduce each element's
+  window in lanes of a strided gather;
 - :class:`~.rows.VectorRows`: softmax and norms, as dlight's ``Reduction`` schedules them, with
   each row's sum or maximum in vector registers (``rfactor``); tried before dlight's;
 - :class:`~.elementwise.Elementwise`: functions of spatial blocks only (elementwise, broadcast,
