@@ -30,6 +30,7 @@ CASES = {
     "batches_per_row": (32, 48, 80, (2, 5), (5, 1), (0, 1), KN, False),
     "batches_broadcast": (32, 48, 80, (2, 5), (5, 1), (0, 0), NK, False),
     "small_packed": (8, 16, 24, (1, 1), None, None, NK, True),
+    "rows_packed": (600, 64, 40, (1, 1), None, None, NK, True),
 }
 
 

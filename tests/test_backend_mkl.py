@@ -273,6 +273,7 @@ CUTS_AT_TWO = {
     "batches_per_row": (BATCHES, 2),  # the weight broadcasts along dim 0: a run per row
     "batches_broadcast": (BATCHES, 2),  # stride 0: a loop of products
     "small_packed": (COLUMNS, 1),  # 3072 multiply-adds: one thread
+    "rows_packed": (ROWS, 2),  # 300 rows per thread: one packing, which both threads read
 }
 
 

@@ -11,8 +11,9 @@
  *
  * Threads.  MKL is linked sequential, and a call shares its work among the threads of TVM's own
  * pool (TVMBackendParallelLaunch, which TVM's parallel loops use): the output's columns (a 2-D
- * product), rows (when it has too few columns) or batch indices (a batched one), one part per
- * thread, each part's epilogue run by the thread that computed it.  With one pool for the whole
+ * product), rows (when it has too few columns, or a packed weight has many rows to serve) or
+ * batch indices (a batched one), one part per thread, each part's epilogue run by the thread
+ * that computed it.  With one pool for the whole
  * model, no other pool's worker spins on a core that TVM's next loop needs, and none has to be
  * woken for the next call: with MKL's OpenMP threads, 128-row products at two threads gained
  * 1.6x over one thread, not 2x (benchmarks/README.md).  Outside TVM's runtime (no
@@ -22,8 +23,8 @@
  * forbids copying it to another address), so it cannot be made at build time and stored in a
  * model.  tir_byoc_mkl_pack makes a block of the plain weight under a header naming the call
  * (m, n, k, layout) and a 128-bit hash of the weight's bytes; the first call that meets the
- * block packs the weight into memory this library owns, one packing per column part, kept for
- * the life of the process and found again by that hash, shape and number of parts, so blocks
+ * block packs the weight into memory this library owns, one packing per column part (one of
+ * the whole weight when the rows are cut), kept for the life of the process and found again by that hash, shape and number of parts, so blocks
  * with the same weight share them.
  */
 #include <limits.h>
@@ -157,6 +158,8 @@ static void batched_product(const float *x, const float *w, float *y, MKL_INT m,
 /* Below this many multiply-adds (m * n * k over the whole call) one thread does the work: waking
  * another costs more than it saves. */
 #define MIN_SHARED_WORK (1 << 20)
+/* Rows per thread from which a packed weight's call is cut by rows (see cut_work). */
+#define PACKED_ROWS 256
 /* Column parts start on a multiple of this many columns (one AVX-512 register of fp32). */
 enum { COLUMN_ALIGN = 16 };
 
@@ -171,9 +174,12 @@ typedef struct {
   int parts;
 } call_work;
 
-/* How `work` is cut: batch indices, else columns (the only cut a packed weight has: MKL packs
- * each part), else rows when there are too few columns for every thread.  A call with fewer
- * than MIN_SHARED_WORK multiply-adds is one part. */
+/* How `work` is cut: batch indices, else columns, else rows when there are too few columns for
+ * every thread.  A packed weight is cut by columns (MKL packs each part) unless the call has
+ * PACKED_ROWS rows per thread: then by rows, every thread reading one packing of the whole
+ * weight (two threads, 1024 rows by BERT's 768 x 3072, 3072 x 768 and 768 x 768 weights: 2-18 %
+ * faster, median 4 %, in 9 alternated pairs on the Intel Xeon VM; at 128 and 256 rows no
+ * better).  A call with fewer than MIN_SHARED_WORK multiply-adds is one part. */
 static void cut_work(call_work *work, int packed) {
   const tir_byoc_call *call = work->call;
   const int64_t m = call->m, n = call->n, count = call->batch.count[0] * call->batch.count[1];
@@ -184,6 +190,8 @@ static void cut_work(call_work *work, int packed) {
   if (threads == 1) return;
   if (count > 1)
     work->parts = (int)(count < threads ? count : threads);
+  else if (packed && m >= PACKED_ROWS * threads)
+    work->how = CUT_ROWS, work->parts = (int)threads;
   else if (packed || column_parts == threads || m < threads)
     work->parts = column_parts < 1 ? 1 : (int)column_parts;
   else
@@ -214,6 +222,12 @@ TIR_BYOC_EXTERN_C TIR_BYOC_EXPORT int32_t tir_byoc_mkl_cut(int64_t m, int64_t n,
   return (int32_t)work.how;
 }
 
+/* How many column parts MKL's packing of the call's weight has: one per part of a column cut,
+ * one (the whole weight) otherwise. */
+static int packed_parts(const call_work *work) {
+  return work->how == CUT_COLUMNS ? work->parts : 1;
+}
+
 static void run_part(const call_work *work, int s) {
   const tir_byoc_call *call = work->call;
   const MKL_INT m = (MKL_INT)call->m, n = (MKL_INT)call->n, k = (MKL_INT)call->k;
@@ -233,8 +247,12 @@ static void run_part(const call_work *work, int s) {
     case CUT_ROWS:
       tir_byoc_part_range(m, work->parts, s, 1, &lo, &hi);
       if (lo == hi) return;
-      plain_product(work->x + lo * k, work->w, work->y + lo * n, (MKL_INT)(hi - lo), n, k,
-                    call->layout, 0, n);
+      if (work->packed != NULL)
+        cblas_sgemm_compute(CblasRowMajor, CblasNoTrans, CblasPacked, (MKL_INT)(hi - lo), n, k,
+                            work->x + lo * k, k, work->packed[0], k, 0.0f, work->y + lo * n, n);
+      else
+        plain_product(work->x + lo * k, work->w, work->y + lo * n, (MKL_INT)(hi - lo), n, k,
+                      call->layout, 0, n);
       mkl_epilogue(&call->epilogue, work->y, lo, hi, 0, n, n);
       break;
     case CUT_BATCHES:
@@ -390,7 +408,8 @@ static int32_t mkl_call(const tir_byoc_call *call) {
   if (m == 0 || n == 0 || count == 0) return TIR_BYOC_OK;
   // Step 5.2. The parts, and for a packed weight MKL's packing made for them.
   cut_work(&work, packed);
-  if (packed && k > 0) work.packed = packed_weight((const pack_header *)call->w, work.parts);
+  if (packed && k > 0)
+    work.packed = packed_weight((const pack_header *)call->w, packed_parts(&work));
   // Step 5.3. The products and their epilogues.
   run_work(&work);
   return TIR_BYOC_OK;
@@ -474,12 +493,12 @@ static int32_t choose_form(const float *w, MKL_INT m, MKL_INT n, MKL_INT k,
   cut_work(&plain, 0), cut_work(&packed, 1);
   float *part[TIR_BYOC_MAX_PARTS];
   int32_t form = TIR_BYOC_PACK_PLAIN;
-  if (x != NULL && y != NULL && pack_parts(w, m, n, k, layout, packed.parts, part)) {
+  if (x != NULL && y != NULL && pack_parts(w, m, n, k, layout, packed_parts(&packed), part)) {
     packed.packed = (const float *const *)part;
     double plain_time, packed_time;
     time_forms(&plain, &packed, &plain_time, &packed_time);
     if (packed_time <= 1.02 * plain_time) form = TIR_BYOC_PACK_LIBRARY;
-    free_parts(part, packed.parts);
+    free_parts(part, packed_parts(&packed));
   }
   mkl_free(x), mkl_free(y);
   return form;
