@@ -101,7 +101,8 @@ class ScheduleReport:
     serial_blocks : Mapping[str, Mapping[str, str]]
         Per PrimFunc, the blocks that run on one thread and why: those a rule left serial
         (too little work, no spatial loop) and the TVM blocks left beside an offloaded call;
-        and the reductions that add up each row serially, not in vector lanes, and why.
+        the reductions that add up each row serially, not in vector lanes, and the windows
+        whose rows are not vectorised, and why.
     """
 
     module: tvm.IRModule
