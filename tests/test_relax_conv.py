@@ -138,6 +138,36 @@ def test_a_grouped_convolution_is_one_batched_call(bias):
     assert "transpose" not in left, left
 
 
+class _TransposedInput(torch.nn.Module):
+    """Wav2Vec2's positional convolution, smaller: (B, T, C) hidden states transposed, a
+    grouped convolution padded by half its kernel, a GELU, and back to (B, T, C)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(16, 16, 8, padding=4, groups=4)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.conv(x.transpose(1, 2))).transpose(1, 2)
+
+
+def test_a_transposed_input_is_copied_once_and_the_gather_reads_along_its_rows():
+    module = _TransposedInput()
+    x = torch.randn(2, 24, 16)
+    built = _build_and_compare(module, x)
+    assert len(built.intrinsics) == 1, built.intrinsics
+    mod, _ = tir_byoc.frontend.import_torch(module.eval(), (x,))
+    rewritten = convolutions_as_gemms(mod)
+    functions = dict((g.name_hint, f) for g, f in rewritten.functions_items())
+    # The transposed input is a function of its own that FuseOps leaves alone; the
+    # permute_dims it replaces, used by the convolution alone, is gone.
+    assert int(functions["gather_input"].attrs["op_pattern"]) == 8
+    assert "permute_dims(x" not in functions["main"].script()
+    lowered = tvm.transform.Sequential([make_pass() for make_pass in LOWERING])(mod)
+    names = [g.name_hint for g, f in lowered.functions_items() if isinstance(f, tirx.PrimFunc)]
+    gathers = [name for name in names if "im2col" in name]
+    assert gathers and not [name for name in gathers if "transpose" in name], names
+
+
 def test_a_weight_computed_from_constants_is_computed_once_at_build_time():
     # Wav2Vec2's positional convolution has a weight norm: g * v / ||v||, from constants.
     conv = torch.nn.Conv1d(16, 16, 8, padding=4, groups=4)
