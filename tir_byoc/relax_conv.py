@@ -42,8 +42,8 @@ check that differs between the lanes of a vector makes TVM's vectoriser write th
 lane by lane.  An input that is a transpose moving the last axis (Wav2Vec2's positional
 convolution reads its (B, T, C) hidden states as (B, C, T)) is copied so too, transposed
 (:func:`_transposed_input`): fused into the gather, the transpose would have it read the
-input across its rows.  Wav2Vec2-base's positional gather, 12.7 million columns: 19.1 -> 7.8
-ms at one thread.
+input across its rows.  Wav2Vec2-base's positional gather, 12.7 million columns: 14.9 -> 8.2
+ms at one thread (Intel Xeon VM), the copy 0.2 ms.
 
 The elementwise ops that follow the convolution, each the only use of the value before it,
 move into the call: a bias of shape (1, O, 1...) (how torch's ``Conv`` adds its bias) becomes
