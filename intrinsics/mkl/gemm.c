@@ -13,19 +13,19 @@
  * pool (TVMBackendParallelLaunch, which TVM's parallel loops use): the output's columns (a 2-D
  * product), rows (when it has too few columns, or a packed weight has many rows to serve) or
  * batch indices (a batched one), one part per thread, each part's epilogue run by the thread
- * that computed it.  With one pool for the whole
- * model, no other pool's worker spins on a core that TVM's next loop needs, and none has to be
- * woken for the next call: with MKL's OpenMP threads, 128-row products at two threads gained
- * 1.6x over one thread, not 2x (benchmarks/README.md).  Outside TVM's runtime (no
- * TVMBackendParallelLaunch in the process) the parts run one after the other.
+ * that computed it.  With one pool for the whole model, no other pool's worker spins on a core
+ * that TVM's next loop needs, and none has to be woken for the next call: with MKL's OpenMP
+ * threads, 128-row products at two threads gained 1.6x over one thread, not 2x
+ * (benchmarks/README.md).  Outside TVM's runtime (no TVMBackendParallelLaunch in the process)
+ * the parts run one after the other.
  *
  * Packed weights.  MKL's packed storage may not move once made (up to oneMKL 2024 its manual
  * forbids copying it to another address), so it cannot be made at build time and stored in a
  * model.  tir_byoc_mkl_pack makes a block of the plain weight under a header naming the call
  * (m, n, k, layout) and a 128-bit hash of the weight's bytes; the first call that meets the
  * block packs the weight into memory this library owns, one packing per column part (one of
- * the whole weight when the rows are cut), kept for the life of the process and found again by that hash, shape and number of parts, so blocks
- * with the same weight share them.
+ * the whole weight when the rows are cut), kept for the life of the process and found again by
+ * that hash, shape and number of parts, so blocks with the same weight share them.
  */
 #include <limits.h>
 #include <mkl_cblas.h>
