@@ -337,11 +337,12 @@ def _folded(var, bindings) -> ir.Constant | None:
 
 
 def _gather(x: te.Tensor, site: _Site, channels_first: bool) -> te.Tensor:
-    """The im2col of ``x``, with the output positions and the kernel window as axes of their
-    own: cols[b, p..., c, r...] = x[b, c, p * stride + r * dilation - pad] (0 outside x), or
-    with groups, cols[b, g, p..., c', r...] for input channel c = g * C/G + c'.  With
-    ``channels_first`` the positions come last, cols[b, (g,) c, r..., p...]: the transposed
-    columns, read along the input's rows."""
+    """The im2col of ``x``, the convolution's input already padded (:func:`_padded`), with the
+    output positions and the kernel window as axes of their own: cols[b, p..., c, r...] =
+    x[b, c, p * stride + r * dilation], or with groups, cols[b, g, p..., c', r...] for input
+    channel c = g * C/G + c'.  With ``channels_first`` the positions come last, cols[b, (g,) c,
+    r..., p...]: the transposed columns, read along the input's rows.  Every index is inside
+    ``x``, so the copy has no bound check."""
     spatial = len(site.kernel)
     out_positions = site.out_dims[2:]
     channels = int(x.shape[1]) // site.groups
@@ -354,27 +355,23 @@ def _gather(x: te.Tensor, site: _Site, channels_first: bool) -> te.Tensor:
             c, window, positions = axes[0], axes[1 : spatial + 1], axes[spatial + 1 :]
         else:
             positions, c, window = axes[:spatial], axes[spatial], axes[spatial + 1 :]
-        index, inside = [], []
-        for p, r, count, extent, stride, pad, dilation, size in zip(
-            positions,
-            window,
-            out_positions,
-            site.kernel,
-            site.strides,
-            site.pad_before,
-            site.dilation,
-            sizes,
-            strict=True,
-        ):
-            at = p * stride + r * dilation - pad
-            index.append(at)
-            last = (count - 1) * stride + (extent - 1) * dilation - pad  # the largest index read
-            if pad > 0 or last >= size:  # a padded edge: 0 there, as the convolution reads
-                inside.append(tirx.all(at >= 0, at < size))
-        value = x[(b, g * channels + c if grouped else c, *index)]
-        if not inside:
-            return value
-        return tirx.if_then_else(tirx.all(*inside), value, tirx.const(0.0, x.dtype))
+        index = [
+            p * stride + r * dilation
+            for p, r, stride, dilation in zip(
+                positions, window, site.strides, site.dilation, strict=True
+            )
+        ]
+        return x[(b, g * channels + c if grouped else c, *index)]
+
+    for count, extent, stride, dilation, size in zip(
+        out_positions, site.kernel, site.strides, site.dilation, sizes, strict=True
+    ):
+        if (count - 1) * stride + (extent - 1) * dilation >= size:  # the largest index read
+            raise ValueError(
+                f"tir_byoc.relax_conv: a window reads past the padded input ({size} positions "
+                f"for {count} outputs of a {extent}-wide window): expected a convolution whose "
+                "output shape fits its input"
+            )
 
     groups = (site.groups,) if grouped else ()
     if channels_first:
@@ -424,7 +421,7 @@ class _Rewriter(relax.PyExprMutator):
         # The weight on the left (see the module doc) unless a bias moves into the call; with
         # groups it never does.
         left = not any(kind == "bias" for kind, _ in site.tail)
-        gather_site, source = site, self.visit_expr(site.x)
+        source = self.visit_expr(site.x)
         if site.transposed is not None or any(site.pad_before) or any(site.pad_after):
             source = self.builder_.emit_te(
                 lambda t: _padded(t, site),
@@ -432,12 +429,8 @@ class _Rewriter(relax.PyExprMutator):
                 primfunc_name_hint="gather_input",
                 primfunc_attrs={"op_pattern": _OPAQUE},
             )
-            unpadded = (0,) * len(site.kernel)
-            gather_site = dataclasses.replace(site, pad_before=unpadded, pad_after=unpadded)
         gathered = self.builder_.emit_te(
-            lambda x: _gather(x, gather_site, channels_first=left),
-            source,
-            primfunc_name_hint="im2col",
+            lambda x: _gather(x, site, channels_first=left), source, primfunc_name_hint="im2col"
         )
         if left:  # (G, O/G, window) or (O, window) by (B, (G,) window, positions) columns
             grouping = (groups,) if groups > 1 else ()
