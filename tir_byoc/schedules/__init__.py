@@ -12,8 +12,8 @@ thread.  The rules here, one per module, decline with ``None`` as dlight's do:
 
 - :class:`~.window.SlidingWindow`: one reduction that reads along its output's rows (a
   depthwise convolution, a pooling): the window's loops outside, each row in vectors, the
-  rows in parallel; tried first, as ``VectorRows`` would take it and reduce each element's
-  window in lanes of a strided gather;
+  rows in parallel; tried right after dlight's GEMV, before ``VectorRows``, which would take
+  it and reduce each element's window in lanes of a strided gather;
 - :class:`~.rows.VectorRows`: softmax and norms, as dlight's ``Reduction`` schedules them, with
   each row's sum or maximum in vector registers (``rfactor``); tried before dlight's;
 - :class:`~.elementwise.Elementwise`: functions of spatial blocks only (elementwise, broadcast,
