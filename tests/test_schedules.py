@@ -271,6 +271,31 @@ def test_a_function_no_rule_reads_is_left_as_it_was_with_a_reason():
     tvm.ir.assert_structural_equal(report.module["main"], plain_loops)
 
 
+def _single_element_sum() -> tirx.PrimFunc:
+    """``exp(sum(x[i, j, r] for r in range(1)))``: a reduction over one element, as a 1 x 1
+    average pooling or a mean over an axis of 1 is, then an elementwise op."""
+    from tvm import te
+
+    x = te.placeholder((4, 8, 1), name="x")
+    r = te.reduce_axis((0, 1), name="r")
+    total = te.compute((4, 8), lambda i, j: te.sum(x[i, j, r], axis=r), name="total")
+    out = te.compute((4, 8), lambda i, j: te.exp(total[i, j]), name="out")
+    return te.create_prim_func([x, out])
+
+
+def test_a_reduction_over_one_element_is_left_to_tvm_with_a_reason():
+    """dlight's normal form drops the reduction's one-element iterator but not its init, and
+    inlining ``exp`` into that block computed ``exp(1 + x)``: ``exp(0)`` in the init, then
+    ``exp`` again of the init's value plus ``x``."""
+    func = _single_element_sum()
+    report = _schedule(func)
+    assert dict(report.rules) == {}
+    assert "block total reduces over a single element" in report.unscheduled["main"]
+    (x,) = _random([(4, 8, 1)])
+    _, out = _run(report.module["main"], [x, np.zeros((4, 8), "float32")])
+    np.testing.assert_allclose(out, np.exp(x[..., 0]), rtol=1e-6)
+
+
 def test_a_rule_that_raises_leaves_the_function_and_records_the_error(monkeypatch):
     class Broken(tvm.s_tir.dlight.ScheduleRule):
         def apply(self, func, target, tunable):

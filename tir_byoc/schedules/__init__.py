@@ -134,6 +134,13 @@ def _why_no_rule(func: tirx.PrimFunc) -> str:
         )
     if not blocks:
         return "has no block to schedule"
+    single = single_element_reduction(func)
+    if single is not None:
+        return (
+            f"block {single} reduces over a single element (each of its reduction iterators "
+            "spans 1), which TVM's inlining takes for an elementwise block and gets wrong: "
+            "runs as TVM wrote it"
+        )
     for block in blocks:
         if "O" in block.dom_kind():
             return (
@@ -141,6 +148,22 @@ def _why_no_rule(func: tirx.PrimFunc) -> str:
                 "runs as TVM wrote it"
             )
     return "no rule applies: runs as TVM wrote it"
+
+
+def single_element_reduction(func: tirx.PrimFunc) -> str | None:
+    """The name of a block of ``func`` that reduces over a single element, or None.
+
+    Such a block has an init, but dlight's normal form drops its reduction iterators (each
+    spans 1), so the rules would see a spatial block; TVM's ``reverse_compute_inline`` then
+    folds the blocks after it into its update and its init alike.  A 1 x 1 average pooling
+    followed by ``exp`` computed ``exp(1 + x)``: the init wrote ``exp(0)``, and the update
+    added ``x`` to it before its own ``exp``.
+    """
+    sch = s_tir.Schedule(func)
+    for block in normalize_prim_func(sch) or ():
+        if block.is_injective() and sch.get(block.block_rv).init is not None:
+            return block.name
+    return None
 
 
 def recomputed_reduction(func: tirx.PrimFunc) -> str | None:
@@ -189,7 +212,10 @@ def first_rule(func: tirx.PrimFunc, target: tvm.target.Target):
     or None.  The function is marked scheduled, its float32 ``exp`` not yet written out.
 
     A rule whose schedule repeats a whole reduction (:func:`recomputed_reduction`) counts as
-    declining, and the next one is tried."""
+    declining, and the next one is tried.  A function with a reduction over a single element
+    (:func:`single_element_reduction`) is left to no rule."""
+    if single_element_reduction(func) is not None:
+        return None
     for rule_type in RULES:
         rule = rule_type()
         with target:
