@@ -25,7 +25,9 @@ thread.  The rules here, one per module, decline with ``None`` as dlight's do:
 
 A schedule that runs a whole reduction again on each iteration of a loop it does not index
 (:func:`recomputed_reduction`) counts as the rule declining: dlight's ``Reduction`` does that
-to LLaMA's RMSNorm of a single token, which then took 0.5 ms per call instead of 3 us.
+to LLaMA's RMSNorm of a single token, which then took 0.5 ms per call instead of 3 us.  A
+function with a reduction over a single element (:func:`single_element_reduction`: a 1 x 1
+pooling, a mean over an axis of 1) is left to no rule: inlining into it computed a wrong result.
 
 ``VectorRows`` and ``RowReduction`` reorder a sum over a row into vector-wide partial sums (a
 maximum is the same in any order; a row they cannot split keeps TVM's order, and says so).  In
@@ -34,7 +36,8 @@ arithmetic (:mod:`.vector_math`: within one ulp, and two) when the target has ve
 Inlining puts an elementwise block's expression into its consumer's, where LLVM may contract
 a multiply and an add into one fused multiply-add (TVM's LLVM code generator allows it within
 one expression anyway), so results can differ from the unscheduled function's in the last bit;
-`tests/test_real_models.py` checks whole models against torch.
+`tests/test_real_models.py` checks whole models against torch, and
+`tests/properties/test_default_schedules.py` drawn programs against TVM's own build.
 """
 
 from __future__ import annotations
@@ -299,4 +302,5 @@ __all__ = [
     "default_schedule",
     "first_rule",
     "recomputed_reduction",
+    "single_element_reduction",
 ]
