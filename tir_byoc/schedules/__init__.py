@@ -162,6 +162,22 @@ def single_element_reduction(func: tirx.PrimFunc) -> str | None:
     followed by ``exp`` computed ``exp(1 + x)``: the init wrote ``exp(0)``, and the update
     added ``x`` to it before its own ``exp``.
     """
+    # Step 1. A walk first: only a block with an init whose other iterators than the spatial
+    # ones all span 1 can lose them all, and normalising is a dearer question (73 ms for the
+    # 25 PrimFuncs of a BERT-like model, against 553 ms for all of their scheduling).
+    candidates = []
+
+    def on_block(block):
+        if block.init is not None and all(
+            iv.iter_type == tirx.IterVar.DataPar or const_value(iv.dom.extent) == 1
+            for iv in block.iter_vars
+        ):
+            candidates.append(block)
+
+    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, on_block)])
+    if not candidates:
+        return None
+    # Step 2. The blocks as the rules see them.
     sch = s_tir.Schedule(func)
     for block in normalize_prim_func(sch) or ():
         if block.is_injective() and sch.get(block.block_rv).init is not None:
