@@ -140,7 +140,7 @@ def programs(draw):
     return shape, ops
 
 
-def _emit(builder, x, name, args, rng):
+def _emit(x, name, args, rng):
     if name == "depthwise":
         weight = rng.standard_normal((args["channels"], 1, *args["kernel"])).astype("float32")
         return R.nn.conv2d(
@@ -196,7 +196,7 @@ def _module(shape, ops, rng) -> tvm.IRModule:
         with builder.dataflow():
             y = x
             for name, args in ops:
-                y = builder.emit(_emit(builder, y, name, args, rng))
+                y = builder.emit(_emit(y, name, args, rng))
             out = builder.emit_output(y)
         builder.emit_func_output(out)
     return builder.get()
