@@ -10,7 +10,8 @@ weight (:mod:`tir_byoc.relax_fold`), attention's ``q @ k^T`` through a transpose
 (:mod:`tir_byoc.relax_rows`); then the packing of constant weights and the epilogues.  Each
 example here is a Relax function of one to three transformer layers in the forms the torch
 frontend writes them, on a drawn (B, S, E) activation with random weights, all constants of the
-module (packed where a backend packs) or all parameters of the function:
+module (packed where a backend packs) or all parameters of the function, and B a number or a
+variable of the module (then the one build runs at two batch sizes):
 
 - ``linear``: a Linear, as a reshape to 2-D and back, on the N-D activation, or as
   ``expand`` + ``bmm``; its weight transposed (``nn.Linear``) or not (GPT-2's Conv1D), a bias
@@ -40,7 +41,7 @@ import tvm
 from harness import profile
 from hypothesis import event, given
 from hypothesis import strategies as st
-from tvm import relax
+from tvm import relax, tirx
 from tvm.script import relax as R
 
 import tir_byoc
@@ -236,14 +237,18 @@ class _Emitter:
 
 
 def _shape(var) -> tuple:
-    return tuple(int(d) for d in var.ty.shape.values)
+    return tuple(str(d) for d in var.ty.shape.values)
 
 
-def _module(shape, layers, rng, weights="constant") -> tuple[tvm.IRModule, list[np.ndarray]]:
+def _module(
+    shape, layers, rng, weights="constant", symbolic_batch=False
+) -> tuple[tvm.IRModule, list[np.ndarray]]:
     """The module, and the values of its parameters after ``x`` (the weights, when they are
-    parameters)."""
+    parameters).  With ``symbolic_batch``, B is a variable of the module, not ``shape[0]``."""
     batch, sequence, width = shape
-    x = relax.Var("x", R.Tensor(shape, "float32"))
+    if symbolic_batch:
+        batch = tirx.Var("b", "int64")
+    x = relax.Var("x", R.Tensor((batch, sequence, width), "float32"))
     builder = relax.BlockBuilder()
     emitter = _Emitter(builder, batch, sequence, rng, weights)
     with builder.function("main"):
@@ -262,29 +267,32 @@ def _module(shape, layers, rng, weights="constant") -> tuple[tvm.IRModule, list[
     program=programs(),
     backend=st.sampled_from(BACKENDS),
     weights=st.sampled_from(["constant", "parameter"]),
+    symbolic_batch=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_a_models_layers_offloaded_compute_what_tvm_alone_computes(program, backend, weights, seed):
+def test_a_models_layers_offloaded_compute_what_tvm_alone_computes(
+    program, backend, weights, symbolic_batch, seed
+):
     shape, layers = program
     rng = np.random.default_rng(seed)
-    mod, values = _module(shape, layers, rng, weights)
-    x = rng.standard_normal(shape).astype("float32")
+    mod, values = _module(shape, layers, rng, weights, symbolic_batch)
     target = host_target()
-
     built = tir_byoc.build_model(mod, target=target, backends=backend)
-    got = built(x, *values)
+    executable = tvm.compile(mod, target=target)
+    vm = relax.VirtualMachine(executable, tvm.cpu())
     event(f"layers {' '.join(name for name, _ in layers)}")
-    event(f"backend {backend}, weights as {weights}s")
+    event(f"backend {backend}, weights as {weights}s" + (", B symbolic" if symbolic_batch else ""))
     event(f"PrimFuncs offloaded: {len(built.intrinsics)}")
     for name in built.schedules:
         if "matmul" in name and name not in built.intrinsics:
             event(f"a product left to TVM: {name}")
-
-    executable = tvm.compile(mod, target=target)
-    vm = relax.VirtualMachine(executable, tvm.cpu())
-    expected = vm["main"](*(tvm.runtime.tensor(a) for a in (x, *values))).numpy()
-
     assert built.intrinsics, f"nothing was offloaded; unscheduled: {dict(built.unscheduled)}"
-    assert got.shape == expected.shape
-    scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
-    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * scale)
+
+    # A symbolic B is run at the drawn batch and at one more, from the same build.
+    for batch in (shape[0], shape[0] + 1) if symbolic_batch else shape[:1]:
+        x = rng.standard_normal((batch, *shape[1:])).astype("float32")
+        got = built(x, *values)
+        expected = vm["main"](*(tvm.runtime.tensor(a) for a in (x, *values))).numpy()
+        assert got.shape == expected.shape
+        scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * scale)
