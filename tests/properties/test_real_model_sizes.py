@@ -15,6 +15,10 @@ as for the real models.
   state;
 - ``llama``: ``LlamaModel`` under a causal mask, with 1 to all key/value heads (grouped-query
   attention), its hidden state;
+- ``gpt_neox`` and ``falcon``: attention and MLP in parallel (Falcon's with one key/value
+  head, split from its fused projection by negative indices), under a causal mask;
+- ``vit``: ``ViTModel`` on images of 1 to 3 patches of 2 or 4 pixels a side (its patch
+  embedding a convolution served as a GEMM);
 - ``encoder``: ``nn.TransformerEncoderLayer``, relu or gelu, the norm first or last.
 """
 
@@ -36,35 +40,41 @@ import tir_byoc
 from tir_byoc.frontend import causal_mask
 
 VOCAB = 50
+ARCHITECTURES = ("bert", "gpt2", "llama", "gpt_neox", "falcon", "vit", "encoder")
 
 
 class _Hidden(torch.nn.Module):
     """``forward(ids)`` -> a transformers model's last hidden state (under a causal mask, for
     a decoder: transformers' own boolean mask is one TVM 0.27 cannot compile)."""
 
-    def __init__(self, model, sequence: int | None):
+    def __init__(self, model, sequence: int | None, argument: str = "input_ids"):
         super().__init__()
-        self.model = model
+        self.model, self.argument = model, argument
         self.register_buffer("mask", causal_mask(sequence) if sequence else None)
 
-    def forward(self, ids):
+    def forward(self, x):
         if self.mask is None:
-            return self.model(input_ids=ids).last_hidden_state
-        return self.model(input_ids=ids, attention_mask=self.mask).last_hidden_state
+            return self.model(**{self.argument: x}).last_hidden_state
+        return self.model(**{self.argument: x}, attention_mask=self.mask).last_hidden_state
 
 
 @st.composite
 def models(draw):
     """(architecture, {its sizes}): what :func:`_build` takes."""
-    architecture = draw(st.sampled_from(["bert", "gpt2", "llama", "encoder"]))
+    architecture = draw(st.sampled_from(ARCHITECTURES))
     heads = draw(st.integers(1, 4))
+    # GPT-NeoX rotates a quarter of each head: at least 2 of its dimensions.
+    head_dims = [8, 16] if architecture == "gpt_neox" else [2, 4, 6, 16]
     sizes = {
         "batch": draw(st.integers(1, 2)),
         "sequence": draw(st.integers(1, 12)),
         "heads": heads,
-        "head_dim": draw(st.sampled_from([2, 4, 6, 16])),
+        "head_dim": draw(st.sampled_from(head_dims)),
         "intermediate": draw(st.sampled_from([4, 12, 40])),
     }
+    if architecture == "vit":  # the sequence is the patches of the image, and its class token
+        sizes["patch"] = draw(st.sampled_from([2, 4]))
+        sizes["sequence"] = draw(st.integers(1, 3))  # patches along a side
     if architecture == "llama":
         sizes["kv_heads"] = draw(
             st.sampled_from([h for h in range(1, heads + 1) if heads % h == 0])
@@ -87,6 +97,19 @@ def _build(architecture, batch, sequence, heads, head_dim, intermediate, **extra
             )
             return layer.eval(), torch.randn(batch, sequence, hidden)
         common = dict(vocab_size=VOCAB, attn_implementation="eager")
+        if architecture == "vit":
+            side = extra["patch"] * sequence
+            config = transformers.ViTConfig(
+                hidden_size=hidden,
+                num_hidden_layers=1,
+                num_attention_heads=heads,
+                intermediate_size=intermediate,
+                image_size=side,
+                patch_size=extra["patch"],
+                attn_implementation="eager",
+            )
+            model = transformers.ViTModel(config, add_pooling_layer=False).eval()
+            return _Hidden(model, None, "pixel_values").eval(), torch.randn(batch, 3, side, side)
         if architecture == "bert":
             config = transformers.BertConfig(
                 hidden_size=hidden,
@@ -109,6 +132,27 @@ def _build(architecture, batch, sequence, heads, head_dim, intermediate, **extra
                 **common,
             )
             model = transformers.GPT2Model(config)
+        elif architecture == "gpt_neox":
+            config = transformers.GPTNeoXConfig(
+                hidden_size=hidden,
+                num_hidden_layers=1,
+                num_attention_heads=heads,
+                intermediate_size=intermediate,
+                max_position_embeddings=16,
+                use_cache=False,
+                **common,
+            )
+            model = transformers.GPTNeoXModel(config)
+        elif architecture == "falcon":
+            config = transformers.FalconConfig(
+                hidden_size=hidden,
+                num_hidden_layers=1,
+                num_attention_heads=heads,
+                ffn_hidden_size=intermediate,
+                use_cache=False,
+                **common,
+            )
+            model = transformers.FalconModel(config)
         else:
             config = transformers.LlamaConfig(
                 hidden_size=hidden,
