@@ -88,7 +88,7 @@ class RealModel:
     inputs: tuple[torch.Tensor, ...]
 
 
-class _LastHiddenState(torch.nn.Module):
+class LastHiddenState(torch.nn.Module):
     """``forward(x)`` -> a transformers encoder's ``last_hidden_state`` for ``argument=x``
     (token ids, an image's pixels, an audio clip's mel features)."""
 
@@ -101,7 +101,7 @@ class _LastHiddenState(torch.nn.Module):
         return self.encoder(**{self.argument: x}).last_hidden_state
 
 
-class _CausalLogits(torch.nn.Module):
+class CausalLogits(torch.nn.Module):
     """``forward(ids)`` -> a transformers decoder's logits, under a prepared causal mask.
 
     transformers builds its causal mask from boolean comparisons that TVM 0.27 imports but
@@ -151,7 +151,7 @@ def _transformers_model(
 
 def _decoder(name: str, model_class: str, config_class: str, seed: int, **settings):
     model = _transformers_model(model_class, config_class, decoder=True, **settings)
-    return RealModel(name, _CausalLogits(model, SEQUENCE).eval(), (_token_ids(seed),))
+    return RealModel(name, CausalLogits(model, SEQUENCE).eval(), (_token_ids(seed),))
 
 
 def bert() -> RealModel:
@@ -164,7 +164,7 @@ def bert() -> RealModel:
     with torch.random.fork_rng():
         torch.manual_seed(0)
         encoder = transformers.BertModel(config, add_pooling_layer=False).eval()
-    return RealModel("bert", _LastHiddenState(encoder).eval(), (_token_ids(1),))
+    return RealModel("bert", LastHiddenState(encoder).eval(), (_token_ids(1),))
 
 
 def llama() -> RealModel:
@@ -205,7 +205,7 @@ def deberta() -> RealModel:
         **_BERT_LIKE,
         **model_settings.DEBERTA_V3,
     )
-    return RealModel("deberta", _LastHiddenState(encoder).eval(), (_token_ids(6),))
+    return RealModel("deberta", LastHiddenState(encoder).eval(), (_token_ids(6),))
 
 
 def clip_text() -> RealModel:
@@ -220,7 +220,7 @@ def clip_text() -> RealModel:
         bos_token_id=0,
         eos_token_id=2,
     )
-    return RealModel("clip_text", _LastHiddenState(encoder).eval(), (_token_ids(7),))
+    return RealModel("clip_text", LastHiddenState(encoder).eval(), (_token_ids(7),))
 
 
 #: A two-layer vision transformer on 32 x 32 images in 8 x 8 patches.
@@ -238,7 +238,7 @@ def vit() -> RealModel:
         "ViTModel", "ViTConfig", decoder=False, model_args={"add_pooling_layer": False}, **_IMAGES
     )
     pixels = torch.randn(BATCH, 3, 32, 32, generator=torch.Generator().manual_seed(8))
-    return RealModel("vit", _LastHiddenState(encoder, "pixel_values").eval(), (pixels,))
+    return RealModel("vit", LastHiddenState(encoder, "pixel_values").eval(), (pixels,))
 
 
 def dinov2() -> RealModel:
@@ -256,7 +256,7 @@ def dinov2() -> RealModel:
             if hasattr(module, "lambda1"):
                 module.lambda1.copy_(torch.rand(module.lambda1.shape, generator=generator) + 0.5)
     pixels = torch.randn(BATCH, 3, 32, 32, generator=torch.Generator().manual_seed(9))
-    return RealModel("dinov2", _LastHiddenState(encoder, "pixel_values").eval(), (pixels,))
+    return RealModel("dinov2", LastHiddenState(encoder, "pixel_values").eval(), (pixels,))
 
 
 def convnext() -> RealModel:
@@ -282,7 +282,7 @@ def convnext() -> RealModel:
                 scale = module.layer_scale_parameter
                 scale.copy_(torch.rand(scale.shape, generator=generator) + 0.5)
     pixels = torch.randn(BATCH, 3, 32, 32, generator=torch.Generator().manual_seed(10))
-    return RealModel("convnext", _LastHiddenState(model, "pixel_values").eval(), (pixels,))
+    return RealModel("convnext", LastHiddenState(model, "pixel_values").eval(), (pixels,))
 
 
 def whisper_encoder() -> RealModel:
@@ -306,7 +306,7 @@ def whisper_encoder() -> RealModel:
     )
     frames = torch.randn(BATCH, 16, 2 * SEQUENCE, generator=torch.Generator().manual_seed(9))
     return RealModel(
-        "whisper_encoder", _LastHiddenState(encoder, "input_features").eval(), (frames,)
+        "whisper_encoder", LastHiddenState(encoder, "input_features").eval(), (frames,)
     )
 
 
@@ -325,7 +325,7 @@ def wav2vec2() -> RealModel:
     samples = torch.randn(
         BATCH, model_settings.WAV2VEC2_SAMPLES, generator=torch.Generator().manual_seed(10)
     )
-    return RealModel("wav2vec2", _LastHiddenState(encoder, "input_values").eval(), (samples,))
+    return RealModel("wav2vec2", LastHiddenState(encoder, "input_values").eval(), (samples,))
 
 
 def gpt_neox() -> RealModel:

@@ -8,18 +8,20 @@ architecture and its sizes, builds the model from a transformers config (or torc
 ``nn.TransformerEncoderLayer``) with random weights, and compares what
 :func:`tir_byoc.build_model` makes of it (``torch.export``, tir_byoc's Relax passes, the
 offload on the default backend, the default rules) with the eager model: rtol and atol 1e-4,
-as for the real models.
+as for the real models.  It also counts the GEMM FLOPs as ``tests/test_real_models.py`` does
+(torch's counter against the library calls of the offloaded module): all of them must be
+offloaded, at every size.  Encoders give their last hidden state, decoders their logits
+under a causal mask (the wrappers of ``tests/real_models.py``):
 
-- ``bert``: ``BertModel`` without the pooler, ``last_hidden_state``;
-- ``gpt2``: ``GPT2Model`` under a causal mask (its tanh gelu written in Python), its hidden
-  state;
-- ``llama``: ``LlamaModel`` under a causal mask, with 1 to all key/value heads (grouped-query
-  attention), its hidden state;
-- ``gpt_neox`` and ``falcon``: attention and MLP in parallel (Falcon's with one key/value
-  head, split from its fused projection by negative indices), under a causal mask;
-- ``vit``: ``ViTModel`` on images of 1 to 3 patches of 2 or 4 pixels a side (its patch
-  embedding a convolution served as a GEMM);
-- ``encoder``: ``nn.TransformerEncoderLayer``, relu or gelu, the norm first or last.
+- ``bert`` (without the pooler); ``deberta``: DeBERTa-v3's relative attention;
+  ``clip_text``: CLIP's text encoder (``quick_gelu``, its own causal mask);
+- ``gpt2`` (its tanh gelu written in Python); ``llama`` with 1 to all key/value heads
+  (grouped-query attention); ``gpt_neox`` and ``falcon``, attention and MLP in parallel
+  (Falcon's with one key/value head, split from its fused projection by negative indices);
+- ``vit`` on images of 1 to 3 patches of 2 or 4 pixels a side (its patch embedding a
+  convolution served as a GEMM); ``whisper``'s encoder on 3 or 16 mel bins (two padded
+  convolutions, the second of stride 2);
+- torch's ``nn.TransformerEncoderLayer``, relu or gelu, the norm first or last.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ import os
 # The models are built from configs; transformers must never reach for the hub.
 os.environ["HF_HUB_OFFLINE"] = "1"
 
+import model_settings  # tests/, on the path through its conftest.py
 import numpy as np
+import real_models  # tests/ too
 import torch
 import transformers
 from harness import profile
@@ -37,25 +41,22 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 import tir_byoc
-from tir_byoc.frontend import causal_mask
 
 VOCAB = 50
-ARCHITECTURES = ("bert", "gpt2", "llama", "gpt_neox", "falcon", "vit", "encoder")
-
-
-class _Hidden(torch.nn.Module):
-    """``forward(ids)`` -> a transformers model's last hidden state (under a causal mask, for
-    a decoder: transformers' own boolean mask is one TVM 0.27 cannot compile)."""
-
-    def __init__(self, model, sequence: int | None, argument: str = "input_ids"):
-        super().__init__()
-        self.model, self.argument = model, argument
-        self.register_buffer("mask", causal_mask(sequence) if sequence else None)
-
-    def forward(self, x):
-        if self.mask is None:
-            return self.model(**{self.argument: x}).last_hidden_state
-        return self.model(**{self.argument: x}, attention_mask=self.mask).last_hidden_state
+#: Special tokens inside the small vocabulary (transformers warns of its defaults, 50256...).
+_TOKENS_IN_VOCAB = dict(pad_token_id=0, bos_token_id=0, eos_token_id=0)
+ARCHITECTURES = (
+    "bert",
+    "deberta",
+    "clip_text",
+    "gpt2",
+    "llama",
+    "gpt_neox",
+    "falcon",
+    "vit",
+    "whisper",
+    "encoder",
+)
 
 
 @st.composite
@@ -63,8 +64,9 @@ def models(draw):
     """(architecture, {its sizes}): what :func:`_build` takes."""
     architecture = draw(st.sampled_from(ARCHITECTURES))
     heads = draw(st.integers(1, 4))
-    # GPT-NeoX rotates a quarter of each head: at least 2 of its dimensions.
-    head_dims = [8, 16] if architecture == "gpt_neox" else [2, 4, 6, 16]
+    # GPT-NeoX rotates a quarter of each head: at least 2 of its dimensions.  Whisper's
+    # sinusoidal positions divide by half its width less one: a width of 2 fails in torch.
+    head_dims = {"gpt_neox": [8, 16], "whisper": [4, 6, 16]}.get(architecture, [2, 4, 6, 16])
     sizes = {
         "batch": draw(st.integers(1, 2)),
         "sequence": draw(st.integers(1, 12)),
@@ -72,6 +74,8 @@ def models(draw):
         "head_dim": draw(st.sampled_from(head_dims)),
         "intermediate": draw(st.sampled_from([4, 12, 40])),
     }
+    if architecture == "whisper":
+        sizes["mel_bins"] = draw(st.sampled_from([3, 16]))
     if architecture == "vit":  # the sequence is the patches of the image, and its class token
         sizes["patch"] = draw(st.sampled_from([2, 4]))
         sizes["sequence"] = draw(st.integers(1, 3))  # patches along a side
@@ -86,7 +90,8 @@ def models(draw):
 
 
 def _build(architecture, batch, sequence, heads, head_dim, intermediate, **extra):
-    """(eager model, its input), random weights from torch's seed 0."""
+    """(eager model, its input), random weights from torch's seed 0: an encoder's last hidden
+    state, a decoder's logits under a causal mask (``tests/real_models.py``'s wrappers)."""
     hidden = heads * head_dim
     with torch.random.fork_rng():
         torch.manual_seed(0)
@@ -96,31 +101,63 @@ def _build(architecture, batch, sequence, heads, head_dim, intermediate, **extra
                 hidden, heads, intermediate, dropout=0.0, batch_first=True, **extra
             )
             return layer.eval(), torch.randn(batch, sequence, hidden)
-        common = dict(vocab_size=VOCAB, attn_implementation="eager")
+        common = dict(attn_implementation="eager")
+        layers = dict(num_hidden_layers=1, num_attention_heads=heads)
+        bert_like = dict(
+            hidden_size=hidden,
+            intermediate_size=intermediate,
+            vocab_size=VOCAB,
+            max_position_embeddings=16,
+            **layers,
+            **common,
+        )
         if architecture == "vit":
             side = extra["patch"] * sequence
             config = transformers.ViTConfig(
                 hidden_size=hidden,
-                num_hidden_layers=1,
-                num_attention_heads=heads,
                 intermediate_size=intermediate,
                 image_size=side,
                 patch_size=extra["patch"],
-                attn_implementation="eager",
-            )
-            model = transformers.ViTModel(config, add_pooling_layer=False).eval()
-            return _Hidden(model, None, "pixel_values").eval(), torch.randn(batch, 3, side, side)
-        if architecture == "bert":
-            config = transformers.BertConfig(
-                hidden_size=hidden,
-                num_hidden_layers=1,
-                num_attention_heads=heads,
-                intermediate_size=intermediate,
-                max_position_embeddings=16,
+                **layers,
                 **common,
             )
-            model = transformers.BertModel(config, add_pooling_layer=False)
-            return _Hidden(model.eval(), None).eval(), ids
+            model = transformers.ViTModel(config, add_pooling_layer=False)
+            pixels = torch.randn(batch, 3, side, side)
+            return real_models.LastHiddenState(model.eval(), "pixel_values").eval(), pixels
+        if architecture == "whisper":  # 2 * sequence frames, made sequence by its convolutions
+            from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+            config = transformers.WhisperConfig(
+                d_model=hidden,
+                encoder_layers=1,
+                encoder_attention_heads=heads,
+                encoder_ffn_dim=intermediate,
+                num_mel_bins=extra["mel_bins"],
+                max_source_positions=sequence,
+                vocab_size=VOCAB,
+                use_cache=False,
+                decoder_start_token_id=0,
+                **_TOKENS_IN_VOCAB,
+                **common,
+            )
+            frames = torch.randn(batch, extra["mel_bins"], 2 * sequence)
+            encoder = WhisperEncoder(config).eval()
+            return real_models.LastHiddenState(encoder, "input_features").eval(), frames
+        if architecture in ("bert", "deberta", "clip_text"):
+            if architecture == "bert":
+                model = transformers.BertModel(
+                    transformers.BertConfig(**bert_like), add_pooling_layer=False
+                )
+            elif architecture == "deberta":
+                config = transformers.DebertaV2Config(**bert_like, **model_settings.DEBERTA_V3)
+                model = transformers.DebertaV2Model(config)
+            else:
+                tokens = dict(pad_token_id=1, bos_token_id=0, eos_token_id=2)
+                model = transformers.CLIPTextModel(
+                    transformers.CLIPTextConfig(**bert_like, **tokens)
+                )
+            return real_models.LastHiddenState(model.eval()).eval(), ids
+        decoder = dict(use_cache=False, **_TOKENS_IN_VOCAB)
         if architecture == "gpt2":
             config = transformers.GPT2Config(
                 n_embd=hidden,
@@ -128,44 +165,24 @@ def _build(architecture, batch, sequence, heads, head_dim, intermediate, **extra
                 n_head=heads,
                 n_inner=intermediate,
                 n_positions=16,
-                use_cache=False,
+                vocab_size=VOCAB,
+                **decoder,
                 **common,
             )
-            model = transformers.GPT2Model(config)
+            model = transformers.GPT2LMHeadModel(config)
         elif architecture == "gpt_neox":
-            config = transformers.GPTNeoXConfig(
-                hidden_size=hidden,
-                num_hidden_layers=1,
-                num_attention_heads=heads,
-                intermediate_size=intermediate,
-                max_position_embeddings=16,
-                use_cache=False,
-                **common,
-            )
-            model = transformers.GPTNeoXModel(config)
+            config = transformers.GPTNeoXConfig(**bert_like, **decoder)
+            model = transformers.GPTNeoXForCausalLM(config)
         elif architecture == "falcon":
-            config = transformers.FalconConfig(
-                hidden_size=hidden,
-                num_hidden_layers=1,
-                num_attention_heads=heads,
-                ffn_hidden_size=intermediate,
-                use_cache=False,
-                **common,
-            )
-            model = transformers.FalconModel(config)
+            settings = {k: v for k, v in bert_like.items() if k != "intermediate_size"}
+            config = transformers.FalconConfig(**settings, ffn_hidden_size=intermediate, **decoder)
+            model = transformers.FalconForCausalLM(config)
         else:
             config = transformers.LlamaConfig(
-                hidden_size=hidden,
-                num_hidden_layers=1,
-                num_attention_heads=heads,
-                num_key_value_heads=extra["kv_heads"],
-                intermediate_size=intermediate,
-                max_position_embeddings=16,
-                use_cache=False,
-                **common,
+                **bert_like, num_key_value_heads=extra["kv_heads"], **decoder
             )
-            model = transformers.LlamaModel(config)
-        return _Hidden(model.eval(), sequence).eval(), ids
+            model = transformers.LlamaForCausalLM(config)
+        return real_models.CausalLogits(model.eval(), sequence).eval(), ids
 
 
 @profile(0.03, ci_share=0.03)
@@ -180,9 +197,13 @@ def test_a_real_model_of_any_size_computes_what_torch_computes(model):
     got = built(x).numpy()
     event(f"architecture {architecture}")
     event(f"PrimFuncs offloaded: {len(built.intrinsics)}")
-    for name in built.schedules:
-        if "matmul" in name and name not in built.intrinsics:
-            event(f"a product left to TVM: {name}")
-
-    assert built.intrinsics, f"nothing was offloaded; unscheduled: {dict(built.unscheduled)}"
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+    # Every GEMM FLOP torch counts is handed to a library, at every size.
+    real = real_models.RealModel(architecture, eager, (x,))
+    flops = sum(real_models.torch_gemm_flops(real).values())
+    offloaded = tir_byoc.offload(real_models.lower(real))
+    served = sum(call.flops for call in real_models.library_calls(offloaded))
+    assert served == flops, (
+        f"{served} of {flops} GEMM FLOPs offloaded: {real_models.refusals(offloaded)}"
+    )
