@@ -18,9 +18,10 @@ variable of the module (then the one build runs at two batch sizes):
   added either side (or none), and an activation or a scaling (or neither);
 - ``residual``: ``x + act(linear(x))``;
 - ``gated``: LLaMA's MLP, ``down(silu(gate(x)) * up(x))``;
-- ``attention``: q, k and v projections split into heads, ``q @ k^T`` through a transposed,
-  broadcast and reshaped k (scaled before or after), a causal mask or none, softmax, the
-  product by v, the heads merged and an output projection;
+- ``attention``: q, k and v projections split into heads (k and v into as many or fewer,
+  repeated as LLaMA repeats them), a rotary embedding of q and k or none, ``q @ k^T`` through
+  a transposed, broadcast and reshaped k (scaled before or after), a causal mask or none,
+  softmax, the product by v, the heads merged and an output projection;
 - ``split``: ``nn.MultiheadAttention``'s packed q/k/v projection, split by reshape,
   expand_dims, permute_dims, squeeze and take, then ``q * sigmoid(k) + v``;
 - ``norm``: a layer norm, an RMS norm, or LLaMA's RMS norm written out (power, mean, add,
@@ -80,6 +81,8 @@ def _layer(draw, width, names):
         heads = draw(st.sampled_from([h for h in range(1, width + 1) if width % h == 0]))
         return name, {
             "heads": heads,
+            "kv_heads": draw(st.sampled_from([h for h in range(1, heads + 1) if heads % h == 0])),
+            "rope": (width // heads) % 2 == 0 and draw(st.booleans()),
             "mask": draw(st.booleans()),
             "scale_k": draw(st.booleans()),
         }
@@ -185,18 +188,29 @@ class _Emitter:
         up = self.linear(x, width, hidden, None)
         return self.linear(self.emit(R.multiply(gate, up)), hidden, width, None)
 
-    def _attention(self, x, width, heads, mask, scale_k):
+    def _attention(self, x, width, heads, kv_heads, rope, mask, scale_k):
         b, s, depth = self.batch, self.sequence, width // heads
         scale = R.const(1 / math.sqrt(depth), "float32")
 
-        def split_heads(t):  # (B, S, E) -> (B, H, S, D)
-            return self.reshaped_permuted(t, (b, s, heads, depth), [0, 2, 1, 3])
+        def split_heads(t, count):  # (B, S, count * D) -> (B, count, S, D)
+            return self.reshaped_permuted(t, (b, s, count, depth), [0, 2, 1, 3])
+
+        def repeat_kv(t):  # LLaMA's: (B, kv, S, D) -> (B, H, S, D), each head heads/kv times
+            if kv_heads == heads:
+                return t
+            spread = self.emit(R.expand_dims(t, [2]))
+            spread = self.emit(R.broadcast_to(spread, (b, kv_heads, heads // kv_heads, s, depth)))
+            return self.emit(R.reshape(spread, (b, heads, s, depth)))
 
         def batched(t, rows, cols):  # (B, H, rows, cols) -> (B*H, rows, cols), as torch's bmm
             spread = self.emit(R.broadcast_to(t, (b, heads, rows, cols)))
             return self.emit(R.reshape(spread, (b * heads, rows, cols)))
 
-        q, k, v = (split_heads(self.linear(x, width, width)) for _ in range(3))
+        q = split_heads(self.linear(x, width, width), heads)
+        k, v = (split_heads(self.linear(x, width, kv_heads * depth), kv_heads) for _ in range(2))
+        if rope:
+            q, k = self.rotary(q, depth), self.rotary(k, depth)
+        k, v = repeat_kv(k), repeat_kv(v)
         k_t = self.emit(R.permute_dims(k, [0, 1, 3, 2]))
         if scale_k:
             k_t = self.emit(R.multiply(k_t, scale))
@@ -211,6 +225,17 @@ class _Emitter:
         mixed = self.emit(R.matmul(batched(probs, s, s), batched(v, s, depth)))
         mixed = self.reshaped_permuted(mixed, (b, heads, s, depth), [0, 2, 1, 3])
         return self.linear(self.emit(R.reshape(mixed, (b, s, width))), width, width)
+
+    def rotary(self, t, depth):
+        """LLaMA's rotary embedding of (B, H, S, D) heads: ``t * cos + rotate_half(t) * sin``."""
+        half = depth // 2
+        angles = np.arange(self.sequence)[:, None] * 0.5 ** np.arange(depth)[None, :]
+        low = self.emit(R.strided_slice(t, axes=[3], begin=[0], end=[half]))
+        high = self.emit(R.strided_slice(t, axes=[3], begin=[half], end=[depth]))
+        rotated = self.emit(R.concat([self.emit(R.negative(high)), low], axis=3))
+        cos = relax.const(np.cos(angles).astype("float32"))
+        sin = relax.const(np.sin(angles).astype("float32"))
+        return self.emit(R.add(self.emit(R.multiply(t, cos)), self.emit(R.multiply(rotated, sin))))
 
     def _split(self, x, width):
         b, s = self.batch, self.sequence
