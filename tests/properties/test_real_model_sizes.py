@@ -76,9 +76,9 @@ def models(draw):
     }
     if architecture == "whisper":
         sizes["mel_bins"] = draw(st.sampled_from([3, 16]))
-    if architecture == "vit":  # the sequence is the patches of the image, and its class token
+    if architecture == "vit":  # "sequence": the patches along a side of the image
         sizes["patch"] = draw(st.sampled_from([2, 4]))
-        sizes["sequence"] = draw(st.integers(1, 3))  # patches along a side
+        sizes["sequence"] = draw(st.integers(1, 3))
     if architecture == "llama":
         sizes["kv_heads"] = draw(
             st.sampled_from([h for h in range(1, heads + 1) if heads % h == 0])
