@@ -30,7 +30,11 @@ variable of the module (then the one build runs at two batch sizes):
 It is built by ``build_model`` on a drawn backend (every bundled one this machine has), and
 by ``tvm.compile`` alone, and the two results are compared: rtol 1e-4, and atol 1e-4 times
 the largest value (the library sums each product in its own order).  The first layer holds a
-product, and the build must offload at least one.
+product, and the build must offload at least one.  Most sizes are small; a width of 136 with 33
+or 65 tokens makes products of over 2**20 multiply-adds, which oneDNN and OpenBLAS share among
+their threads, and MKL among TVM's, in parts each with its own epilogue, when TVM's pool has
+more than one (``TVM_NUM_THREADS=2``: TVM's default is one per physical core, one on a
+2-vCPU x86 machine).
 """
 
 from __future__ import annotations
@@ -55,7 +59,12 @@ LAYERS = (*PRODUCT_LAYERS, "norm")
 ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "scale")
 #: The bundled backends this machine can build.
 BACKENDS = tuple(b for b in ("mkl", "onednn", "openblas", "ref") if unavailable(b) is None)
-_WIDTHS = (1, 3, 4, 8, 12, 16, 24)
+#: Widths, and token counts: the large ones make products of over 2**20 multiply-adds, which
+#: the libraries share among threads (see the module docstring).
+_WIDTHS = (1, 3, 4, 8, 12, 16, 24, 136)
+_SEQUENCES = st.one_of(st.integers(1, 9), st.sampled_from([33, 65]))
+#: The arguments of a layer that are widths.
+_SIZES = ("out", "hidden")
 
 
 @st.composite
@@ -101,7 +110,7 @@ def _width_after(name, args, width):
 @st.composite
 def programs(draw):
     """((B, S, E), [(layer name, its arguments), ...]) of one to three layers."""
-    shape = (draw(st.integers(1, 3)), draw(st.integers(1, 9)), draw(st.sampled_from(_WIDTHS)))
+    shape = (draw(st.integers(1, 3)), draw(_SEQUENCES), draw(st.sampled_from(_WIDTHS)))
     layers, width = [], shape[2]
     for position in range(draw(st.integers(1, 3))):
         layer = draw(_layer(width, PRODUCT_LAYERS if position == 0 else LAYERS))
@@ -308,6 +317,9 @@ def test_a_models_layers_offloaded_compute_what_tvm_alone_computes(
     event(f"layers {' '.join(name for name, _ in layers)}")
     event(f"backend {backend}, weights as {weights}s" + (", B symbolic" if symbolic_batch else ""))
     event(f"PrimFuncs offloaded: {len(built.intrinsics)}")
+    widths = [shape[2], *(v for _, args in layers for k, v in args.items() if k in _SIZES)]
+    if shape[0] * shape[1] * max(widths) ** 2 >= 2**20:
+        event("a product of 2**20 multiply-adds or more")
     for name in built.schedules:
         if "matmul" in name and name not in built.intrinsics:
             event(f"a product left to TVM: {name}")
