@@ -45,7 +45,9 @@ own there) and the other nodes: set beside tir_byoc's library time, it says whos
 faster where ORT wins.  Each cell also has its "GEMM floor": the model's GEMM FLOPs
 (torch's ``FlopCounterMode``) at the best fp32 GEMM rate torch reaches in the same process on
 the FFN's shapes; ``torch / floor`` is the most any fp32 build, whatever runs its GEMMs, could
-gain over torch eager unless its GEMMs ran faster than that.
+gain over torch eager unless its GEMMs ran faster than that.  Its "FMA bound" is the same
+FLOPs at the cores' own fp32 multiply-add peak (``fma_peak.c``, at the cell's thread count):
+``torch / FMA bound`` is the most any fp32 build computing these products could gain.
 
 libgomp reads its idle spin (``GOMP_SPINCOUNT``) once per process, and torch eager and tir_byoc
 want opposite ones at two threads or more (benchmarks/README.md, "libgomp's idle spin").  By
@@ -435,7 +437,7 @@ def child(args) -> list[dict]:
             }
             if hasattr(runs.get("onnxruntime"), "split"):
                 splits["onnxruntime"] = runs["onnxruntime"].split()
-            floor = _gemm_floor(model, x, args.budget)
+            floor = _gemm_floor(model, x, args.budget, args.threads)
             for name in args.columns:
                 ms = statistics.median(times[name]) if name in times else None
                 rows.append(
@@ -459,10 +461,11 @@ def child(args) -> list[dict]:
 PEAK_SHAPES = ((1024, 768, 3072), (1024, 3072, 768))
 
 
-def _gemm_floor(model, x, budget: float) -> dict:
-    """``model``'s GEMM GFLOP on ``x`` (``gemm_gflop``) and the best fp32 GEMM rate torch
+def _gemm_floor(model, x, budget: float, threads: int = 1) -> dict:
+    """``model``'s GEMM GFLOP on ``x`` (``gemm_gflop``), the best fp32 GEMM rate torch
     reaches here on :data:`PEAK_SHAPES` (``peak_gflops``), measured now, at this process's
-    threads; :func:`_ratios` makes a cell's floor of them (its children may measure several).
+    threads, and the cores' multiply-add peak at ``threads`` (``fma_gflops``, :func:`_fma_peak`);
+    :func:`_ratios` makes a cell's floor and FMA bound of them (its children may measure several).
 
     The models use eager attention, so every FLOP ``FlopCounterMode`` counts is a GEMM's (or a
     convolution's, the GEMM of its im2col).  ``nn.TransformerEncoder`` is counted in training
@@ -490,7 +493,23 @@ def _gemm_floor(model, x, budget: float) -> dict:
             a, w = torch.randn(m, k), torch.randn(n, k)
             ms = _median_ms(lambda a=a, w=w: torch.nn.functional.linear(a, w), budget)
             peak = max(peak, 2 * m * k * n / ms / 1e6)
-    return {"gemm_gflop": gflop, "peak_gflops": peak}
+    return {"gemm_gflop": gflop, "peak_gflops": peak, "fma_gflops": _fma_peak(threads)}
+
+
+def _fma_peak(threads: int) -> float:
+    """The fp32 multiply-add peak of ``threads`` cores in GFLOP/s, measured now by
+    ``fma_peak.c`` (compiled for this CPU on first use, kept beside the results)."""
+    from tir_byoc import toolchain
+
+    source = HERE / "fma_peak.c"
+    binary = RESULTS.parent / "bin" / "fma_peak"
+    if not binary.exists() or binary.stat().st_mtime < source.stat().st_mtime:
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        compiler = toolchain.c_compiler().path
+        flags = ["-O2", "-march=native", "-ffp-contract=fast", "-pthread"]
+        subprocess.run([compiler, *flags, str(source), "-o", str(binary)], check=True)
+    done = subprocess.run([str(binary), str(threads)], capture_output=True, text=True, check=True)
+    return float(done.stdout)
 
 
 def _split(built, x) -> dict:
@@ -604,6 +623,7 @@ def _ratios(rows: list[dict]) -> None:
         ]
         peak, gflop = max(peaks) if peaks else (None, None)
         floor = gflop / peak * 1e3 if peaks else None
+        fma = max((row.get("fma_gflops") or 0 for row in cell.values()), default=0)
         for row in cell.values():
             row["torch/this"] = eager / row["ms"] if eager and row["ms"] else None
             if eager and row.get("library_ms"):
@@ -611,11 +631,15 @@ def _ratios(rows: list[dict]) -> None:
             if floor:
                 row["floor_ms"] = floor
                 row["torch/floor"] = eager / floor if eager else None
+            if fma and gflop:
+                row["fma_ms"] = gflop / fma * 1e3
+                row["torch/fma"] = eager / row["fma_ms"] if eager else None
 
 
 def _table(rows: list[dict], columns: list[str]) -> str:
     split = "tir_byoc" in columns and any(row.get("library_ms") for row in rows)
     floors = any(row.get("floor_ms") for row in rows)
+    fma = any(row.get("fma_ms") for row in rows)
     ort_split = any(row.get("ort_gemm_ms") for row in rows)
     header = "| model | batch | threads | " + " | ".join(columns) + " | torch / tir_byoc |"
     if split:
@@ -624,7 +648,9 @@ def _table(rows: list[dict], columns: list[str]) -> str:
         header += " ONNX Runtime: GEMM nodes + other nodes |"
     if floors:
         header += " GEMM floor | torch / floor |"
-    width = len(columns) + 4 + 2 * split + ort_split + 2 * floors
+    if fma:
+        header += " FMA bound | torch / FMA bound |"
+    width = len(columns) + 4 + 2 * split + ort_split + 2 * floors + 2 * fma
     lines = [header, "|" + " --- |" * width]
     cells = {}
     for row in rows:
@@ -662,6 +688,11 @@ def _table(rows: list[dict], columns: list[str]) -> str:
             row = next((r for r in cell.values() if r.get("floor_ms")), {})
             bound = row.get("torch/floor")
             values.append(f"{row['floor_ms']:.1f}" if row else "-")
+            values.append(f"{bound:.2f}" if bound else "-")
+        if fma:
+            row = next((r for r in cell.values() if r.get("fma_ms")), {})
+            bound = row.get("torch/fma")
+            values.append(f"{row['fma_ms']:.1f}" if row else "-")
             values.append(f"{bound:.2f}" if bound else "-")
         lines.append(f"| {model} | {batch} | {threads} | " + " | ".join(values) + " |")
     return "\n".join(lines)
@@ -768,7 +799,7 @@ def _time_children(args, threads: int) -> list[tuple[list[str], str]]:
 
 #: Row fields :func:`_merge` takes the median of, over the children that timed a column.
 MEDIAN_FIELDS = ("ms", "library_ms", "tvm_ms", "ort_gemm_ms", "ort_rest_ms", "gemm_gflop")
-MEDIAN_FIELDS += ("peak_gflops",)
+MEDIAN_FIELDS += ("peak_gflops", "fma_gflops")
 
 
 def _merge(rows: list[dict]) -> list[dict]:
@@ -887,7 +918,8 @@ def main(argv=None) -> int:
         fields = ["model", "batch", "threads", "column", "ms", "torch/this", "peak_mb"]
         fields += ["deployed_mb", "library_ms", "tvm_ms", "torch/library"]
         fields += ["ort_gemm_ms", "ort_rest_ms"]
-        fields += ["gemm_gflop", "peak_gflops", "floor_ms", "torch/floor", "processes"]
+        fields += ["gemm_gflop", "peak_gflops", "floor_ms", "torch/floor"]
+        fields += ["fma_gflops", "fma_ms", "torch/fma", "processes"]
         fields += ["tuning", "note"]
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()

@@ -118,6 +118,9 @@ def test_the_gemm_floor_counts_a_models_gemm_flops_at_the_measured_peak(models):
     row = {"model": "mlp", "batch": 8, "threads": 1, "column": "torch", "ms": 1.0, **floor}
     models._ratios([row])
     assert row["floor_ms"] == pytest.approx(floor["gemm_gflop"] / floor["peak_gflops"] * 1e3)
+    assert floor["fma_gflops"] > 0
+    assert row["fma_ms"] == pytest.approx(floor["gemm_gflop"] / floor["fma_gflops"] * 1e3)
+    assert row["torch/fma"] == pytest.approx(1.0 / row["fma_ms"])
 
 
 def test_the_table_takes_the_cells_floor_at_its_best_peak(models):
@@ -130,6 +133,18 @@ def test_the_table_takes_the_cells_floor_at_its_best_peak(models):
     table = models._table(rows, ["torch", "tir_byoc"])
     assert table.splitlines()[0].endswith("| GEMM floor | torch / floor |")
     assert table.splitlines()[-1] == "| bert | 1 | 2 | 30.0 | 25.0 | 1.20 | 10.0 | 3.00 |"
+
+
+def test_the_table_takes_the_cells_fma_bound_at_its_best_multiply_add_peak(models):
+    cell = {"model": "bert", "batch": 8, "threads": 1, "note": "", "gemm_gflop": 6.0}
+    rows = [
+        {**cell, "column": "torch", "ms": 60.0, "peak_gflops": 100.0, "fma_gflops": 120.0},
+        {**cell, "column": "tir_byoc", "ms": 50.0, "peak_gflops": 90.0, "fma_gflops": 150.0},
+    ]
+    models._ratios(rows)
+    table = models._table(rows, ["torch", "tir_byoc"])
+    assert table.splitlines()[0].endswith("| FMA bound | torch / FMA bound |")
+    assert table.splitlines()[-1].endswith("| 60.0 | 1.00 | 40.0 | 1.50 |")
 
 
 def test_a_tuned_column_tunes_once_then_builds_its_cached_database(models, monkeypatch, tmp_path):
