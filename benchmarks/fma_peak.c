@@ -46,7 +46,12 @@ static double seconds(long iterations, int threads) {
   pthread_t ids[threads];
   struct timespec start, end;
   clock_gettime(CLOCK_MONOTONIC, &start);
-  for (int t = 0; t < threads; t++) pthread_create(&ids[t], NULL, run_chains, &iterations);
+  for (int t = 0; t < threads; t++) {
+    if (pthread_create(&ids[t], NULL, run_chains, &iterations) != 0) {
+      fprintf(stderr, "fma_peak: could not start thread %d of %d\n", t + 1, threads);
+      exit(1);
+    }
+  }
   for (int t = 0; t < threads; t++) pthread_join(ids[t], NULL);
   clock_gettime(CLOCK_MONOTONIC, &end);
   return (double)(end.tv_sec - start.tv_sec) + 1e-9 * (double)(end.tv_nsec - start.tv_nsec);
