@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tvm
 from byoc_testing import POINTS, lowered, pointwise_func, run_pointwise, vector_loads
-from tvm import te, tirx
+from tvm import te, tirx, topi
 
 from tir_byoc import schedules
 from tir_byoc.model import host_target
@@ -89,6 +89,17 @@ def test_every_float32_exp_is_replaced_and_other_dtypes_are_left():
     w = te.compute((64,), lambda i: x[i] + 1.0, name="w")
     plain = te.create_prim_func([x, w])
     assert vector_math.expand(plain).same_as(plain)
+
+
+def test_calls_whose_type_is_a_pointer_are_passed_over():
+    """A sort's packed call and its array handles have no dtype; the exp beside them is still
+    written out (``torch.median`` lowers to such a function)."""
+    x = te.placeholder((8,), "float32", name="x")
+    ordered = topi.sort(x)
+    y = te.compute((8,), lambda i: tirx.exp(ordered[i]), name="y")
+    expanded = vector_math.expand(te.create_prim_func([x, y]))
+    text = expanded.script()
+    assert "T.exp(" not in text and "tvm.contrib.sort.sort" in text
 
 
 def test_the_default_schedule_writes_exp_out_only_where_the_target_rounds_in_vectors():

@@ -35,7 +35,7 @@ def expand(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
     def on_call(call, mutator):
         call = mutator.default_mutate(call)
-        if str(call.ty.dtype) != "float32" or not isinstance(call.op, tvm.ir.Op):
+        if not isinstance(call.op, tvm.ir.Op) or not is_float32(call):
             return call
         expression = _WRITTEN_OUT.get(call.op.name)
         if expression is None:
@@ -45,3 +45,9 @@ def expand(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
     body = tvm_ffi.structural_mutate(func.body, [(tvm.ir.Call, on_call)])
     return func.with_body(body) if found else func
+
+
+def is_float32(expr: tirx.PrimExpr) -> bool:
+    """Whether ``expr`` is a float32 scalar; False for handles and other pointers (a sort's
+    workspace, a packed call), whose type has no dtype."""
+    return isinstance(expr.ty, tvm.ir.PrimType) and str(expr.ty.dtype) == "float32"
