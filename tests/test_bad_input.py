@@ -32,6 +32,19 @@ def test_a_function_without_sblocks_and_without_a_gemm_is_left_alone():
     assert tir_byoc.offload(plain_loops_without_a_gemm).same_as(plain_loops_without_a_gemm)
 
 
+@T.prim_func
+def uint32_loop(A: T.Buffer((128,), "float32")):  # from TVM's own parser tests
+    for i in range(T.uint32(128)):
+        A[i] = T.float32(1.0)
+
+
+def test_a_loop_over_uint32_is_left_alone():
+    # The nest was lifted into a block with an IterVar over uint32, which TVM refuses.
+    assert tir_byoc.scan(uint32_loop) == []
+    assert tir_byoc.explain(uint32_loop) == []
+    assert tir_byoc.offload(uint32_loop).same_as(uint32_loop)
+
+
 @T.prim_func(s_tir=True)
 def row_sum(A: T.Buffer((4, 8), "float32"), S: T.Buffer((4,), "float32")):
     for i, k in T.grid(4, 8):

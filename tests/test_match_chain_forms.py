@@ -26,6 +26,7 @@ from tir_byoc.match import RELU_KEEPS_NAN, RELU_NAN_TO_ZERO
 from tir_byoc.patterns import describe
 from tir_byoc.patterns import pattern as pattern_of
 from tir_byoc.registry import Intrinsic, Registry
+from tir_byoc.testing.loop_dtypes import retype_loops
 from tir_byoc.testing.strategies import lower_to_plain_loops
 
 pytestmark = pytest.mark.usefixtures("reference_backend")
@@ -452,6 +453,89 @@ def test_plain_loops_that_do_not_compute_the_pattern_are_left_alone():
     assert rejection.blocks == ("Y",) and "i runs over 0..2 of 4" in rejection.reason
     for func in (plain_with_a_wrong_guard, plain_partial_rows):
         tvm.ir.assert_structural_equal(tir_byoc.offload(func), func)
+
+
+@T.prim_func
+def plain_over_int64_loops(
+    X: T.Buffer((4, 8), "float32"), W: T.Buffer((8, 6), "float32"), Y: T.Buffer((4, 6), "float32")
+):
+    for i, j, k in T.grid(T.int64(4), T.int64(6), T.int64(8)):
+        if k == T.int64(0):
+            Y[i, j] = T.float32(0)
+        Y[i, j] = Y[i, j] + X[i, k] * W[k, j]
+
+
+@T.prim_func
+def plain_over_uint32_loops(
+    X: T.Buffer((4, 8), "float32"), W: T.Buffer((8, 6), "float32"), Y: T.Buffer((4, 6), "float32")
+):
+    for i, j, k in T.grid(T.uint32(4), T.uint32(6), T.uint32(8)):
+        if k == T.uint32(0):
+            Y[i, j] = T.float32(0)
+        Y[i, j] = Y[i, j] + X[i, k] * W[k, j]
+
+
+def test_plain_loops_over_int64_match_buffers_of_int32_shape():
+    match = only_match(plain_over_int64_loops)
+    assert match.pattern == "matmul" and match.shape == ("4", "6", "8")
+    assert_equivalent(plain_over_int64_loops, expect_calls={"ref.matmul": 1})
+
+
+def test_plain_loops_over_uint32_are_refused_with_a_reason():
+    assert tir_byoc.scan(plain_over_uint32_loops) == []
+    (rejection,) = tir_byoc.explain(plain_over_uint32_loops)
+    assert rejection.blocks == ("Y",)
+    assert rejection.reason == (
+        "loop i runs over uint32; the matcher reads int32 and int64 loops only"
+    )
+    assert tir_byoc.offload(plain_over_uint32_loops).same_as(plain_over_uint32_loops)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int16", "uint8", "uint16", "uint64"])
+def test_plain_loops_over_narrow_or_unsigned_dtypes_are_refused(dtype):
+    func = retype_loops(plain_over_int64_loops, dtype, picked=0b001)  # k only (innermost)
+    assert tir_byoc.scan(func) == []
+    assert reasons(func) == [
+        f"loop k runs over {dtype}; the matcher reads int32 and int64 loops only"
+    ]
+
+
+@T.prim_func(s_tir=True)
+def blocks_over_int8_loops(
+    X: T.Buffer((4, 8), "float32"), W: T.Buffer((6, 8), "float32"), Y: T.Buffer((4, 6), "float32")
+):
+    for i, j, k in T.grid(T.int8(4), T.int8(6), T.int8(8)):
+        with T.sblock("dense"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                Y[vi, vj] = T.float32(0)
+            Y[vi, vj] = Y[vi, vj] + X[vi, vk] * W[vj, vk]
+
+
+def test_a_block_over_int8_loops_is_refused_with_a_reason():
+    assert tir_byoc.scan(blocks_over_int8_loops) == []
+    assert reasons(blocks_over_int8_loops) == [
+        "loop i runs over int8; the matcher reads int32 and int64 loops only"
+    ]
+
+
+@T.prim_func
+def plain_relu_over_uint32_loops(
+    X: T.Buffer((4, 8), "float32"), W: T.Buffer((6, 8), "float32"), Z: T.Buffer((4, 6), "float32")
+):
+    Y = T.alloc_buffer((4, 6))
+    for i, j, k in T.grid(4, 6, 8):
+        if k == 0:
+            Y[i, j] = T.float32(0)
+        Y[i, j] = Y[i, j] + X[i, k] * W[j, k]
+    for i, j in T.grid(T.uint32(4), T.uint32(6)):
+        Z[i, j] = T.max(Y[i, j], T.float32(0))
+
+
+def test_an_epilogue_over_uint32_loops_stays_tvm_code_after_the_gemm():
+    match = only_match(plain_relu_over_uint32_loops)
+    assert match.pattern == "dense" and match.blocks == ("Y",)
+    assert_equivalent(plain_relu_over_uint32_loops, expect_calls={"ref.dense": 1})
 
 
 # --------------------------------------------------------------------------------------

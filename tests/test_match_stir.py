@@ -45,6 +45,16 @@ def plain_loops(
         Y[i, j] = Y[i, j] + X[i, k] * W[j, k]
 
 
+@T.prim_func
+def plain_loops_over_uint32(
+    X: T.Buffer((4, 3), "float32"), W: T.Buffer((5, 3), "float32"), Y: T.Buffer((4, 5), "float32")
+):
+    for i, j, k in T.grid(T.uint32(4), T.uint32(5), T.uint32(3)):
+        if k == T.uint32(0):
+            Y[i, j] = T.float32(0)
+        Y[i, j] = Y[i, j] + X[i, k] * W[j, k]
+
+
 def _functions():
     mlp = [f for _, f in lowered_mlp().functions_items() if isinstance(f, tirx.PrimFunc)]
     return [*mlp, describe("batch_dense_bias_gelu"), read_only_in_a_region, plain_loops]
@@ -98,3 +108,13 @@ def test_extents_read_a_buffer_shape_once_and_the_same_each_time():
     first = extents.shape(X)
     assert [int(d) for d in first] == [4, 3]
     assert extents.shape(read_only_in_a_region.params[0]) is first
+
+
+def test_a_nest_over_uint32_loops_is_unread_and_its_buffers_used_by_other_code():
+    index = FunctionIndex(plain_loops_over_uint32)
+    assert index.nests == []
+    (unread,) = index.unread
+    assert unread.name == "Y" and unread.reduces
+    assert unread.reason == "loop i runs over uint32; the matcher reads int32 and int64 loops only"
+    for buffer in plain_loops_over_uint32.params:
+        assert index.other_users(buffer) == ["other code"]

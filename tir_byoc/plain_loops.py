@@ -14,14 +14,44 @@ the same analysis as S-TIR: one iterator per loop, bound to the loop's variable,
 the loop variable indexes the store and a reduction otherwise, and the ``if k == 0`` store as
 the block's init.  The lifted block is only read, never inserted: the matcher keeps the
 original loop nest as the statement a rewrite replaces.
+
+Only loops over int32 or int64 (:data:`LOOP_DTYPES`) are lifted; a nest of the same form
+with a loop over another integer type (TVMScript takes ``range(T.uint32(128))``) is an
+:class:`Unread` nest, which says why.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from tvm import ir, s_tir, tirx
 
 _DATA_PAR = 0
 _COMM_REDUCE = 2
+
+#: The dtypes of the loop variables (and block iterators) the matcher reads: TE and TVM's
+#: lowering give int32, Relax int64.  TVM's IterVar takes no unsigned type, and nothing
+#: proves that a narrow or unsigned loop's arithmetic (its wrap-around) is the kernel's: when
+#: unsure, a nest is not rewritten.
+LOOP_DTYPES = ("int32", "int64")
+
+
+def loop_dtype_refusal(var, what: str = "loop") -> str | None:
+    """Why a loop (or an iterator: ``what``) over ``var`` is not read, or None."""
+    dtype = str(var.ty.dtype)
+    if dtype in LOOP_DTYPES:
+        return None
+    return f"{what} {var.name} runs over {dtype}; the matcher reads int32 and int64 {what}s only"
+
+
+class Unread(NamedTuple):
+    """A loop nest of the form :func:`lift_nest` reads, but with a loop it does not read."""
+
+    name: str  # the name its block would have had
+    loops: tuple
+    update: tirx.BufferStore
+    reduces: bool  # some loop variable does not index the store: a reduction
+    reason: str
 
 
 def perfect_loops(stmt):
@@ -86,7 +116,7 @@ def _indexes(store, var) -> bool:
 
 
 def lift_nest(stmt, taken: set[str]):
-    """The SBlock a plain loop nest denotes: ``(loops, SBlockRealize)``, or None.
+    """The SBlock a plain loop nest denotes: ``(loops, SBlockRealize)``, an Unread, or None.
 
     Parameters
     ----------
@@ -98,11 +128,12 @@ def lift_nest(stmt, taken: set[str]):
 
     Returns
     -------
-    tuple or None
+    tuple, Unread or None
         The loops and a realize of the lifted block, whose iterator variables are the loop
-        variables themselves; None when ``stmt`` is not a loop nest around one store,
-        optionally with an init (``if k == 0: init`` before the store, or the init before
-        the loops over k).
+        variables themselves; an :class:`Unread` (named as the block would be) when a loop
+        runs over another dtype than int32 or int64; None when ``stmt`` is not a loop nest
+        around one store, optionally with an init (``if k == 0: init`` before the store, or
+        the init before the loops over k).
     """
     loops, body = perfect_loops(stmt)
     if not loops:
@@ -116,6 +147,11 @@ def lift_nest(stmt, taken: set[str]):
         suffix += 1
         name = f"{update.buffer.name}_{suffix}"
     taken.add(name)
+    reasons = (loop_dtype_refusal(loop.loop_var) for loop in loops)
+    reason = next((r for r in reasons if r is not None), None)
+    if reason is not None:
+        reduces = not all(_indexes(update, loop.loop_var) for loop in loops)
+        return Unread(name, loops, update, reduces, reason)
     iter_vars = [
         tirx.IterVar(
             ir.Range.from_min_extent(loop.min, loop.extent),
@@ -129,4 +165,4 @@ def lift_nest(stmt, taken: set[str]):
     return loops, realize
 
 
-__all__ = ["lift_nest", "perfect_loops"]
+__all__ = ["LOOP_DTYPES", "Unread", "lift_nest", "loop_dtype_refusal", "perfect_loops"]

@@ -1,7 +1,8 @@
 """Explanations for candidates the chain search never reaches.
 
 :func:`stranded_epilogues` names the elementwise blocks downstream of a refused reduction;
-:func:`unreadable_candidates` names multiply-reduce blocks whose body is not one store.
+:func:`unreadable_candidates` names multiply-reduce blocks whose body is not one store, and
+:func:`unread_loop_nests` multiply-reduce loop nests over loops the matcher does not read.
 Called by :mod:`.scan`.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from .records import Rejection
-from .reduction import looks_like_gemm
+from .reduction import looks_like_gemm, multiplies_elements
 from .stir import FunctionIndex, is_spatial
 from .traversal import contains
 
@@ -61,3 +62,13 @@ def unreadable_candidates(index: FunctionIndex, func_name: str) -> list[Rejectio
         )
         rejections.append(Rejection(func_name, (block.name_hint,), "dense", reason))
     return rejections
+
+
+def unread_loop_nests(index: FunctionIndex, func_name: str) -> list[Rejection]:
+    """Multiply-reduce nests of plain loops with a loop over another dtype than int32 or
+    int64 (a ``range(T.uint32(M))``): not lifted into blocks, so never analysed."""
+    return [
+        Rejection(func_name, (nest.name,), "dense", nest.reason)
+        for nest in index.unread
+        if nest.reduces and multiplies_elements(nest.update)
+    ]

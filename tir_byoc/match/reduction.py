@@ -97,8 +97,13 @@ def looks_like_gemm(block) -> bool:
     """
     if not any(iv.iter_type == COMM_REDUCE for iv in elements(block.iter_vars)):
         return False
+    return multiplies_elements(block.body)
+
+
+def multiplies_elements(stmt) -> bool:
+    """Whether ``stmt`` multiplies two buffer elements (through casts)."""
     products = []
-    walk(block.body, tirx.Mul, products.append)
+    walk(stmt, tirx.Mul, products.append)
     return any(is_element(product.a) and is_element(product.b) for product in products)
 
 

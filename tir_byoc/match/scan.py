@@ -10,7 +10,7 @@ from __future__ import annotations
 from tvm import tirx
 
 from .chain import extend_chain, separate_init
-from .explain import stranded_epilogues, unreadable_candidates
+from .explain import stranded_epilogues, unread_loop_nests, unreadable_candidates
 from .records import FunctionScan, Refused, Rejection
 from .reduction import analyze_reduction, looks_like_gemm
 from .stir import Extents, FunctionIndex
@@ -52,4 +52,5 @@ def scan_function(name: str, func: tirx.PrimFunc) -> FunctionScan:
         rejections.extend(refused)
     rejections += [r for position, r in stranded if position not in covered]
     rejections += unreadable_candidates(index, name)
+    rejections += unread_loop_nests(index, name)
     return FunctionScan(name, tuple(matches), tuple(rejections))

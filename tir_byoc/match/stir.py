@@ -19,7 +19,7 @@ import tvm
 from tvm import ir, s_tir, sym, tirx
 from tvm.tirx.layout import TileLayout
 
-from ..plain_loops import lift_nest, perfect_loops
+from ..plain_loops import Unread, lift_nest, loop_dtype_refusal, perfect_loops
 from .exprs import (
     CONSTANT_TYPES,
     const_value,
@@ -216,7 +216,9 @@ class FunctionIndex:
     """One pass over a PrimFunc: its leaf nests, allocations, views and buffer uses.
 
     In a function without SBlocks (plain loops, as TVM's lowering leaves them), each perfect
-    loop nest around one store is read as the SBlock it denotes (:mod:`tir_byoc.plain_loops`).
+    loop nest around one store is read as the SBlock it denotes (:mod:`tir_byoc.plain_loops`);
+    one with a loop over another dtype than int32 or int64 is kept in :attr:`unread`, and
+    counts as other code.
 
     The buffer uses (:attr:`owners`, :attr:`uses`) are found on the first question about
     them: a function with no GEMM candidate never asks, and finding them reads the whole
@@ -229,6 +231,7 @@ class FunctionIndex:
         self.views = BufferSet()  # buffers declared over another's storage
         self.nests: list[Nest] = []
         self.inner_blocks: list[s_tir.SBlock] = []  # blocks that are not single-store leaves
+        self.unread: list[Unread] = []  # plain loop nests over loops the matcher does not read
         self.sequences: dict[int, list[tirx.Stmt]] = {}
         # (node, owner, walked): the uses to count, in program order; a node not walked is
         # a buffer used once.
@@ -245,6 +248,10 @@ class FunctionIndex:
         nest = unwrap_nest(stmt)
         if nest is None and self._lifted_names is not None:
             nest = lift_nest(stmt, self._lifted_names)
+            if isinstance(nest, Unread):
+                self.unread.append(nest)
+                self._noted.append((stmt, -1, True))  # other code, read whole
+                return
         if nest is not None:
             loops, realize = nest
             position = len(self.nests)
@@ -370,12 +377,23 @@ class FunctionIndex:
         return self._positions.get((nest.seq, before)) if before >= 0 else None
 
 
+def check_loop_dtype(var, what: str) -> None:
+    """The loop (or iterator) over ``var`` runs over int32 or int64."""
+    reason = loop_dtype_refusal(var, what)
+    if reason is not None:
+        raise Refused(reason)
+
+
 def check_binding(nest: Nest, extents: Extents) -> None:
     """Each block iterator is one loop of the nest, running over the iterator's whole domain."""
     block, realize = nest.block, nest.realize
     if const_value(realize.predicate) != 1:
         raise Refused(f"block {block.name_hint} has a predicate, so it skips part of its domain")
     iterators = nest.iterators
+    for loop in nest.loops:
+        check_loop_dtype(loop.loop_var, "loop")
+    for iterator in iterators:
+        check_loop_dtype(iterator.var, "iterator")
     if len(nest.loops) != len(iterators):
         raise Refused(
             f"block {block.name_hint} has {len(iterators)} iterators but "

@@ -23,4 +23,7 @@ inputs
     (one array per parameter of a PrimFunc, symbolic extents from ``sizes``).
 script
     :func:`to_tvmscript`: a PrimFunc as TVMScript that parses back, also with symbolic shapes.
+loop_dtypes
+    :func:`retype_loops`: a function of plain loops with some loops over another integer
+    dtype (``uint32``, ``int8``, ...), as TVMScript allows.
 """
