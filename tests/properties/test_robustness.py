@@ -4,7 +4,9 @@ A refusal is a value with a reason: a Rejection (falsy, with a non-empty reason 
 printable form), or a Match without an intrinsic whose reason says why (a chain cut to the
 prefix a backend serves has both: the intrinsic of the prefix, and why not the whole).  A
 near miss that is not offloaded whole is explained by a Rejection naming one of its blocks,
-in the words its mutation names (``Mutation.refusal``) where it names them.
+in the words its mutation names (``Mutation.refusal``) where it names them.  Plain loops are
+drawn over every integer dtype a loop can have (``range(T.uint32(M))``), not only the int32
+and int64 TVM's lowering gives.
 """
 
 from harness import PROPERTY_REGISTRY, profile, reported
@@ -13,6 +15,7 @@ from hypothesis import given
 import tir_byoc
 from tir_byoc.registry import REGISTRY
 from tir_byoc.testing import strategies
+from tir_byoc.testing.loop_dtypes import LOOP_DTYPES
 from tir_byoc.testing.programs import MUTATIONS
 
 #: Mutations that leave no candidate at all: without a product the reduction is not a GEMM.
@@ -20,7 +23,7 @@ _NOT_A_CANDIDATE = {"reduce_sum_not_product"}
 
 
 @profile(1.0)
-@given(strategies.all_programs())
+@given(strategies.all_programs(loop_dtypes=LOOP_DTYPES))
 def test_scan_explain_and_offload_return_values_with_reasons(program):
     with reported(program):
         rejections = tir_byoc.explain(program.func)

@@ -39,6 +39,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from ..epilogues import SLOTS
+from .loop_dtypes import retype_loops
 from .programs import (
     BATCH_AXES,
     DISTRACTORS,
@@ -437,25 +438,33 @@ def lower_to_plain_loops(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
 
 @st.composite
-def lowered_programs(draw, **options) -> Program:
+def lowered_programs(draw, loop_dtypes: Sequence[str] = (), **options) -> Program:
     """A positive, near miss or scheduled positive after TVM's lowering: plain loops.
 
+    With ``loop_dtypes`` (a subset of :data:`~.loop_dtypes.LOOP_DTYPES`), half the functions
+    have some or all of their loops turned into loops over one of them
+    (:func:`~.loop_dtypes.retype_loops`), as TVMScript writes ``range(T.uint32(128))``.
     The result's ``chains`` is empty (the lowered nests have no block names to expect); use
     these for the properties that need no labels, as :func:`scheduled_programs`.
     """
     sources = (programs(**options), mutants(**options), scheduled_programs(**options))
     program = draw(st.one_of(*sources))
     func = lower_to_plain_loops(program.func).with_attr("global_symbol", program.spec.name)
+    if loop_dtypes and draw(st.booleans()):
+        dtype = draw(st.sampled_from(tuple(loop_dtypes)))
+        picked = draw(st.one_of(st.just(-1), st.integers(1, 2**16 - 1)))  # -1: every loop
+        func = retype_loops(func, dtype, picked)
     return Program(program.spec, func, (), program.bindings)
 
 
-def all_programs(**options) -> st.SearchStrategy[Program]:
-    """Positives, near misses, scheduled positives, and all of them lowered to plain loops."""
+def all_programs(loop_dtypes: Sequence[str] = (), **options) -> st.SearchStrategy[Program]:
+    """Positives, near misses, scheduled positives, and all of them lowered to plain loops
+    (over ``loop_dtypes`` too: see :func:`lowered_programs`)."""
     return st.one_of(
         programs(**options),
         mutants(**options),
         scheduled_programs(**options),
-        lowered_programs(**options),
+        lowered_programs(loop_dtypes, **options),
     )
 
 
