@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,7 @@ from .relax_rows import FuseIntoRows
 from .relax_split import SliceSplits
 from .relax_transpose import UntransposeBatchMatmuls
 from .rewrite import calls_in_parallel_loops, intrinsic_calls
+from .tensors import from_tvm, kept_outputs, to_tvm
 
 logger = logging.getLogger("tir_byoc")
 
@@ -71,6 +73,8 @@ LOWERING = (
 #: How a PrimFunc of a built model runs (:attr:`Model.schedules`): it calls an intrinsic, a
 #: default rule scheduled it (dlight's or :mod:`tir_byoc.schedules`'), or it runs as TVM wrote it.
 OFFLOADED, DLIGHT, UNSCHEDULED = "tir_byoc", "dlight", "unscheduled"
+
+_VM_CREATION = threading.Lock()
 
 
 def _is_relax(func) -> bool:
@@ -382,7 +386,9 @@ class Model:
         )
         self._output_spec = output_spec
         self._tir_signature = tir_signature
-        self._vm = None
+        self._per_thread = threading.local()  # each calling thread's Relax VM
+        # Outputs that may share memory with what the model keeps (copied for torch).
+        self._kept_outputs = kept_outputs(module[entry]) if tir_signature is None else frozenset()
 
     @property
     def is_relax(self) -> bool:
@@ -401,35 +407,49 @@ class Model:
     # -- running ---------------------------------------------------------------------------
 
     def vm(self) -> relax.VirtualMachine:
-        """The Relax VM this model runs on (created once)."""
+        """The calling thread's Relax VM (created on its first call).
+
+        A Relax VM keeps the registers of the call it is running, so two threads calling one
+        VM overwrite each other's values.  Each thread gets its own VM over the shared
+        executable instead: the compiled code, the constants and packed weights are shared,
+        only the registers (and the storage each VM allocates) are per thread.
+        """
         if not self.is_relax:
             raise ValueError("tir_byoc.Model: expected a Relax model for vm(), got a TIR one")
-        if self._vm is None:
-            self._vm = relax.VirtualMachine(self.executable, tvm.cpu())
-        return self._vm
+        vm = getattr(self._per_thread, "vm", None)
+        if vm is None:
+            with _VM_CREATION:  # loading (and jitting) an executable once at a time
+                vm = relax.VirtualMachine(self.executable, tvm.cpu())
+            self._per_thread.vm = vm
+        return vm
 
     def arguments(self, inputs) -> list:
         """``inputs`` (NumPy arrays or torch tensors) as TVM tensors, checked against the entry.
 
-        A TIR model takes every buffer parameter, or only those its entry does not write: the
-        others are then allocated, zero-filled.  Either way :meth:`__call__` returns the
-        written ones.
+        Torch tensors and NumPy arrays are passed without a copy where TVM can read them as
+        they lie (:mod:`tir_byoc.tensors`).  A TIR model takes every buffer parameter, or only
+        those its entry does not write: the others are then allocated, zero-filled.  Either
+        way :meth:`__call__` returns the written ones, in memory of their own: a buffer the
+        entry writes is always copied from what the caller gave.
         """
-        arrays = [_as_numpy(x, i) for i, x in enumerate(inputs)]
-        expected = self._expected_inputs(len(arrays))
-        if len(arrays) != len(expected):
+        expected = self._expected_inputs(len(inputs))
+        if len(inputs) != len(expected):
             raise ValueError(
                 f"tir_byoc.Model: {self.entry} expected {len(expected)} inputs "
-                f"({', '.join(name for name, _, _ in expected)}), got {len(arrays)}"
+                f"({', '.join(name for name, _, _ in expected)}), got {len(inputs)}"
             )
-        for i, (array, (name, shape, dtype)) in enumerate(zip(arrays, expected, strict=True)):
-            if not _conforms(array, shape, dtype):
+        written = () if self.is_relax else self._tir_signature.written
+        tensors = [
+            to_tvm(value, i, copy=name in written)
+            for i, (value, (name, _, _)) in enumerate(zip(inputs, expected, strict=True))
+        ]
+        for i, (tensor, (name, shape, dtype)) in enumerate(zip(tensors, expected, strict=True)):
+            if not _conforms(tuple(tensor.shape), str(tensor.dtype), shape, dtype):
                 raise ValueError(
                     f"tir_byoc.Model: input {i} ({name}) expected shape {_shape_text(shape)} "
-                    f"{dtype}, got {tuple(array.shape)} {array.dtype}"
+                    f"{dtype}, got {tuple(tensor.shape)} {tensor.dtype}"
                 )
-        tensors = [tvm.runtime.tensor(a, tvm.cpu()) for a in arrays]
-        if not self.is_relax and len(arrays) < len(self._tir_signature.params):
+        if not self.is_relax and len(tensors) < len(self._tir_signature.params):
             tensors = self._with_outputs(tensors)
         return tensors
 
@@ -443,14 +463,15 @@ class Model:
         return outputs[0] if len(outputs) == 1 else outputs
 
     def __call__(self, *inputs):
-        """Run the model; outputs are NumPy arrays, or torch tensors if any input was one."""
-        result = _to_numpy(self.run(self.arguments(inputs)))
-        as_torch = any(frontend.is_torch_tensor(x) for x in inputs)
-        if as_torch:
-            import torch
+        """Run the model; outputs are NumPy arrays, or torch tensors if any input was one.
 
-            result = _map_arrays(result, torch.from_numpy)
-        return self._structured(result)
+        Torch outputs share the memory TVM wrote them to (DLPack, no copy), except those that
+        may share memory the model keeps (a constant it returns), which are copied.  Calls from
+        several threads at once are safe: each thread runs its own VM.
+        """
+        as_torch = any(frontend.is_torch_tensor(x) for x in inputs)
+        result = self.run(self.arguments(inputs))
+        return self._structured(from_tvm(result, as_torch, self._kept_outputs))
 
     def _structured(self, result):
         if self._output_spec is None:
@@ -539,41 +560,14 @@ def _shape_text(shape) -> str:
     return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
 
 
-def _conforms(array: np.ndarray, shape, dtype: str) -> bool:
-    if str(array.dtype) != dtype:
+def _conforms(shape: tuple, dtype: str, expected_shape, expected_dtype: str) -> bool:
+    if dtype != expected_dtype:
         return False
-    if shape is None:
+    if expected_shape is None:
         return True
-    return array.ndim == len(shape) and all(
-        d is None or d == n for d, n in zip(shape, array.shape, strict=True)
+    return len(shape) == len(expected_shape) and all(
+        d is None or d == n for d, n in zip(expected_shape, shape, strict=True)
     )
-
-
-def _as_numpy(value, index: int) -> np.ndarray:
-    if frontend.is_torch_tensor(value):
-        return np.ascontiguousarray(value.detach().cpu().numpy())
-    if isinstance(value, np.ndarray):
-        return np.ascontiguousarray(value)
-    if isinstance(value, tvm.runtime.Tensor):
-        return value.numpy()
-    raise ValueError(
-        f"tir_byoc.Model: expected input {index} as a NumPy array or a torch tensor, "
-        f"got {type(value).__name__}"
-    )
-
-
-def _to_numpy(result):
-    if isinstance(result, tvm.runtime.Tensor):
-        return result.numpy()
-    if isinstance(result, tuple | list | tvm_ffi.Array):
-        return tuple(_to_numpy(r) for r in result)
-    return result
-
-
-def _map_arrays(result, convert):
-    if isinstance(result, tuple):
-        return tuple(_map_arrays(r, convert) for r in result)
-    return convert(result) if isinstance(result, np.ndarray) else result
 
 
 __all__ = [
