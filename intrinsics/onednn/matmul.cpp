@@ -179,6 +179,7 @@ struct KeyHash {
 struct Entry {
   dnnl::matmul primitive;
   dnnl::memory::desc src, weights, bias, dst;
+  dnnl::memory::desc scratchpad;  // the caller's: see Scratchpad
   Fusion fusion;
   dnnl::memory::desc operand[TIR_BYOC_MAX_OPS];  // second operand of each binary post-op
   std::string implementation;                    // oneDNN's name for the kernel it chose
@@ -263,12 +264,14 @@ std::shared_ptr<const Entry> Create(const Key &key, const Dtypes &dtypes) {
     }
     dnnl::primitive_attr attr;
     attr.set_post_ops(ops);
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     try {
       dnnl::matmul::primitive_desc desc(Engine(), entry.src, entry.weights, entry.bias,
                                         entry.dst, attr);
       entry.implementation = desc.impl_info_str();
       if (entry.fusion.count > 0 && entry.implementation.rfind("ref", 0) == 0) continue;
       if (key.packed) entry.weights = desc.weights_desc();
+      entry.scratchpad = desc.scratchpad_desc();
       if (entry.fusion.guarded >= entry.fusion.count) entry.fusion.guarded = -1;
       entry.primitive = dnnl::matmul(desc);
       entry.id = next_entry_id++;
@@ -356,9 +359,9 @@ PrimitiveCache &Cache() {
 /* The memory objects of one entry's arguments, created once per thread and re-pointed at the
  * caller's buffers on each call, so a call allocates nothing. */
 struct BoundArgs {
-  dnnl::memory src, weights, bias, dst;
+  dnnl::memory src, weights, bias, dst, scratchpad;
   dnnl::memory operand[TIR_BYOC_MAX_OPS];  // of the binary post-ops
-  dnnl_exec_arg_t args[4 + TIR_BYOC_MAX_OPS];
+  dnnl_exec_arg_t args[5 + TIR_BYOC_MAX_OPS];
   int count = 0;
 
   explicit BoundArgs(const Entry &entry) {
@@ -378,8 +381,35 @@ struct BoundArgs {
       operand[i] = dnnl::memory(entry.operand[i], engine, DNNL_MEMORY_NONE);
       args[count++] = {DNNL_ARG_ATTR_MULTIPLE_POST_OP(i) | DNNL_ARG_SRC_1, operand[i].get()};
     }
+    if (entry.scratchpad.get_size() > 0) {
+      scratchpad = dnnl::memory(entry.scratchpad, engine, DNNL_MEMORY_NONE);
+      args[count++] = {DNNL_ARG_SCRATCHPAD, scratchpad.get()};
+    }
   }
 };
+
+/* This thread's scratchpad, at least `bytes` long; NULL if memory ran out.  oneDNN's own
+ * ("library") scratchpad is shared by every primitive of the process unless oneDNN was built
+ * with DNNL_ENABLE_CONCURRENT_EXEC, and the PyPI build was not: two threads running
+ * primitives at once (a served model called from a pool of threads) overwrote each other's
+ * partial sums.  Each primitive is created with a user scratchpad instead, and every call of
+ * a thread uses this one buffer, as a thread runs one primitive at a time. */
+void *Scratchpad(size_t bytes) {
+  struct Buffer {
+    void *data = nullptr;
+    size_t size = 0;
+    ~Buffer() { std::free(data); }
+  };
+  thread_local Buffer buffer;
+  if (bytes > buffer.size) {
+    const size_t size = (bytes + 63) / 64 * 64;
+    void *grown = std::aligned_alloc(64, size);
+    if (grown == nullptr) return nullptr;
+    std::free(buffer.data);
+    buffer.data = grown, buffer.size = size;
+  }
+  return buffer.data;
+}
 
 /* This thread's BoundArgs by entry id; cleared when it outgrows the primitive cache (entries
  * evicted there leave stale ids here). */
@@ -403,6 +433,12 @@ int32_t Execute(const Entry &entry, const void *x, const void *w, const void *bi
   BoundArgs &bound = Bind(entry, Cache().Capacity());
   bool pointed = Point(bound.src, x) && Point(bound.weights, w) && Point(bound.dst, y);
   if (entry.fusion.bias) pointed = pointed && Point(bound.bias, bias);
+  const size_t scratchpad_bytes = entry.scratchpad.get_size();
+  if (scratchpad_bytes > 0) {
+    void *scratchpad = Scratchpad(scratchpad_bytes);
+    if (scratchpad == nullptr) return TIR_BYOC_EBACKEND;  // out of memory
+    pointed = pointed && Point(bound.scratchpad, scratchpad);
+  }
   for (int i = 0; i < entry.fusion.count; ++i)
     if (entry.fusion.post[i].operand != PostOp::kEltwise)
       pointed = pointed && Point(bound.operand[i], operands[i]);
