@@ -81,7 +81,7 @@ class _Linear(torch.nn.Module):
 
 
 def _failing_import(message):
-    def from_exported_program(_exported):
+    def from_exported_program(_exported, **_options):
         raise ValueError(message)
 
     return from_exported_program

@@ -48,3 +48,61 @@ def test_a_median_is_built_and_gives_torch_values(median):
     exp/erf expansion raised on them (``'PointerType' object has no attribute 'dtype'``)."""
     x = torch.randn(5, 7, generator=GENERATOR)
     _assert_as_torch(Lambda(median), x)
+
+
+@pytest.mark.parametrize(
+    "activation",
+    [
+        torch.nn.SELU(),
+        Lambda(torch.nn.functional.selu),
+        torch.nn.ELU(alpha=0.5),
+        torch.nn.CELU(alpha=0.7),
+        Lambda(lambda x: torch.ops.aten.elu(x, 1.2, 0.8, 1.5)),
+    ],
+    ids=["nn.SELU", "F.selu", "ELU(0.5)", "CELU(0.7)", "aten.elu with both scales"],
+)
+def test_elu_and_its_scaled_forms_give_torch_values(activation):
+    """SELU reaches TVM as ``aten.elu(x, alpha, scale)``; TVM 0.27 dropped the scale."""
+    x = torch.randn(4, 33, generator=GENERATOR) * 3
+    _assert_as_torch(activation, x)
+
+
+def _grid_sample(mode, padding_mode, align_corners):
+    return Lambda(
+        lambda x, grid: torch.nn.functional.grid_sample(
+            x, grid, mode=mode, padding_mode=padding_mode, align_corners=align_corners
+        )
+    )
+
+
+def _grid():
+    """A lattice of quarter steps over [-2, 2] (pixel centres, edges and the ties of
+    ``nearest``) whose first rows are random points in [-4, 4] (padded, and reflected more
+    than once)."""
+    steps = torch.arange(-8, 9, dtype=torch.float32) / 4
+    y, x = torch.meshgrid(steps, steps, indexing="ij")
+    grid = torch.stack([x, y], -1).expand(2, -1, -1, -1).clone()
+    grid[:, :4] = torch.rand(2, 4, 17, 2, generator=GENERATOR) * 8 - 4
+    return grid
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+def test_grid_sample_gives_torch_values_in_every_mode(mode, padding_mode, align_corners):
+    """TVM 0.27 read torch's (N, H, W, 2) grid as (N, 2, H, W)."""
+    x = torch.randn(2, 3, 5, 7, generator=GENERATOR)
+    _assert_as_torch(_grid_sample(mode, padding_mode, align_corners), x, _grid(), atol=1e-5)
+
+
+def test_grid_sample_reflecting_an_axis_of_one_with_aligned_corners_is_refused():
+    x = torch.randn(1, 2, 1, 6, generator=GENERATOR)
+    grid = torch.rand(1, 3, 4, 2, generator=GENERATOR) * 2 - 1
+    with pytest.raises(tir_byoc.UnsupportedModel) as refused:
+        tir_byoc.build_model(_grid_sample("bilinear", "reflection", True).eval(), (x, grid))
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "padding_mode='reflection' and align_corners=True" in message
+    assert "use align_corners=False or padding_mode='border'" in message
+    # On the other side of the same input, the same reflection builds.
+    _assert_as_torch(_grid_sample("bilinear", "reflection", False), x, grid, atol=1e-5)

@@ -10,15 +10,18 @@ avoids it.  None has an exact workaround tir_byoc could apply without changing t
 each is reported as :class:`UnsupportedModel`, one line saying what to change, with the
 original error as its ``__cause__``.
 
-Two problems raise nothing and give wrong values, and both have exact workarounds, applied
-on every model: a negative index (:mod:`tir_byoc.relax_indices`, in the lowering) and a true
-division of integer tensors, which TVM 0.27 imports as an integer division (``i / 4`` with i
-an int64 tensor gives ``trunc(i / 4)`` cast to float).  :func:`divide_in_float` casts the
-integer operands of such a division to its result's dtype in the exported graph, before the
-import: torch computes it that way (both operands in the result's dtype, then divided), so
-the values are torch's.  A third such problem has no exact workaround here and is refused
-before the import, in one line (:func:`misread_indexing`): index tensors on several axes with
-a ``:`` among them, which TVM 0.27 takes as an outer product of the indices.
+Some problems raise nothing and give wrong values.  Those with exact workarounds have them
+applied on every model: a negative index (:mod:`tir_byoc.relax_indices`, in the lowering); a
+true division of integer tensors, which TVM 0.27 imports as an integer division (``i / 4``
+with i an int64 tensor gives ``trunc(i / 4)`` cast to float): :func:`divide_in_float` casts
+the integer operands of such a division to its result's dtype in the exported graph, before
+the import, as torch computes it (both operands in the result's dtype, then divided); and
+two operators whose TVM converters misread them, imported by the converters of
+:mod:`tir_byoc.frontend_ops` instead: ``aten.elu``, whose ``scale`` TVM dropped (``nn.SELU``,
+which torch decomposes into a scaled elu, was 5 % off), and ``aten.grid_sampler_2d``, whose
+``(N, H, W, 2)`` grid TVM read as ``(N, 2, H, W)``.  A problem with no exact workaround here
+is refused before the import, in one line (:func:`misread_indexing`): index tensors on several
+axes with a ``:`` among them, which TVM 0.27 takes as an outer product of the indices.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from dataclasses import dataclass
 import tvm
 import tvm_ffi
 from tvm import tirx
+
+from .frontend_ops import CONVERTERS
 
 
 class UnsupportedModel(ValueError):
@@ -253,7 +258,7 @@ def import_torch(model, example_inputs):
         raise UnsupportedModel(f"tir_byoc.build_model: {refused[0]}")
     ops = {str(node.target) for node in exported.graph.nodes if node.op == "call_function"}
     try:
-        mod = from_exported_program(exported)
+        mod = from_exported_program(exported, custom_convert_map=CONVERTERS)
     except Exception as error:
         _fail("import", error, graph_ops=ops)
     return mod, exported.call_spec.out_spec
