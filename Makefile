@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test install clean bench bench-matcher bench-threads bench-bridge bench-models \
-	bench-epilogue bench-zoo
+	bench-epilogue bench-zoo bench-serving
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,11 @@ bench-threads: $(STAMP)
 # The C epilogue alone (one op over a GEMM output) against torch eager's op, at 1 and 2 threads.
 bench-epilogue: $(STAMP)
 	$(BIN)/python benchmarks/epilogue.py $(BENCH_ARGS)
+
+# A model served from a pool of threads: 2 callers x 1 thread against 1 caller x 2 threads;
+# BENCH_ARGS=--overhead times a small model's per-call overhead instead.
+bench-serving: $(BENCH_STAMP)
+	$(BIN)/python benchmarks/serving.py $(BENCH_ARGS)
 
 # 28 transformers architectures through build_model: agreement, GEMM FLOPs offloaded, gaps.
 bench-zoo: $(STAMP)

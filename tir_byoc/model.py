@@ -386,7 +386,8 @@ class Model:
         )
         self._output_spec = output_spec
         self._tir_signature = tir_signature
-        self._per_thread = threading.local()  # each calling thread's Relax VM
+        self._per_thread = threading.local()  # each calling thread's Relax VM and entry
+        self._expected: dict[int, tuple] = {}  # _expected_inputs, by the number given
         # Outputs that may share memory with what the model keeps (copied for torch).
         self._kept_outputs = kept_outputs(module[entry]) if tir_signature is None else frozenset()
 
@@ -456,7 +457,10 @@ class Model:
     def run(self, tensors):
         """Run the entry on TVM tensors (from :meth:`arguments`); returns what TVM returns."""
         if self.is_relax:
-            return self.vm()[self.entry](*tensors)
+            entry = getattr(self._per_thread, "entry", None)
+            if entry is None:
+                entry = self._per_thread.entry = self.vm()[self.entry]
+            return entry(*tensors)
         self.executable[self.entry](*tensors)
         signature = self._tir_signature
         outputs = tuple(tensors[signature.params.index(name)] for name in signature.written)
@@ -483,16 +487,24 @@ class Model:
             return result
         return _pytree.tree_unflatten(leaves, self._output_spec)
 
-    def _expected_inputs(self, given: int) -> list[tuple[str, tuple, str]]:
+    def _expected_inputs(self, given: int) -> tuple[tuple[str, tuple, str], ...]:
+        """(name, shape, dtype) of each input a call of ``given`` inputs takes; read from the
+        entry once per count (reading the IR costs more than the rest of a small call)."""
+        expected = self._expected.get(given)
+        if expected is not None:
+            return expected
         func = self.module[self.entry]
         if self.is_relax:
-            return [(p.name, _relax_shape(p.ty), str(p.ty.dtype)) for p in func.params]
-        signature = self._tir_signature
-        return [
-            (p.name, tuple(_static(e) for e in p.ty.shape), str(p.ty.dtype))
-            for p in func.params
-            if given == len(signature.params) or p.name not in signature.written
-        ]
+            expected = tuple((p.name, _relax_shape(p.ty), str(p.ty.dtype)) for p in func.params)
+        else:
+            signature = self._tir_signature
+            expected = tuple(
+                (p.name, tuple(_static(e) for e in p.ty.shape), str(p.ty.dtype))
+                for p in func.params
+                if given == len(signature.params) or p.name not in signature.written
+            )
+        self._expected[given] = expected
+        return expected
 
     def _with_outputs(self, tensors):
         signature = self._tir_signature
