@@ -25,7 +25,7 @@ def test_each_known_problem_is_recognised_by_its_stage_and_symptom(problem):
     error = RuntimeError(f"something failed: {problem.symptom} (details)")
     ops = [f"aten.{problem.requires_op}.default"] if problem.requires_op else []
     advice = frontend.diagnose(problem.stage, error, graph_ops=ops)
-    assert advice == problem.advice.format(functions="?")
+    assert advice == problem.advice.format(functions="?", arithmetic="?")
     other_stage = next(s for s in frontend.STAGES if s != problem.stage)
     assert frontend.diagnose(other_stage, error, graph_ops=ops) is None
     assert frontend.diagnose(problem.stage, RuntimeError("unrelated"), graph_ops=ops) is None
@@ -45,21 +45,22 @@ def test_a_problem_names_a_known_stage():
         frontend.FrontendProblem("run", "x", "y")
 
 
-def _compare(dtype: str) -> tvm.IRModule:
-    """``main(a, b) = a == b`` on (2, 1, 16, 1) and (2, 1, 1, 16) tensors of ``dtype``."""
+def _binary(operation, dtype: str) -> tvm.IRModule:
+    """``main(a, b) = operation(a, b)`` on (2, 1, 16, 1) and (2, 1, 1, 16) tensors of
+    ``dtype``."""
     builder = relax.BlockBuilder()
     a = relax.Var("a", relax.TensorType((2, 1, 16, 1), dtype))
     b = relax.Var("b", relax.TensorType((2, 1, 1, 16), dtype))
     with builder.function("main", [a, b]):
         with builder.dataflow():
-            out = builder.emit_output(builder.emit(relax.op.equal(a, b)))
+            out = builder.emit_output(builder.emit(operation(a, b)))
         builder.emit_func_output(out)
     return builder.get()
 
 
 def test_comparing_booleans_is_reported_with_the_function_and_what_to_change():
     with pytest.raises(tir_byoc.UnsupportedModel) as error:
-        tir_byoc.build_model(_compare("bool"))
+        tir_byoc.build_model(_binary(relax.op.equal, "bool"))
     message = str(error.value)
     assert "\n" not in message
     assert "cannot compile comparisons of booleans (equal)" in message
@@ -67,7 +68,30 @@ def test_comparing_booleans_is_reported_with_the_function_and_what_to_change():
     assert "Invalid operand types for FCmp instruction)" in message
     assert "fcmp oeq i1" in str(error.value.__cause__)
     # The same comparison on floats builds.
-    assert tir_byoc.build_model(_compare("float32")).schedules == {"equal": "dlight"}
+    assert tir_byoc.build_model(_binary(relax.op.equal, "float32")).schedules == {"equal": "dlight"}
+    # An order of booleans fails another check, and is named as well.
+    with pytest.raises(tir_byoc.UnsupportedModel, match=r"comparisons of booleans \(less\)"):
+        tir_byoc.build_model(_binary(relax.op.less, "bool"))
+
+
+@pytest.mark.parametrize(
+    ("operation", "word"),
+    [(relax.op.add, "addition"), (relax.op.multiply, "multiplication")],
+    ids=["add", "multiply"],
+)
+def test_arithmetic_on_booleans_is_reported_as_what_it_is(operation, word):
+    """Not as a comparison, and without the attention-mask advice (a torch model's boolean
+    arithmetic is written as logic before it gets here: tests/test_frontend_ops.py)."""
+    name = operation.__name__
+    with pytest.raises(tir_byoc.UnsupportedModel) as error:
+        tir_byoc.build_model(_binary(operation, "bool"))
+    message = str(error.value)
+    assert "\n" not in message
+    assert f"cannot compile arithmetic on booleans ({word} in {name}): write it as logic" in (
+        message
+    )
+    assert "comparison" not in message and "attention" not in message
+    assert "MatchesCode(DLDataTypeCode::kDLFloat)" in message
 
 
 class _Attention(torch.nn.Module):

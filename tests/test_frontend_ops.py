@@ -106,3 +106,24 @@ def test_grid_sample_reflecting_an_axis_of_one_with_aligned_corners_is_refused()
     assert "use align_corners=False or padding_mode='border'" in message
     # On the other side of the same input, the same reflection builds.
     _assert_as_torch(_grid_sample("bilinear", "reflection", False), x, grid, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "arithmetic",
+    [
+        lambda a, b: a + b,
+        lambda a, b: a * b,
+        torch.maximum,
+        torch.minimum,
+        lambda a, b: a[:1] + b[:, :1],
+        lambda a, b: (a + True, False * b),
+        lambda a, b: torch.add(a, b, alpha=True),
+        lambda a, b: (a + b).sum() + a * b.float(),
+    ],
+    ids=["a + b", "a * b", "maximum", "minimum", "broadcast", "scalars", "alpha", "mixed"],
+)
+def test_arithmetic_on_booleans_gives_torch_logic(arithmetic):
+    """TVM 0.27 compiles ``+`` on bools as a float addition and fails; torch means or by it."""
+    a = torch.rand(3, 4, generator=GENERATOR) > 0.5
+    b = torch.rand(3, 4, generator=GENERATOR) > 0.5
+    _assert_as_torch(Lambda(arithmetic), a, b, rtol=0, atol=0)

@@ -8,7 +8,12 @@ The frontend problems seen with TVM 0.27 and transformers are data, :data:`KNOWN
 each names the stage where it shows, the text of the error it raises and the change that
 avoids it.  None has an exact workaround tir_byoc could apply without changing the model, so
 each is reported as :class:`UnsupportedModel`, one line saying what to change, with the
-original error as its ``__cause__``.
+original error as its ``__cause__``.  Among them, TVM 0.27's LLVM code generator takes bool
+for a float type and cannot compile comparisons or arithmetic on booleans: the message names
+which (:func:`boolean_operations`) and the functions that perform them.  A torch model's
+arithmetic on bool tensors, which torch computes as logic (``a + b`` is ``a or b``), is
+written as that logic after the import (:func:`tir_byoc.frontend_ops.boolean_logic`) and
+builds; comparisons of booleans are refused.
 
 Some problems raise nothing and give wrong values.  Those with exact workarounds have them
 applied on every model: a negative index (:mod:`tir_byoc.relax_indices`, in the lowering); a
@@ -33,7 +38,7 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-from .frontend_ops import CONVERTERS
+from .frontend_ops import CONVERTERS, boolean_logic
 
 
 class UnsupportedModel(ValueError):
@@ -54,10 +59,12 @@ class FrontendProblem:
         Text the error's message contains.
     advice : str
         What the user should change, one sentence; ``{functions}`` is replaced by the
-        PrimFuncs that compare booleans (for the compile-stage mask problem).
+        PrimFuncs that compare booleans (for the compile-stage mask problem), ``{arithmetic}``
+        by the arithmetic on booleans and where it is (``"addition in add"``).
     requires_op : str or None
         The problem applies only if the exported graph calls an operator whose name contains
-        this (``None``: always).
+        this; at the compile stage, the module's operations on booleans count as operators
+        too (see :func:`diagnose`).  ``None``: always.
     """
 
     stage: str
@@ -77,12 +84,18 @@ _USE_CACHE = (
     "cannot take: pass use_cache=False (in its config or to forward)"
 )
 
-# TVM 0.27 emits == on booleans as a float compare; LLVM rejects it ("fcmp oeq i1", or a check
-# in CodeGenLLVM).  transformers builds its causal mask that way.
+# TVM 0.27's LLVM code generator takes bool for a float type: it emits == on booleans as a
+# float compare, which LLVM rejects ("fcmp oeq i1"), and fails a check on <, +, *, max ...
+# transformers builds its causal mask from such comparisons.
 _BOOLEAN_COMPARE = (
     "TVM 0.27 cannot compile comparisons of booleans ({functions}); if they build an attention "
     "mask (transformers' causal mask does), pass a prepared additive float attention_mask (0 "
     "where attended, torch.finfo(dtype).min elsewhere) so that the model does not build one"
+)
+_BOOLEAN_ARITHMETIC = (
+    "TVM 0.27 cannot compile arithmetic on booleans ({arithmetic}): write it as logic "
+    "(logical_or for an addition or a maximum, logical_and for a multiplication or a minimum) "
+    "or cast the booleans to an integer dtype first"
 )
 
 #: Known frontend problems, first match wins.
@@ -96,8 +109,24 @@ KNOWN_PROBLEMS = (
         "with attn_implementation='eager'",
         requires_op="scaled_dot_product_attention",
     ),
-    FrontendProblem("compile", "MatchesCode(DLDataTypeCode::kDLFloat)", _BOOLEAN_COMPARE),
-    FrontendProblem("compile", "Invalid operand types for FCmp", _BOOLEAN_COMPARE),
+    FrontendProblem(
+        "compile",
+        "Invalid operand types for FCmp",
+        _BOOLEAN_COMPARE,
+        requires_op="boolean comparison",
+    ),
+    FrontendProblem(
+        "compile",
+        "MatchesCode(DLDataTypeCode::kDLFloat)",
+        _BOOLEAN_ARITHMETIC,
+        requires_op="boolean arithmetic",
+    ),
+    FrontendProblem(
+        "compile",
+        "MatchesCode(DLDataTypeCode::kDLFloat)",
+        _BOOLEAN_COMPARE,
+        requires_op="boolean comparison",
+    ),
 )
 
 
@@ -113,38 +142,68 @@ def diagnose(stage: str, error: BaseException, *, graph_ops=(), module=None) -> 
     graph_ops : iterable of str
         Operators the exported graph calls (for :attr:`FrontendProblem.requires_op`).
     module : tvm.IRModule, optional
-        The module being compiled (names the functions that compare booleans).
+        The module being compiled: its operations on booleans (:func:`boolean_operations`)
+        count as operators ``"boolean comparison"`` and ``"boolean arithmetic (addition)"``
+        ..., and the advice names the functions that perform them.
     """
     if stage not in STAGES:
         raise ValueError(f"expected a stage in {STAGES}, got {stage!r}")
     text = str(error)
-    ops = list(graph_ops)
+    operations = boolean_operations(module) if module is not None else {}
+    ops = [*graph_ops, *(_operator_name(word) for word in operations)]
     for problem in KNOWN_PROBLEMS:
         if problem.stage != stage or problem.symptom not in text:
             continue
         if problem.requires_op and not any(problem.requires_op in op for op in ops):
             continue
-        functions = ", ".join(boolean_comparisons(module)) if module is not None else "?"
-        return problem.advice.format(functions=functions or "?")
+        arithmetic = "; ".join(
+            f"{word} in {', '.join(functions)}"
+            for word, functions in operations.items()
+            if word != "comparison"
+        )
+        return problem.advice.format(
+            functions=", ".join(operations.get("comparison", ())) or "?",
+            arithmetic=arithmetic or "?",
+        )
     return None
 
 
+#: Operations on booleans that TVM 0.27's LLVM code generator cannot compile, by TIR node, as
+#: :func:`boolean_operations` names them.
+BOOLEAN_OPERATIONS = {
+    **dict.fromkeys((tirx.EQ, tirx.NE, tirx.LT, tirx.LE, tirx.GT, tirx.GE), "comparison"),
+    tirx.Add: "addition",
+    tirx.Sub: "subtraction",
+    tirx.Mul: "multiplication",
+    tirx.Max: "maximum",
+    tirx.Min: "minimum",
+}
+
+
+def _operator_name(word: str) -> str:
+    return "boolean comparison" if word == "comparison" else f"boolean arithmetic ({word})"
+
+
+def boolean_operations(mod: tvm.IRModule) -> dict[str, list[str]]:
+    """The :data:`BOOLEAN_OPERATIONS` the PrimFuncs of ``mod`` perform on bool operands: each
+    operation's name (``"comparison"``, ``"addition"`` ...) with the functions, sorted."""
+    found: dict[str, set[str]] = {}
+    for gvar, func in mod.functions_items():
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+
+        def on_operation(node, name=gvar.name_hint):
+            ty = node.a.ty
+            if isinstance(ty, tvm.ir.PrimType) and str(ty.dtype).startswith("bool"):
+                found.setdefault(BOOLEAN_OPERATIONS[type(node)], set()).add(name)
+
+        tvm_ffi.structural_walk(func.body, (tuple(BOOLEAN_OPERATIONS), on_operation))
+    return {word: sorted(found[word]) for word in sorted(found)}
+
+
 def boolean_comparisons(mod: tvm.IRModule) -> list[str]:
-    """PrimFuncs of ``mod`` that compare booleans (``==`` or ``!=`` on bool operands)."""
-
-    def compares_bool(func) -> bool:
-        found = []
-        tvm_ffi.structural_walk(
-            func.body,
-            ((tirx.EQ, tirx.NE), lambda c: found.append(str(c.a.ty.dtype) == "bool")),
-        )
-        return any(found)
-
-    return sorted(
-        gvar.name_hint
-        for gvar, func in mod.functions_items()
-        if isinstance(func, tirx.PrimFunc) and compares_bool(func)
-    )
+    """PrimFuncs of ``mod`` that compare booleans (``==``, ``<`` ... on bool operands)."""
+    return boolean_operations(mod).get("comparison", [])
 
 
 def causal_mask(sequence: int, dtype=None):
@@ -261,7 +320,7 @@ def import_torch(model, example_inputs):
         mod = from_exported_program(exported, custom_convert_map=CONVERTERS)
     except Exception as error:
         _fail("import", error, graph_ops=ops)
-    return mod, exported.call_spec.out_spec
+    return boolean_logic(mod), exported.call_spec.out_spec
 
 
 def divide_in_float(exported) -> int:

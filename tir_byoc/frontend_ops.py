@@ -1,9 +1,10 @@
 """ATen operators that TVM 0.27's torch frontend imports with other values than torch's,
 imported as torch computes them.
 
-Entry point: :data:`CONVERTERS`, converters that take the place of TVM's own for some ATen
+Entry points: :data:`CONVERTERS`, converters that take the place of TVM's own for some ATen
 operators (:func:`tir_byoc.frontend.import_torch` passes them to ``from_exported_program`` as
-its ``custom_convert_map``).
+its ``custom_convert_map``), and :func:`boolean_logic`, which writes the imported module's
+arithmetic on booleans as the logic torch means by it.
 
 A converter sees the graph TVM imports, after torch's decompositions (which
 ``from_exported_program`` runs itself): ``nn.SELU`` is exported as ``aten.selu`` and only
@@ -23,11 +24,19 @@ import would have to know every operator that decomposes into a scaled ``elu``.
   input (a grid value around 1e9) would differ.  ``padding_mode="reflection"`` with
   ``align_corners=True`` is refused unless every spatial axis is static and longer than 1:
   TOPI divides by the axis's size - 1 (TVM fails with "Divide by zero" on a static axis of 1).
+
+torch adds, multiplies, and takes maxima and minima of bool tensors as logic (``a + b`` is
+``a or b``, ``a * b`` is ``a and b``), with a bool result.  TVM 0.27 imports them as
+``R.add``, ``R.multiply`` ... on bools, and its LLVM code generator fails on those, taking bool
+for a float type ("Check failed: (t.MatchesCode(DLDataTypeCode::kDLFloat))").
+:func:`boolean_logic` writes them as ``R.logical_or`` and ``R.logical_and``, which it
+compiles, with the same values.
 """
 
 from __future__ import annotations
 
-from tvm import relax, tirx
+import tvm
+from tvm import ir, relax, tirx
 
 #: torch's integer codes of grid_sample's interpolation and padding modes, as TVM names them.
 _INTERPOLATION = ("bilinear", "nearest", "bicubic")
@@ -107,3 +116,69 @@ CONVERTERS = {
     "elu.default": elu,
     "grid_sampler_2d.default": grid_sample,
 }
+
+
+#: Arithmetic on bool tensors and the logic torch computes for it (a bool result).
+BOOLEAN_LOGIC = {
+    "relax.add": relax.op.logical_or,
+    "relax.maximum": relax.op.logical_or,
+    "relax.multiply": relax.op.logical_and,
+    "relax.minimum": relax.op.logical_and,
+}
+
+
+def boolean_logic(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with each :data:`BOOLEAN_LOGIC` call whose operands are all bool tensors
+    replaced by its logical operation; ``mod`` itself when there is none (it is never
+    modified)."""
+    found = []
+    for gvar, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            finder = _BooleanArithmetic()
+            finder.visit_expr(func)
+            if finder.found:
+                found.append(gvar)
+    if not found:
+        return mod
+    return _AsLogic(mod).transform(found)
+
+
+def _logic_of(call: relax.Call):
+    """The logical operation to call instead of ``call``, or None."""
+    if not isinstance(call.op, ir.Op) or call.op.name not in BOOLEAN_LOGIC:
+        return None
+    operands = [arg.ty for arg in call.args]
+    if not all(isinstance(ty, relax.TensorType) and ty.dtype == "bool" for ty in operands):
+        return None
+    return BOOLEAN_LOGIC[call.op.name]
+
+
+@relax.expr_functor.visitor
+class _BooleanArithmetic(relax.PyExprVisitor):
+    """Sets ``found`` on the first call :class:`_AsLogic` would replace."""
+
+    def __init__(self):
+        self.found = False
+
+    def visit_call_(self, call: relax.Call) -> None:
+        self.found |= _logic_of(call) is not None
+        super().visit_call_(call)
+
+
+@relax.expr_functor.mutator
+class _AsLogic(relax.PyExprMutator):
+    """Each arithmetic call on booleans as its logical operation; everything else as it was."""
+
+    def __init__(self, mod: tvm.IRModule):
+        super().__init__(mod)
+        self.mod = mod
+
+    def transform(self, gvars) -> tvm.IRModule:
+        for gvar in gvars:
+            self.builder_.update_func(gvar, self.visit_expr(self.mod[gvar]))
+        return self.builder_.get()
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        logic = _logic_of(call)
+        return call if logic is None else logic(*call.args)
