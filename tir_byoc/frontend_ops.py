@@ -89,13 +89,13 @@ def grid_sample(node, importer) -> relax.Var:
     if padding == "reflection" and align_corners:
         from .frontend import UnsupportedModel
 
-        spatial = list(data.ty.shape)[2:]
-        if not all(isinstance(n, tirx.IntImm) and n.value > 1 for n in spatial):
+        spatial = [int(n) if isinstance(n, tirx.IntImm) else n for n in list(data.ty.shape)[2:]]
+        if not all(isinstance(n, int) and n > 1 for n in spatial):
             raise UnsupportedModel(
                 f"tir_byoc.build_model: TVM 0.27 cannot build {node.name} (grid_sample with "
                 "padding_mode='reflection' and align_corners=True) on an input whose spatial "
-                f"axes {spatial} are not all static and longer than 1 (it divides by size - 1); "
-                "use align_corners=False or padding_mode='border'"
+                f"axes ({', '.join(map(str, spatial))}) are not all static and longer than 1 "
+                "(it divides by size - 1); use align_corners=False or padding_mode='border'"
             )
     builder = importer.block_builder
     grid = builder.emit(relax.op.permute_dims(grid, [0, 3, 1, 2]))
