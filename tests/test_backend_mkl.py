@@ -32,9 +32,9 @@ import tir_byoc
 from tir_byoc import toolchain
 from tir_byoc.backends import mkl
 from tir_byoc.model import LOWERING
-from tir_byoc.packing import PACK_CHOOSE, PACK_CHOOSE_ANY_M, PACKED_WEIGHT_FLAG
+from tir_byoc.packing import PACK_CHOOSE, PACK_CHOOSE_ANY_M
 from tir_byoc.registry import BackendUnavailable
-from tir_byoc.signature import DtypeSignature
+from tir_byoc.signature import PACKED_WEIGHT_FLAG, DtypeSignature
 
 F32 = DtypeSignature.parse("float32").code
 LIBRARY, PLAIN = 1, 0  # TIR_BYOC_PACK_LIBRARY, TIR_BYOC_PACK_PLAIN

@@ -25,7 +25,7 @@ from tvm.script import tirx as T
 import tir_byoc
 from tir_byoc import toolchain
 from tir_byoc.model import LOWERING
-from tir_byoc.packing import PACKED_WEIGHT_FLAG
+from tir_byoc.signature import PACKED_WEIGHT_FLAG
 
 pytestmark = pytest.mark.skipif(
     toolchain.unavailable("onednn") is not None, reason="the oneDNN backend is not available"

@@ -38,6 +38,7 @@ from tvm import ir, relax, s_tir, tirx
 from tvm.tirx import _ffi_api as _tirx_ffi
 
 from . import toolchain
+from .calls import INTRINSIC_ATTR, epilogue_arguments
 from .match import Match
 from .match.exprs import const_value
 from .patterns import GEMM_ENTRY
@@ -46,8 +47,6 @@ from .signature import DtypeSignature
 
 logger = logging.getLogger("tir_byoc")
 
-#: ``TIR_BYOC_PACKED_WEIGHT`` of ``tir_byoc.h``.
-PACKED_WEIGHT_FLAG = 1 << 25
 #: ``TIR_BYOC_PACK_CHOOSE`` (for one M), ``TIR_BYOC_PACK_CHOOSE_ANY_M``, and the forms of a
 #: block (``TIR_BYOC_PACK_*``), by name.
 PACK_CHOOSE, PACK_CHOOSE_ANY_M = -1, -2
@@ -108,8 +107,6 @@ def _pack_call(lib, match: Match, weight: tvm.runtime.Tensor, form: int | None =
     Nothing is copied on the way: the library reads the constant where it is and writes the
     block where it stays, so building a packed model holds the blocks and nothing more.
     """
-    from .rewrite import epilogue_arguments  # the rewrite imports this module
-
     plain = np.from_dlpack(weight)  # a view of the constant
     if not plain.flags.c_contiguous:
         plain = np.ascontiguousarray(plain)
@@ -385,8 +382,6 @@ def pack_constant_weights(mod, rewritten, rewrite, registry: Registry):
 
 
 def _call_name(func: tirx.PrimFunc, match: Match) -> str:
-    from .rewrite import INTRINSIC_ATTR
-
     names = []
 
     def on_block(block):
@@ -421,7 +416,6 @@ def _replace_calls(mod: tvm.IRModule, replacements) -> tvm.IRModule:
 
 
 __all__ = [
-    "PACKED_WEIGHT_FLAG",
     "PACK_FORMS",
     "PackReport",
     "PackedVariant",

@@ -1,4 +1,4 @@
-"""The rewriter: turn matches into sequential extern calls.  The only module that builds IR.
+"""The rewriter: turn matches into sequential extern calls.
 
 Entry point: :func:`rewrite_function`; :func:`intrinsic_calls` counts what a rewritten
 function calls.  Each :class:`~tir_byoc.match.Match` becomes one opaque
@@ -24,16 +24,11 @@ import tvm_ffi
 from tvm import ir, s_tir, tirx
 from tvm.tirx import _ffi_api as _tirx_ffi
 
-from .epilogues import MAX_CONSTANTS, MAX_OPS, MAX_TENSORS
+from .calls import BLOCKS_ATTR, INTRINSIC_ATTR, RewriteError, epilogue_arguments
+from .epilogues import MAX_TENSORS
 from .match import RELU_KEEPS_NAN, Match
-from .packing import PACKED_WEIGHT_FLAG
 from .registry import Intrinsic
-from .signature import RELU_KEEPS_NAN_FLAG
-
-#: Block annotation naming the intrinsic an offloaded block calls.
-INTRINSIC_ATTR = "tir_byoc.intrinsic"
-#: Block annotation listing the blocks it replaced.
-BLOCKS_ATTR = "tir_byoc.blocks"
+from .signature import PACKED_WEIGHT_FLAG, RELU_KEEPS_NAN_FLAG
 
 
 def intrinsic_calls(func: tirx.PrimFunc) -> dict[str, int]:
@@ -74,10 +69,6 @@ def calls_in_parallel_loops(func: tirx.PrimFunc) -> list[str]:
 
     tvm_ffi.structural_visit(func.body, [(tirx.For, on_loop), (s_tir.SBlock, on_block)])
     return found
-
-
-class RewriteError(RuntimeError):
-    """A match no longer fits the function it came from (a broken invariant)."""
 
 
 def _zero(dtype: str):
@@ -146,19 +137,6 @@ def _float64(value):
     if isinstance(value, (int, float)):
         return tirx.FloatImm("float64", float(value))
     return tirx.Cast("float64", value)
-
-
-def epilogue_arguments(match: Match) -> tuple[int, list]:
-    """The epilogue as the gemm entry point takes it: the op codes, and the constants (floats,
-    or the read of a scalar parameter) padded to :data:`MAX_CONSTANTS`."""
-    codes = 0
-    constants = []
-    for position, step in enumerate(match.epilogue):
-        codes |= step.code << (8 * position)
-        constants += step.constants
-    if len(match.epilogue) > MAX_OPS or len(constants) > MAX_CONSTANTS:
-        raise RewriteError(f"{match.func}: the epilogue of {match.pattern} does not fit one call")
-    return codes, constants + [0.0] * (MAX_CONSTANTS - len(constants))
 
 
 def gemm_arguments(match: Match, packing=None) -> list:

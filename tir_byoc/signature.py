@@ -24,6 +24,8 @@ DTYPE_CODES = {
 #: Epilogue flags or-ed into the packed signature (``TIR_BYOC_RELU_KEEPS_NAN`` in
 #: ``tir_byoc.h``): the relu keeps a NaN instead of mapping it to 0.
 RELU_KEEPS_NAN_FLAG = 1 << 24
+#: The weight argument is a block packed at build time (``TIR_BYOC_PACKED_WEIGHT``).
+PACKED_WEIGHT_FLAG = 1 << 25
 
 #: Input dtypes that may be widened to an accumulator dtype inside the reduction.
 WIDENINGS = {
