@@ -8,6 +8,7 @@ code span or a fenced block is not one, as on GitHub.  A table row that lost its
 after a blank line or a paragraph) renders as a paragraph of pipes; that fails too.
 """
 
+import functools
 import itertools
 import re
 import unicodedata
@@ -57,7 +58,8 @@ def github_slug(heading: str) -> str:
     return "".join(kept)
 
 
-def anchors(path: Path) -> set[str]:
+@functools.cache
+def anchors(path: Path) -> frozenset[str]:
     """Every anchor of ``path``: one per heading (repeats numbered), and explicit ids."""
     tokens = _parser().parse(path.read_text(encoding="utf-8"))
     found, seen = set(), {}
@@ -72,7 +74,7 @@ def anchors(path: Path) -> set[str]:
         if token.type in ("html_block", "html_inline") or token.children:
             html = token.content + "".join(c.content for c in token.children or ())
             found.update(re.findall(r'<a\s+(?:name|id)="([^"]+)"', html))
-    return found
+    return frozenset(found)
 
 
 def relative_links(path: Path) -> list[tuple[int, str]]:
