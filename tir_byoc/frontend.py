@@ -38,11 +38,7 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-from .frontend_ops import CONVERTERS, boolean_logic
-
-
-class UnsupportedModel(ValueError):
-    """A model TVM 0.27 cannot take as it is; the message says what to change."""
+from .frontend_ops import CONVERTERS, UnsupportedModel, boolean_logic
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,13 @@ from __future__ import annotations
 import tvm
 from tvm import ir, relax, tirx
 
+
+class UnsupportedModel(ValueError):
+    """A model TVM 0.27 cannot take as it is; the message says what to change.
+
+    Raised by :mod:`tir_byoc.frontend` (which exports it) and by the converters here."""
+
+
 #: torch's integer codes of grid_sample's interpolation and padding modes, as TVM names them.
 _INTERPOLATION = ("bilinear", "nearest", "bicubic")
 _PADDING = ("zeros", "border", "reflection")
@@ -78,7 +85,7 @@ def grid_sample(node, importer) -> relax.Var:
 
     Raises
     ------
-    tir_byoc.frontend.UnsupportedModel
+    UnsupportedModel
         Reflection padding with ``align_corners=True`` on a spatial axis that is not static
         and longer than 1.
     """
@@ -87,8 +94,6 @@ def grid_sample(node, importer) -> relax.Var:
     padding = _PADDING[int(_argument(node, 3, "padding_mode", 0))]
     align_corners = bool(_argument(node, 4, "align_corners", False))
     if padding == "reflection" and align_corners:
-        from .frontend import UnsupportedModel
-
         spatial = [int(n) if isinstance(n, tirx.IntImm) else n for n in list(data.ty.shape)[2:]]
         if not all(isinstance(n, int) and n > 1 for n in spatial):
             raise UnsupportedModel(
