@@ -94,10 +94,35 @@ def called_intrinsic(name, backend="ref") -> str:
     return f"{backend}.{pattern(name).call_pattern}"
 
 
+def representatives() -> list[str]:
+    """A small set of members that covers the family, for tests that build each member.
+
+    Every member with a fixed epilogue, then every other canonical epilogue once and each of
+    the reordered ones, its weight layout and batch form turning with each.
+    """
+    from tir_byoc.epilogues import epilogues
+    from tir_byoc.patterns import (
+        BATCH_FORMS,
+        FAMILY,
+        FIXED_EPILOGUES,
+        REORDERED_EPILOGUES,
+        WEIGHT_LAYOUTS,
+        Pattern,
+    )
+
+    forms = [(layout, batch) for batch in BATCH_FORMS for layout in WEIGHT_LAYOUTS]
+    chosen = [n for n, p in FAMILY.items() if p.ops in FIXED_EPILOGUES]
+    others = [e for e in epilogues() if e not in FIXED_EPILOGUES] + list(REORDERED_EPILOGUES)
+    for turn, epilogue in enumerate(others):
+        layout, batch = forms[turn % len(forms)]
+        chosen.append(Pattern(layout, epilogue, batch).name)
+    return chosen
+
+
 def sample_patterns() -> list[str]:
     """Members for tests that compile each one: the fixed ones, each op alone in turning
     layouts and batch forms, and long chains."""
-    from tir_byoc.patterns import FIXED_EPILOGUES, pattern, representatives
+    from tir_byoc.patterns import FIXED_EPILOGUES, pattern
 
     chosen = [
         n

@@ -14,13 +14,14 @@ from byoc_testing import (
     only_match,
     random_arguments,
     reasons,
+    representatives,
     run,
     sample_patterns,
 )
 from tvm.script import tirx as T
 
 import tir_byoc
-from tir_byoc.patterns import PATTERNS, describe, representatives
+from tir_byoc.patterns import PATTERNS, describe
 
 pytestmark = pytest.mark.usefixtures("reference_backend")
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from byoc_testing import numpy_pattern, random_arguments, run
+from byoc_testing import numpy_pattern, random_arguments, representatives, run
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -22,7 +22,6 @@ from tir_byoc.patterns import (
     describe,
     pattern,
     pattern_for,
-    representatives,
 )
 
 SIZES = {"B": 2, "M": 3, "N": 4, "K": 5}

@@ -160,22 +160,6 @@ REORDERED_EPILOGUES = (
 )
 
 
-def representatives() -> list[str]:
-    """A small set of members that covers the family, for tests that build each member.
-
-    Every member with a fixed epilogue (:data:`FIXED_EPILOGUES`), then every other canonical
-    epilogue once and each of :data:`REORDERED_EPILOGUES`, its weight layout and batch form
-    turning with each.
-    """
-    forms = [(layout, batch) for batch in BATCH_FORMS for layout in WEIGHT_LAYOUTS]
-    chosen = [n for n, p in FAMILY.items() if p.ops in FIXED_EPILOGUES]
-    others = [e for e in epilogues() if e not in FIXED_EPILOGUES] + list(REORDERED_EPILOGUES)
-    for turn, epilogue in enumerate(others):
-        layout, batch = forms[turn % len(forms)]
-        chosen.append(Pattern(layout, epilogue, batch).name)
-    return chosen
-
-
 _BY_FORM = {(p.layout, p.ops, p.batch): p for p in PATTERNS.values()}
 
 

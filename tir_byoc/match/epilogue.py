@@ -195,24 +195,6 @@ def unify(template, expr, binding: dict) -> dict | None:
     return unify(template[2], args[0], binding)
 
 
-def _could_spell(template, expr) -> bool:
-    """False when ``unify(template, expr, ...)`` fails on ``expr``'s node alone."""
-    if template == VALUE:
-        return True
-    if isinstance(template, Const):
-        return const_value(expr) is not None
-    if template[0] in _BINARY:
-        return isinstance(expr, _BINARY[template[0]])
-    return isinstance(expr, tvm.ir.Call)
-
-
-def _operands_could_spell(template, a, b) -> bool:
-    """False when a binary ``template`` cannot spell a node with operands ``a``, ``b``."""
-    return (_could_spell(template[1], a) and _could_spell(template[2], b)) or (
-        _could_spell(template[1], b) and _could_spell(template[2], a)
-    )
-
-
 def _root(template):
     if isinstance(template, tuple):
         return _BINARY.get(template[0]) or template[1]

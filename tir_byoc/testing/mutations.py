@@ -215,9 +215,6 @@ def _spellings(keep, table=ACTIVATION_SPELLINGS) -> tuple[str, ...]:
     return tuple(name for name, spelling in table.items() if keep(spelling))
 
 
-_ACTIVATIONS = tuple(ACTIVATION_SPELLINGS)
-
-
 #: The near misses, by name.
 MUTATIONS: dict[str, Mutation] = {
     "init_one": Mutation("the reduction starts from 1, not 0", {"init_value": 1}),
