@@ -10,7 +10,9 @@ from __future__ import annotations
 from tvm import ir, s_tir, tirx
 from tvm.s_tir import analysis
 
-from .specs import BATCH_AXES, DistractorSpec, ProgramSpec
+from .batches import BATCH_AXES
+from .distractors import DistractorSpec
+from .specs import ProgramSpec
 
 
 def is_float(dtype: str) -> bool:

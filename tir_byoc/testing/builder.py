@@ -21,9 +21,12 @@ from dataclasses import dataclass, field
 from tvm import tirx
 
 from ..signature import DtypeSignature
+from .batches import batch_label
 from .blocks import FunctionBuilder, distractor, elementwise, zero
-from .labels import batch_label, epilogue_stop, expected_epilogue, expected_pattern, relu_nan
-from .specs import CUTTING_KINDS, ChainSpec, ProgramSpec, full_order
+from .distractors import CUTTING_KINDS
+from .labels import epilogue_stop, expected_epilogue, expected_pattern, relu_nan
+from .script import to_tvmscript
+from .specs import ChainSpec, ProgramSpec, full_order
 from .spellings import (
     BIAS_COMBINERS,
     BIAS_FORMS,
@@ -81,8 +84,6 @@ class Program:
 
     def script(self) -> str:
         """The function as TVMScript that parses back (see :func:`to_tvmscript`)."""
-        from .script import to_tvmscript
-
         return to_tvmscript(self.func)
 
 

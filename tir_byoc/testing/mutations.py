@@ -1,11 +1,13 @@
 """Near misses as data: each mutation is a set of knob values for one chain of a positive.
 
 Entry points: :data:`MUTATIONS` (by name: a :class:`Mutation`, i.e. a description, the
-:class:`~.specs.Knobs` it sets, where it applies, which extents it makes equal and, for some,
+:class:`~.knobs.Knobs` it sets, where it applies, which extents it makes equal and, for some,
 the words of the matcher's refusal),
 :func:`applicable_mutations` and :func:`mutate`, which turns a positive spec into a near miss
-with ``dataclasses.replace``.  The builder reads the knobs; it never asks which mutation set
-them.
+with ``dataclasses.replace``; :func:`mutation_problem`, the check a spec makes of its knobs.
+The builder reads the knobs; it never asks which mutation set them.  The specs are read as
+they are (``spec.chains[c].ops``...), and nothing of theirs is imported: they check
+themselves with this module.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
+from typing import Any
 
-from .specs import ChainSpec, Knobs, ProgramSpec
+from .knobs import Knobs
 from .spellings import ACTIVATION_SPELLINGS, TAIL_SPELLINGS
 
 _KNOB_NAMES = frozenset(f.name for f in fields(Knobs))
@@ -28,7 +31,7 @@ _SQUARING = {
 }
 
 
-def _always(spec: ProgramSpec, c: int) -> bool:
+def _always(spec, c: int) -> bool:
     return True
 
 
@@ -41,7 +44,7 @@ class Mutation:
     description : str
         What the mutant computes instead, for reports.
     overrides : mapping
-        Knob name -> value (see :class:`~.specs.Knobs`); every other knob keeps its default.
+        Knob name -> value (see :class:`~.knobs.Knobs`); every other knob keeps its default.
     applies : callable
         ``applies(spec, c)``: whether chain ``c`` of ``spec`` can take it.
     square : tuple of two str, optional
@@ -63,7 +66,7 @@ class Mutation:
 
     description: str
     overrides: Mapping[str, object] = field(hash=False)
-    applies: Callable[[ProgramSpec, int], bool] = field(default=_always, repr=False)
+    applies: Callable[[Any, int], bool] = field(default=_always, repr=False)
     square: tuple[str, str] | None = None
     refusal: str | None = None
     stops: bool = False
@@ -405,15 +408,34 @@ MUTATIONS: dict[str, Mutation] = {
 }
 
 
-def applicable_mutations(spec: ProgramSpec, c: int) -> list[str]:
-    """Names of the mutations chain ``c`` of ``spec`` can take (none if a block cuts it)."""
+def mutation_problem(chain) -> str | None:
+    """Why the knobs of a :class:`~.specs.ChainSpec` are not those of the mutation it is named
+    after (the defaults, for a positive), or None."""
+    if chain.mutation is None:
+        expected = Knobs()
+    elif chain.mutation in MUTATIONS:
+        expected = MUTATIONS[chain.mutation].knobs
+    else:
+        return f"mutation {chain.mutation!r} unknown: expected a key of MUTATIONS or None"
+    if chain.knobs != expected:
+        return (
+            f"knobs of mutation {chain.mutation!r}: expected {expected}, got {chain.knobs} "
+            "(use mutate)"
+        )
+    return None
+
+
+def applicable_mutations(spec, c: int) -> list[str]:
+    """Names of the mutations chain ``c`` of the :class:`~.specs.ProgramSpec` ``spec`` can
+    take (none if a block cuts it)."""
     if any(d.inside and d.chain == c for d in spec.distractors):
         return []
     return [name for name, mutation in MUTATIONS.items() if mutation.applies(spec, c)]
 
 
-def mutate(spec: ProgramSpec, c: int, name: str) -> ProgramSpec:
-    """``spec`` with chain ``c`` mutated by ``name``; extents made equal where it needs."""
+def mutate(spec, c: int, name: str):
+    """The :class:`~.specs.ProgramSpec` ``spec`` with chain ``c`` mutated by ``name``; extents
+    made equal where it needs."""
     if name not in MUTATIONS:
         raise ValueError(f"unknown mutation {name!r}; expected one of {sorted(MUTATIONS)}")
     mutation = MUTATIONS[name]
@@ -427,7 +449,7 @@ def mutate(spec: ProgramSpec, c: int, name: str) -> ProgramSpec:
     return replace(spec, chains=tuple(_relink(chains, c)))
 
 
-def _relink(chains: list[ChainSpec], pinned: int) -> list[ChainSpec]:
+def _relink(chains: list, pinned: int) -> list:
     """Restore k[c + 1] == n[c] along feeding chains, keeping chain ``pinned`` as it is."""
     for c in range(pinned - 1, -1, -1):
         if chains[c].feeds_next:
@@ -438,4 +460,10 @@ def _relink(chains: list[ChainSpec], pinned: int) -> list[ChainSpec]:
     return chains
 
 
-__all__ = ["MUTATIONS", "Mutation", "applicable_mutations", "mutate"]
+__all__ = [
+    "MUTATIONS",
+    "Mutation",
+    "applicable_mutations",
+    "mutate",
+    "mutation_problem",
+]

@@ -8,11 +8,11 @@ miss that changes one thing the meaning depends on (:data:`MUTATIONS`).
 
 This module gathers the public names of the modules that do the work:
 
-- :mod:`.specs`: the specs (:class:`ChainSpec`, its :class:`Knobs`, :class:`DistractorSpec`,
-  :class:`ProgramSpec`);
-- :mod:`.labels`: what the matcher should call a chain (:func:`expected_pattern`,
-  :func:`batch_label`, the batch form a chain's batch dims give it, the epilogue's ops with
-  their constants, and where a near miss stops), read from spec fields;
+- :mod:`.specs`: the specs (:class:`ChainSpec`, :class:`ProgramSpec`), with :mod:`.knobs`
+  (the :class:`Knobs` a near miss turns), :mod:`.distractors` (:class:`DistractorSpec`) and
+  :mod:`.batches` (the batch dims, and :func:`batch_label`, the batch form they give a chain);
+- :mod:`.labels`: what the matcher should call a chain (:func:`expected_pattern`, the
+  epilogue's ops with their constants, and where a near miss stops), read from spec fields;
 - :mod:`.spellings`: the tables of IR spellings the knobs and spellings name (each relu, each
   other epilogue op in one block or several);
 - :mod:`.mutations`: the near misses, each a description, the knobs it turns, where it
@@ -21,23 +21,13 @@ This module gathers the public names of the modules that do the work:
   what a build gives (:class:`Program`, :class:`ExpectedChain`).
 """
 
+from .batches import BATCH_AXES, BATCH_MODES, MAX_BATCH_DIMS, BatchLabel, batch_label
 from .builder import ExpectedChain, Program, build_program
-from .labels import BatchLabel, batch_label, expected_pattern
+from .distractors import CUTTING_KINDS, DISTRACTORS, INSIDE_KINDS, DistractorSpec
+from .knobs import Knobs
+from .labels import expected_pattern
 from .mutations import MUTATIONS, Mutation, applicable_mutations, mutate
-from .specs import (
-    BATCH_AXES,
-    BATCH_MODES,
-    CUTTING_KINDS,
-    DISTRACTORS,
-    INITS,
-    INSIDE_KINDS,
-    MAX_BATCH_DIMS,
-    SIGNATURES,
-    ChainSpec,
-    DistractorSpec,
-    Knobs,
-    ProgramSpec,
-)
+from .specs import INITS, SIGNATURES, ChainSpec, ProgramSpec
 from .spellings import RELU_SPELLINGS
 
 __all__ = [

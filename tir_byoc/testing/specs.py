@@ -1,28 +1,26 @@
 """Programs of the pattern family described as data: what :mod:`.builder` builds.
 
 Entry points: :class:`ChainSpec` (one dense / matmul chain and how it is spelled, with the
-:class:`Knobs` a near miss turns), :class:`DistractorSpec` and :class:`ProgramSpec` (a whole
-function).  Specs validate themselves: a spec that cannot be built raises ``ValueError``
-naming the problem.
+:class:`~.knobs.Knobs` a near miss turns) and :class:`ProgramSpec` (a whole function, with
+:class:`~.distractors.DistractorSpec` blocks around its chains).  Specs validate themselves:
+a spec that cannot be built raises ``ValueError`` naming the problem, with the checks of
+:mod:`.batches`, :mod:`.distractors` and :mod:`.mutations` for their parts.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from ..epilogues import OPS, SLOTS
+from .batches import BATCH_AXES, batch_label, batch_problem
+from .distractors import DistractorSpec, distractor_problem
+from .knobs import POSITIVE, Knobs
+from .mutations import mutation_problem
 from .spellings import (
     ACTIVATION_SPELLINGS,
-    BIAS_COMBINERS,
-    BIAS_FORMS,
-    COMBINERS,
-    FIXED_CONSTANTS,
-    PRODUCTS,
-    RELU_FORMS,
     RELU_SPELLINGS,
     SCALE_SPELLINGS,
-    TAIL_FORMS,
     TAIL_SPELLINGS,
     OpSpelling,
 )
@@ -41,197 +39,6 @@ SIGNATURES = (
     ("uint8", "uint8", "int32"),
     ("uint8", "int8", "int32"),
 )
-
-#: How an operand treats one batch dim of the output: it ``"carry"``-s it (an axis of the
-#: same extent, indexed by the batch iterator), ``"broadcast"``-s it (an axis of extent 1,
-#: indexed by 0) or ``"lack"``-s it (no axis at all: the operand has a lower rank and is
-#: aligned to the output from the right, as NumPy broadcasts, so only leading dims can lack).
-BATCH_MODES = ("carry", "broadcast", "lack")
-
-#: A chain has at most this many batch dims (the batched call takes two).
-MAX_BATCH_DIMS = 2
-
-#: The names of the batch axes in loop and iterator orders, outermost first (then i, j, k).
-BATCH_AXES = "ab"
-
-#: Unrelated blocks placed next to a chain, touching its buffers.
-DISTRACTORS = (
-    "abs_x",  # E[i, k] = |X[i, k]| (X % 7 for integers): reads the chain's input
-    "transpose_w_in",  # the weight is a local buffer, transposed from a parameter first
-    "bias_in",  # the bias is a local buffer, computed elementwise from a parameter first
-    "row_sum_out",  # R[i] = sum_j Z[i, j]: a row reduction of the chain's output
-    "transpose_out",  # Zt[j, i] = Z[i, j]
-    "inplace_out",  # Z[i, j] = |Z[i, j]| after the chain (Z % 7 for integers)
-    "unrelated",  # a block on buffers of its own
-    "overwrite_x",  # X[i, k] = |X[i, k]| in place (X % 7 for integers)
-)
-
-#: Distractors that must come before their chain (they produce one of its inputs).
-_PRODUCERS = ("transpose_w_in", "bias_in")
-#: Distractors that must come after their chain (they read its output).
-_CONSUMERS = ("row_sum_out", "transpose_out", "inplace_out")
-#: Distractors that may sit between a reduction and its epilogue.  The call that replaces a
-#: chain runs where its last block was, so a block between that leaves the chain's buffers
-#: alone stays there (TOPI's dense copies its bias right there); one that writes a buffer
-#: the chain reads cuts it after the reduction.
-INSIDE_KINDS = ("abs_x", "bias_in", "unrelated", "overwrite_x")
-#: Inside kinds that cut the chain.
-CUTTING_KINDS = ("overwrite_x",)
-
-
-#: The values each non-integer knob may take.
-_KNOB_CHOICES = {
-    "product": tuple(PRODUCTS),
-    "combiner": tuple(COMBINERS),
-    "x_index": ("ik", "ki"),
-    "w_flipped": (False, True),
-    "first_epilogue_index": ("ij", "ji"),
-    "bias_form": (None, *BIAS_FORMS),
-    "bias_combiner": tuple(BIAS_COMBINERS),
-    "relu_form": tuple(RELU_FORMS),
-    "functions_swapped": (False, True),
-    "clip_swapped": (False, True),
-    "tail_form": tuple(TAIL_FORMS),
-    "output_is_x": (False, True),
-    "reduction_read": (None, "between", "after"),
-    "x_batch_swapped": (False, True),
-    "batch_read_at_zero": (None, "x", "w"),
-    "batch_operand_longer": (None, "x", "w"),
-    "batch_unread": (False, True),
-}
-#: The knobs that count rows, columns or steps left out (or padding put in).
-_COUNTS = (
-    "k_short",
-    "reduction_rows_short",
-    "init_rows_short",
-    "last_epilogue_columns_short",
-    "batch_loop_short",
-    "x_row_padding",
-)
-
-
-@dataclass(frozen=True)
-class Knobs:
-    """How a chain departs from the pattern it is built as.  A positive leaves every knob at
-    its default; each of :data:`~tir_byoc.testing.mutations.MUTATIONS` turns one.
-
-    Parameters
-    ----------
-    init_value : int or None
-        The reduction starts from this constant instead of 0 or the bias.
-    k_short : int
-        The reduction stops this many short of K.
-    product : str
-        How X and W combine, a key of :data:`~.spellings.PRODUCTS` (``"mul"``).
-    combiner : str
-        How the reduction folds a product in, a key of :data:`~.spellings.COMBINERS`
-        (``"add"``).
-    x_index : str
-        ``"ik"`` (``X[i, k]``) or ``"ki"``.
-    w_flipped : bool
-        The weight is indexed as the other layout would (``W[k, j]`` in a dense chain).
-    first_epilogue_index : str
-        ``"ij"`` or ``"ji"``: how the first epilogue block reads its input.
-    bias_form : str or None
-        A key of :data:`~.spellings.BIAS_FORMS` replacing the one the chain's ``bias`` says.
-    bias_combiner : str
-        How the bias epilogue combines, a key of :data:`~.spellings.BIAS_COMBINERS`.
-    relu_threshold : int
-        The constant the relu spelling compares and clamps against (0).
-    relu_form : str
-        A key of :data:`~.spellings.RELU_FORMS` (``"spelled"``: the chain's relu spelling).
-    fixed_constant : tuple of (str, float) or None
-        ``(name, value)``: the activation's spelling writes the fixed constant ``name`` (a key
-        of :data:`~.spellings.FIXED_CONSTANTS`, such as gelu's ``"half"``) as ``value``.
-    functions_swapped : bool
-        gelu's erf is written as tanh, tanh-gelu's tanh as erf.
-    clip_swapped : bool
-        The clip's spelling takes its lower bound where the upper one goes and back.
-    slope : float or None
-        The leaky relu's spelling multiplies by this instead of the chain's slope.
-    tail_form : str
-        A key of :data:`~.spellings.TAIL_FORMS`: the residual or gate tensor's shape and
-        read (``"full"``).
-    output_is_x : bool
-        The chain's last block writes into X instead of an output of its own.
-    reduction_rows_short, init_rows_short : int
-        The reduction, or its init block, stops this many rows short of M.
-    last_epilogue_columns_short : int
-        The last epilogue block stops this many columns short of N.
-    reduction_read : str or None
-        A block also reads the reduction's output: ``"between"`` the reduction and the
-        epilogue blocks, or ``"after"`` the chain.
-    x_batch_swapped : bool
-        X's last batch axis (one the chain's X carries) trades places with its row axis, in
-        its shape and in the read: ``X[..., i, b, k]`` of shape (..., M, B, K).
-    batch_read_at_zero : str or None
-        ``"x"`` or ``"w"``: that operand reads its first carried batch dim whose extent is not
-        a static 1 at 0 instead of at the batch iterator (its shape is unchanged).
-    batch_operand_longer : str or None
-        ``"x"`` or ``"w"``: that operand's first carried batch dim is one longer than the
-        output's (static extents only).
-    batch_unread : bool
-        The first batch dim whose extent is not a static 1 is read by neither operand: each
-        that carries it broadcasts it instead.
-    batch_loop_short : int
-        The reduction's loop over the first batch dim whose extent is not a static 1 stops
-        this many short of the output's dim.
-    x_row_padding : int
-        X is declared with explicit strides whose rows are ``K + x_row_padding`` elements
-        apart, and is then not bound at an offset (ignored when X is the previous chain's
-        output).
-    """
-
-    init_value: int | None = None
-    k_short: int = 0
-    product: str = "mul"
-    combiner: str = "add"
-    x_index: str = "ik"
-    w_flipped: bool = False
-    first_epilogue_index: str = "ij"
-    bias_form: str | None = None
-    bias_combiner: str = "add"
-    relu_threshold: int = 0
-    relu_form: str = "spelled"
-    fixed_constant: tuple[str, float] | None = None
-    functions_swapped: bool = False
-    clip_swapped: bool = False
-    slope: float | None = None
-    tail_form: str = "full"
-    output_is_x: bool = False
-    reduction_rows_short: int = 0
-    init_rows_short: int = 0
-    last_epilogue_columns_short: int = 0
-    reduction_read: str | None = None
-    x_batch_swapped: bool = False
-    batch_read_at_zero: str | None = None
-    batch_operand_longer: str | None = None
-    batch_unread: bool = False
-    batch_loop_short: int = 0
-    x_row_padding: int = 0
-
-    def __post_init__(self):
-        for name, choices in _KNOB_CHOICES.items():
-            if getattr(self, name) not in choices:
-                raise ValueError(
-                    f"Knobs.{name}: expected one of {choices}, got {getattr(self, name)!r}"
-                )
-        for name in _COUNTS:
-            if getattr(self, name) < 0:
-                raise ValueError(f"Knobs.{name}: expected >= 0, got {getattr(self, name)}")
-        constant = self.fixed_constant
-        if constant is not None and (len(constant) != 2 or constant[0] not in FIXED_CONSTANTS):
-            raise ValueError(
-                f"Knobs.fixed_constant: expected (a key of FIXED_CONSTANTS, value), got {constant}"
-            )
-
-    def __repr__(self):
-        turned = [
-            f"{f.name}={getattr(self, f.name)!r}"
-            for f in fields(self)
-            if getattr(self, f.name) != f.default
-        ]
-        return f"Knobs({', '.join(turned)})"
 
 
 @dataclass(frozen=True)
@@ -347,7 +154,7 @@ class ChainSpec:
     init: str = "zero"
     in_place: bool = False
     swapped_slots: tuple[str, str] | None = None
-    knobs: Knobs = Knobs()
+    knobs: Knobs = POSITIVE
     mutation: str | None = None
 
     @property
@@ -440,29 +247,6 @@ class ChainSpec:
 
 
 @dataclass(frozen=True)
-class DistractorSpec:
-    """An unrelated block: ``kind`` from :data:`DISTRACTORS`, next to chain ``chain``.
-
-    It goes before the chain (``before``; producers always do), after it, or ``inside`` it:
-    between the reduction and the first epilogue block, which cuts the chain there (the
-    matcher only joins blocks that follow one another).
-    """
-
-    kind: str
-    chain: int = 0
-    before: bool = False
-    inside: bool = False
-
-    @property
-    def placement(self) -> str:
-        if self.inside:
-            return "inside"
-        if self.kind in _PRODUCERS or (self.before and self.kind not in _CONSUMERS):
-            return "before"
-        return "after"
-
-
-@dataclass(frozen=True)
 class ProgramSpec:
     """A whole PrimFunc: chains in order, with distractors around them.
 
@@ -552,8 +336,8 @@ def _chain_problem(chain: ChainSpec) -> str | None:
     return (
         next((message for ok, message in checks if not ok), None)
         or _epilogue_problem(chain)
-        or _batch_problem(chain)
-        or _knobs_problem(chain)
+        or batch_problem(chain)
+        or mutation_problem(chain)
     )
 
 
@@ -611,37 +395,6 @@ def full_order(order: str, batch_axes: str) -> str:
     return "".join(a for a in batch_axes if a not in order) + order
 
 
-def _batch_problem(chain: ChainSpec) -> str | None:
-    rank = len(chain.batch)
-    if rank > MAX_BATCH_DIMS or any(e < 1 for e in chain.batch):
-        return f"expected at most {MAX_BATCH_DIMS} batch dims, each >= 1, got {chain.batch}"
-    for name, modes in (("x_batch", chain.x_batch), ("w_batch", chain.w_batch)):
-        if len(modes) != rank or not set(modes) <= set(BATCH_MODES):
-            return f"expected {name} to give one of {BATCH_MODES} per batch dim, got {modes}"
-        lacking = modes.count("lack")
-        if modes[:lacking] != ("lack",) * lacking:
-            return f"{name} {modes}: only leading batch dims can be lacking (NumPy alignment)"
-    return None
-
-
-def _knobs_problem(chain: ChainSpec) -> str | None:
-    """The knobs must be those of the mutation the chain is named after (none for a positive)."""
-    from .mutations import MUTATIONS  # the mutations are declared over these specs
-
-    if chain.mutation is None:
-        expected = Knobs()
-    elif chain.mutation in MUTATIONS:
-        expected = MUTATIONS[chain.mutation].knobs
-    else:
-        return f"mutation {chain.mutation!r} unknown: expected a key of MUTATIONS or None"
-    if chain.knobs != expected:
-        return (
-            f"knobs of mutation {chain.mutation!r}: expected {expected}, got {chain.knobs} "
-            "(use mutate)"
-        )
-    return None
-
-
 def _spec_problem(spec: ProgramSpec) -> str | None:
     if not spec.chains:
         return "expected at least one chain"
@@ -649,8 +402,6 @@ def _spec_problem(spec: ProgramSpec) -> str | None:
         return f"expected index_dtype int32 or int64, got {spec.index_dtype!r}"
     if spec.m < 1:
         return f"expected m >= 1, got {spec.m}"
-    from .labels import batch_label  # the labels are read from these specs
-
     for c, chain in enumerate(spec.chains):
         problem = _chain_problem(chain)
         if problem:
@@ -675,15 +426,7 @@ def _spec_problem(spec: ProgramSpec) -> str | None:
     if sum(chain.mutation is not None for chain in spec.chains) > 1:
         return "at most one chain may be mutated"
     for d in spec.distractors:
-        if d.kind not in DISTRACTORS or not 0 <= d.chain < len(spec.chains):
-            return f"distractor {d} names an unknown kind or chain"
-        if d.kind == "bias_in" and spec.chains[d.chain].bias is None:
-            return f"distractor {d}: chain {d.chain} has no bias"
-        if d.inside and (d.kind not in INSIDE_KINDS or not spec.chains[d.chain].epilogue_blocks):
-            return (
-                f"distractor {d}: expected a kind in {INSIDE_KINDS} and a chain with an "
-                "epilogue block to sit inside"
-            )
-        if d.inside and d.kind == "bias_in" and spec.chains[d.chain].init == "bias":
-            return f"distractor {d}: the init of chain {d.chain} reads the bias before it is made"
+        problem = distractor_problem(spec, d)
+        if problem:
+            return problem
     return None

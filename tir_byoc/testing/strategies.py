@@ -37,6 +37,7 @@ except ImportError as missing:  # pragma: no cover - depends on the environment
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
+from tvm.s_tir.schedule import ScheduleError
 
 from ..epilogues import SLOTS
 from .loop_dtypes import retype_loops
@@ -373,8 +374,6 @@ def _sole_consumer(schedule, block) -> bool:
 
 def _apply_step(schedule, step: str, block_name: str, factor: int) -> None:
     """Apply ``step`` to the block; a primitive that does not apply there is skipped."""
-    from tvm.s_tir.schedule import ScheduleError
-
     try:
         block = schedule.get_sblock(block_name)
         loops = schedule.get_loops(block)
