@@ -122,3 +122,44 @@ def test_entry_points_come_with_their_argument_types_and_a_missing_one_is_none()
     assert toolchain.entry_point("ref", "cut") is None  # oneMKL's alone
     with pytest.raises(ValueError, match=r"^'gem' is not an entry point \(expected one of "):
         toolchain.entry_point("ref", "gem")
+
+
+def test_load_called_loads_what_a_module_read_back_from_tvmscript_calls():
+    offloaded = tir_byoc.offload(dense_bias_relu_blocks, backends="ref")
+    read_back = tvm.script.from_source(offloaded.script())
+    assert toolchain.load_called(read_back) == ["ref"]
+    assert toolchain.load_called(dense_bias_relu_blocks) == []
+
+
+def test_load_called_refuses_an_unregistered_intrinsic_before_anything_is_built(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv(toolchain.CACHE_ENV, str(tmp_path / "cache"))
+    source = refusing_dense(tmp_path, "plugin")
+    registry = Registry()
+    tir_byoc.register_intrinsic("plugin.dense", "dense", "plugin_dense", source, registry=registry)
+    offloaded = tir_byoc.offload(tir_byoc.describe("dense"), registry=registry)
+    with pytest.raises(toolchain.ToolchainError) as error:
+        toolchain.load_called(offloaded)
+    assert str(error.value) == (
+        "the module calls intrinsic plugin.dense, which is not registered; register it (or "
+        "load the plugin that does) before building the module"
+    )
+    assert toolchain.load_called(offloaded, registry) == ["plugin"]
+
+
+def test_load_called_names_a_backend_that_cannot_be_had(tmp_path, monkeypatch):
+    monkeypatch.setenv(toolchain.CACHE_ENV, str(tmp_path / "cache"))
+    source = refusing_dense(tmp_path, "gone")
+    registry = Registry()
+    tir_byoc.register_intrinsic("gone.dense", "dense", "gone_dense", source, registry=registry)
+    offloaded = tir_byoc.offload(tir_byoc.describe("dense"), registry=registry)
+
+    def missing():
+        raise toolchain.BackendUnavailable("libgone.so is not installed")
+
+    registry.register_backend(Backend("gone", locate=missing), override=True)
+    with pytest.raises(
+        toolchain.ToolchainError, match=r"backend gone, which is unavailable: .*libgone"
+    ):
+        toolchain.load_called(offloaded, registry)

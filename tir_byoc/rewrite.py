@@ -1,7 +1,7 @@
 """The rewriter: turn matches into sequential extern calls.
 
-Entry point: :func:`rewrite_function`; :func:`intrinsic_calls` counts what a rewritten
-function calls.  Each :class:`~tir_byoc.match.Match` becomes one opaque
+Entry point: :func:`rewrite_function` (:func:`~tir_byoc.calls.intrinsic_calls` counts
+what a rewritten function calls).  Each :class:`~tir_byoc.match.Match` becomes one opaque
 SBlock, at the place of the last block of its chain::
 
     with T.sblock("dense_bias_relu_ref"):
@@ -24,51 +24,18 @@ import tvm_ffi
 from tvm import ir, s_tir, tirx
 from tvm.tirx import _ffi_api as _tirx_ffi
 
-from .calls import BLOCKS_ATTR, INTRINSIC_ATTR, RewriteError, epilogue_arguments
+from .calls import (
+    BLOCKS_ATTR,
+    INTRINSIC_ATTR,
+    RewriteError,
+    calls_in_parallel_loops,
+    epilogue_arguments,
+    intrinsic_calls,
+)
 from .epilogues import MAX_TENSORS
 from .match import RELU_KEEPS_NAN, Match
 from .registry import Intrinsic
 from .signature import PACKED_WEIGHT_FLAG, RELU_KEEPS_NAN_FLAG
-
-
-def intrinsic_calls(func: tirx.PrimFunc) -> dict[str, int]:
-    """How many offloaded blocks of ``func`` call each intrinsic, by intrinsic name."""
-    counts: dict[str, int] = {}
-
-    def on_block(block):
-        if block.annotations and INTRINSIC_ATTR in block.annotations:
-            name = str(block.annotations[INTRINSIC_ATTR])
-            counts[name] = counts.get(name, 0) + 1
-
-    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, on_block))
-    return counts
-
-
-def calls_in_parallel_loops(func: tirx.PrimFunc) -> list[str]:
-    """The offloaded blocks of ``func`` that sit inside a parallel loop, by block name.
-
-    An intrinsic shares its own work among the threads of TVM's pool (the MKL backend does, as
-    TVM's parallel loops do), so it must be called where TVM's code could start a parallel loop:
-    a call from inside one would be a parallel launch within a launch, which TVM's pool refuses
-    or, on the calling thread, corrupts.  The offload puts each call at the function's root and
-    no schedule of tir_byoc moves it; this finds a schedule that did.
-    """
-    found = []
-    parallel = [0]
-
-    def on_loop(loop, visitor):
-        inside = loop.kind == tirx.ForKind.PARALLEL
-        parallel[0] += inside
-        visitor.visit(loop.body)
-        parallel[0] -= inside
-
-    def on_block(block, visitor):
-        if parallel[0] and block.annotations and INTRINSIC_ATTR in block.annotations:
-            found.append(block.name_hint)
-        visitor.visit(block.body)
-
-    tvm_ffi.structural_visit(func.body, [(tirx.For, on_loop), (s_tir.SBlock, on_block)])
-    return found
 
 
 def _zero(dtype: str):
@@ -340,3 +307,15 @@ def _drop_allocations(body, dead):
         return items[0] if len(items) == 1 else tirx.SeqStmt(items)
 
     return tvm_ffi.structural_mutate(body, [(s_tir.SBlock, on_block), (tirx.SeqStmt, on_seq)])
+
+
+__all__ = [
+    "BLOCKS_ATTR",
+    "INTRINSIC_ATTR",
+    "RewriteError",
+    "call_block",
+    "calls_in_parallel_loops",
+    "gemm_arguments",
+    "intrinsic_calls",
+    "rewrite_function",
+]

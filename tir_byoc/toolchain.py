@@ -2,7 +2,8 @@
 
 Entry points: :func:`unavailable` (the one place that decides whether a backend can be used
 on this machine), :func:`load_backend` (compile on first use, then load so that
-``tvm.compile(mod, "llvm")`` resolves the extern symbols), :func:`object_files` (what
+``tvm.compile(mod, "llvm")`` resolves the extern symbols), :func:`load_called` (the same for
+every backend an offloaded module calls, read from its blocks), :func:`object_files` (what
 :func:`tir_byoc.export_library` links into an exported module) and :func:`entry_point` (a
 library's C entry points as ctypes functions, to call it without TVM).
 
@@ -24,6 +25,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from .calls import intrinsic_calls
 from .registry import REGISTRY, Backend, BackendUnavailable, LinkSpec, Registry
 
 CACHE_ENV = "TIR_BYOC_CACHE_DIR"
@@ -278,6 +280,46 @@ def load_backend(backend: str, registry: Registry = REGISTRY) -> Path:
             _check_symbols(backend, loaded, registry)
             _loaded[str(library)] = loaded
     return library
+
+
+def load_called(mod, registry: Registry = REGISTRY) -> list[str]:
+    """Load the library of every backend whose intrinsics ``mod`` calls; the backends, sorted.
+
+    ``mod`` is an offloaded module or PrimFunc (as :func:`tir_byoc.offload` returns it, or read
+    back from the TVMScript ``tir-byoc offload`` writes): each offloaded block names its
+    intrinsic in its annotations.  Call this before ``tvm.compile`` of such a module: code the
+    JIT compiles calls the intrinsics' symbols, and a symbol no loaded library defines would
+    only show when the call runs, as a crash.
+
+    Raises
+    ------
+    ToolchainError
+        An intrinsic that is not registered (a plugin's, not loaded here), or a backend whose
+        library cannot be built or found; nothing is loaded then.
+    """
+    names = sorted({name for f in _prim_funcs(mod) for name in intrinsic_calls(f)})
+    unknown = [name for name in names if name not in registry]
+    if unknown:
+        raise ToolchainError(
+            f"the module calls intrinsic {unknown[0]}, which is not registered; register it "
+            "(or load the plugin that does) before building the module"
+        )
+    backends = sorted({registry[name].backend for name in names})
+    missing = [(b, why) for b in backends if (why := unavailable(b, registry)) is not None]
+    if missing:
+        backend, why = missing[0]
+        raise ToolchainError(f"the module calls backend {backend}, which is unavailable: {why}")
+    for backend in backends:
+        load_backend(backend, registry)
+    return backends
+
+
+def _prim_funcs(mod) -> list:
+    from tvm import tirx
+
+    if isinstance(mod, tirx.PrimFunc):
+        return [mod]
+    return [f for _, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]
 
 
 def _check_symbols(backend: str, library: ctypes.CDLL, registry: Registry) -> None:

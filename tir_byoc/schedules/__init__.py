@@ -53,9 +53,9 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
+from ..calls import INTRINSIC_ATTR, intrinsic_calls
 from ..frontend import first_line
 from ..match.exprs import const_value
-from ..rewrite import INTRINSIC_ATTR, intrinsic_calls
 from . import vector_math
 from .elementwise import Elementwise
 from .reduction import RowReduction
