@@ -50,7 +50,7 @@ FLOPs at the cores' own fp32 multiply-add peak (``fma_peak.c``, at the cell's th
 ``torch / FMA bound`` is the most any fp32 build computing these products could gain.
 
 libgomp reads its idle spin (``GOMP_SPINCOUNT``) once per process, and torch eager and tir_byoc
-want opposite ones at two threads or more (benchmarks/README.md, "libgomp's idle spin").  By
+want opposite ones at two threads or more (benchmarks/HISTORY.md, "libgomp's idle spin").  By
 default (``--gomp-spincount own``) each side runs at its own: torch's columns at libgomp's
 default, as a torch user gets them, and TVM's at tir_byoc's setting, as ``import tir_byoc``
 gives them; then each cell runs a child per side and round, the sides alternated, and the table

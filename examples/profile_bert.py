@@ -1,9 +1,9 @@
 """Profile a small BERT-like encoder per PrimFunc, built without and with tir_byoc.
 
-The model of the README's profile table: transformers' ``BertModel`` from a config (hidden 64,
-2 layers, 4 heads, feed-forward 128, vocabulary 100, eager attention, no pooler) with random
-weights, on token ids of shape (2, 16).  Needs torch and transformers (the ``dev`` extra);
-``--chart DIR`` also writes one PNG per build (needs matplotlib, the ``bench`` extra).
+The model of docs/model-flow.md's profile table: transformers' ``BertModel`` from a config
+(hidden 64, 2 layers, 4 heads, feed-forward 128, vocabulary 100, eager attention, no pooler)
+with random weights, on token ids of shape (2, 16).  Needs torch and transformers (the ``dev``
+extra); ``--chart DIR`` also writes one PNG per build (needs matplotlib, the ``bench`` extra).
 
     python examples/profile_bert.py [--repeat 50] [--top 12] [--chart DIR]
 """

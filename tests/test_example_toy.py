@@ -1,4 +1,4 @@
-"""The bring-your-own-intrinsic example runs as the README says, export included."""
+"""The bring-your-own-intrinsic example runs as docs/intrinsics.md says, export included."""
 
 import subprocess
 import sys

@@ -3,7 +3,7 @@
 :class:`Table` (with :class:`Cell`) renders columns, coloured on a terminal and wrapped to its
 width; :class:`Output` sends results to stdout and notes to stderr; :func:`match_record`,
 :func:`rejection_record` and :func:`intrinsic_record` are the ``--json`` schema (version
-:data:`SCHEMA_VERSION`, documented in the README).  Used by :mod:`tir_byoc.cli`.
+:data:`SCHEMA_VERSION`, documented in docs/cli.md).  Used by :mod:`tir_byoc.cli`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .match import Rejection
 from .registry import REGISTRY, Choice
 from .tvmscript import Definition
 
-#: Version of the ``--json`` record layouts (see the README); bumped on any incompatible change.
+#: Version of the ``--json`` record layouts (see docs/cli.md); bumped on any incompatible change.
 SCHEMA_VERSION = 1
 
 
@@ -126,7 +126,7 @@ def _extent(expr) -> int | str:
 
 
 def match_record(definition: Definition, match: Choice) -> dict:
-    """The ``--json`` object of ``scan`` for one match (schema in the README)."""
+    """The ``--json`` object of ``scan`` for one match (schema in docs/cli.md)."""
     intrinsic = REGISTRY[match.intrinsic] if match.intrinsic else None
     return {
         "schema_version": SCHEMA_VERSION,

@@ -16,7 +16,7 @@
  * that computed it.  With one pool for the whole model, no other pool's worker spins on a core
  * that TVM's next loop needs, and none has to be woken for the next call: with MKL's OpenMP
  * threads, 128-row products at two threads gained 1.6x over one thread, not 2x
- * (benchmarks/README.md).  Outside TVM's runtime (no TVMBackendParallelLaunch in the process)
+ * (benchmarks/HISTORY.md).  Outside TVM's runtime (no TVMBackendParallelLaunch in the process)
  * the parts run one after the other.
  *
  * Packed weights.  MKL's packed storage may not move once made (up to oneMKL 2024 its manual

@@ -20,7 +20,7 @@ from .wheels import installed_file
 
 #: On Intel CPUs above oneDNN's (200): on the models of benchmarks/models.py MKL's packed sgemm
 #: ran their fp32 GEMMs faster than oneDNN 3.2's matmul on an AVX-512 Xeon; on other CPUs below
-#: it: on an AMD EPYC (Zen 3, AVX2) oneDNN's took less time on most of them (benchmarks/README.md,
+#: it: on an AMD EPYC (Zen 3, AVX2) oneDNN's took less time on most of them (benchmarks/HISTORY.md,
 #: 2026-11-26, night).  oneDNN keeps bf16, fp16 and int8 either way.
 INTEL_PRIORITY, OTHER_PRIORITY = 250, 150
 PRIORITY = INTEL_PRIORITY if cpuinfo_field("vendor_id") in ("GenuineIntel", "") else OTHER_PRIORITY
