@@ -488,14 +488,20 @@ typedef int32_t (*tir_byoc_call_fn)(const tir_byoc_call *call);
  * parts of a call that a backend shares among threads (oneMKL's products, the C epilogue), so
  * that one pool serves the whole model: no other pool's worker spins on a core TVM's next
  * loop needs.  The symbol is weak: outside TVM's runtime (a library loaded by ctypes alone) it
- * is NULL and the parts run one after the other on the calling thread. */
+ * is NULL and the parts run one after the other on the calling thread.  Compiled with
+ * TIR_BYOC_STANDALONE (a model built as plain C by tir_byoc.aot) there is no pool and no
+ * reference to the symbol at all. */
 typedef struct {
   void *sync_handle;
   int32_t num_task;
 } tir_byoc_tvm_group_env;
 typedef int (*tir_byoc_tvm_lambda)(int task_id, tir_byoc_tvm_group_env *env, void *data);
+#ifdef TIR_BYOC_STANDALONE
+#define TVMBackendParallelLaunch ((int (*)(tir_byoc_tvm_lambda, void *, int))NULL)
+#else
 TIR_BYOC_EXTERN_C int TVMBackendParallelLaunch(tir_byoc_tvm_lambda lambda, void *data,
                                                int num_task) __attribute__((weak));
+#endif
 
 #define TIR_BYOC_MAX_PARTS 64
 
