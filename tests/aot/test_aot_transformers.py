@@ -1,0 +1,108 @@
+"""BERT-like and GPT-2-like models as plain C: made, run in a fresh process, compared with
+torch and the Relax VM; the BERT one also cross-compiled for aarch64 and run under qemu."""
+
+import re
+import shutil
+import subprocess
+
+import aot_harness as harness
+import aot_models
+import numpy as np
+import pytest
+import torch
+
+import tir_byoc.aot as aot
+
+CROSS_CC, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
+#: What TVM's own C backend would have written: its headers, runtime and FFI calls.
+RUNTIME = re.compile(r'TVMBackend|TVMFFI|__tvm|#include "tvm/')
+#: Where Debian's gcc-aarch64-linux-gnu puts the aarch64 C library (qemu's -L).
+AARCH64_SYSROOT = "/usr/aarch64-linux-gnu"
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    """Each model built as C (reference kernels) and made, on first use."""
+    made = {}
+
+    def build(name):
+        if name not in made:
+            model = aot_models.MODELS[name]()
+            artifact = aot.build(
+                model.module,
+                model.inputs,
+                out_dir=tmp_path_factory.mktemp(name),
+                name=name,
+                backends="ref",
+            )
+            made[name] = model, artifact, harness.make(artifact)
+        return made[name]
+
+    return build
+
+
+@pytest.fixture(params=["bert", "gpt2"])
+def built(request, builds):
+    return builds(request.param)
+
+
+def _expected(model):
+    with torch.no_grad():
+        return harness.as_list(model.module(*model.inputs))
+
+
+def test_runs_without_tvm_and_agrees_with_torch_and_the_vm(built):
+    model, artifact, runner = built
+    assert harness.tvm_symbols(runner) == set()
+    inputs = harness.numpy_inputs(model.inputs)
+    results, _ = harness.run(artifact, runner, inputs)
+    vm = harness.as_list(artifact.model(*inputs))
+    for result, expected, on_vm in zip(results, _expected(model), vm, strict=True):
+        np.testing.assert_allclose(result, expected, rtol=harness.RTOL, atol=harness.ATOL)
+        np.testing.assert_allclose(result, on_vm, rtol=harness.RTOL, atol=harness.ATOL)
+
+
+def test_every_offloaded_function_calls_its_intrinsic_from_the_entry(built):
+    _, artifact, _ = built
+    source = artifact.path(f"{artifact.name}.c").read_text()
+    calls = [line for line in source.splitlines() if "status = tir_byoc_ref_" in line]
+    offloaded = [name for name in artifact.steps if name in artifact.model.intrinsics]
+    # Each step of an offloaded PrimFunc (one intrinsic call) calls the intrinsic itself.
+    assert len(calls) == artifact.intrinsic_steps == len(offloaded) > 0
+    for name in (f"{artifact.name}.c", f"{artifact.name}_kernels.c", f"{artifact.name}.h"):
+        assert RUNTIME.search(artifact.path(name).read_text()) is None, name
+
+
+def test_the_workspace_is_smaller_than_the_vm_storage(built):
+    _, artifact, _ = built
+    assert artifact.peak_live_bytes <= artifact.workspace_bytes < artifact.vm_storage_bytes
+    assert artifact.workspace_bytes < artifact.intermediate_bytes
+
+
+def _cross_tools() -> str | None:
+    missing = [tool for tool in (CROSS_CC, QEMU) if shutil.which(tool) is None]
+    if missing:
+        return (
+            f"{' and '.join(missing)} not installed (apt-get install gcc-aarch64-linux-gnu "
+            "qemu-user)"
+        )
+    return None
+
+
+@pytest.mark.skipif(_cross_tools() is not None, reason=str(_cross_tools()))
+def test_the_same_c_cross_compiled_for_aarch64_agrees_under_qemu(builds, tmp_path):
+    model, artifact, _ = builds("bert")
+    runner = harness.make(
+        artifact, f"CC={CROSS_CC}", "AR=aarch64-linux-gnu-ar", build_dir=tmp_path / "aarch64"
+    )
+    machine = subprocess.run(["file", "-b", str(runner)], capture_output=True, text=True)
+    assert "aarch64" in machine.stdout
+    assert harness.tvm_symbols(runner) == set()
+    results, _ = harness.run(
+        artifact,
+        runner,
+        harness.numpy_inputs(model.inputs),
+        prefix=(QEMU, "-L", AARCH64_SYSROOT),
+    )
+    for result, expected in zip(results, _expected(model), strict=True):
+        np.testing.assert_allclose(result, expected, rtol=harness.RTOL, atol=harness.ATOL)
