@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import tir_byoc.aot as aot
+from tir_byoc.aot.program import TensorRef, read_program
 
 CROSS_CC, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
 #: What TVM's own C backend would have written: its headers, runtime and FFI calls.
@@ -77,6 +78,19 @@ def test_the_workspace_is_smaller_than_the_vm_storage(built):
     _, artifact, _ = built
     assert artifact.peak_live_bytes <= artifact.workspace_bytes < artifact.vm_storage_bytes
     assert artifact.workspace_bytes < artifact.intermediate_bytes
+
+
+def test_reshapes_are_views_of_their_source(built):
+    _, artifact, _ = built
+    program = read_program(artifact.model.module, artifact.model.entry)
+    views = [
+        arg
+        for step in program.steps
+        for arg in step.args
+        if isinstance(arg, TensorRef) and arg.shape != arg.buffer.shape
+    ]
+    # The attention's vm.builtin.reshape (one per layer) and the position ids' reshape.
+    assert len({id(v.buffer) for v in views}) >= 2
 
 
 def _cross_tools() -> str | None:

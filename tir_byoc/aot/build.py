@@ -286,9 +286,9 @@ def _kernels_source(name: str, kernels) -> str:
         "#define TIR_BYOC_PARALLEL_FOR",
         "#endif",
         "",
-        *helpers.values(),
-        "",
     ]
+    if helpers:
+        lines += [*helpers.values(), ""]
     for kernel in sorted(kernels.values(), key=lambda k: k.c_name):
         lines += [f"/* {kernel.name} */", kernel.source.text, ""]
     return "\n".join(lines)

@@ -134,12 +134,12 @@ class ExpressionPrinter:
     # -- expressions ------------------------------------------------------------------------
     def expr(self, node) -> str:
         kind = type(node).__name__
+        self._check_scalar(node)
         if kind in _BINARY:
             return f"({self.expr(node.a)} {_BINARY[kind]} {self.expr(node.b)})"
         handler = getattr(self, f"_expr_{kind}", None)
         if handler is None:
             raise Unsupported(f"the TIR expression {kind}", self.where)
-        self._check_scalar(node)
         return handler(node)
 
     def _check_scalar(self, node) -> None:
@@ -158,6 +158,12 @@ class ExpressionPrinter:
 
     def _expr_FloatImm(self, node):
         return literal(node.value, str(node.ty.dtype), self.where)
+
+    def _expr_Ramp(self, node):
+        raise Unsupported("vector lanes (Ramp)", self.where, "the C is scalar; -O3 vectorizes it")
+
+    def _expr_Broadcast(self, node):
+        raise Unsupported("vector lanes (Broadcast)", self.where, "the C is scalar")
 
     def _expr_StringImm(self, node):
         raise Unsupported("a string value", self.where)

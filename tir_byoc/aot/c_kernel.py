@@ -220,7 +220,9 @@ class _Printer(ExpressionPrinter):
             return
         text = self.expr(condition)
         negated = f"!{text}" if text.startswith("(") and text.endswith(")") else f"!({text})"
-        self.emit(f"if ({negated}) return {ASSERT_STATUS}; /* an assert of TVM's code */")
+        message = "".join(str(part.value) for part in node.message_parts)
+        message = " ".join(message.replace("*/", "* /").split())[:80] or "an assert"
+        self.emit(f"if ({negated}) return {ASSERT_STATUS}; /* {message} */")
 
     def _stmt_Return(self, node):
         self.returns_seen += 1
