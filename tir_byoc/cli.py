@@ -1,4 +1,4 @@
-"""The command line: ``tir-byoc scan | explain | offload | intrinsics | demo``.
+"""The command line: ``tir-byoc scan | explain | offload | intrinsics | profile | aot | demo``.
 
 Entry point: :func:`main`, installed as ``tir-byoc`` (also ``python -m tir_byoc``).  Each
 subcommand is a thin wrapper over :func:`tir_byoc.scan`, :func:`tir_byoc.explain` or
@@ -313,6 +313,29 @@ def cmd_profile(args, out: Output) -> int:
     return EXIT_OK
 
 
+def cmd_aot(args, out: Output) -> int:
+    """``aot``: a module as plain C, one entry and one workspace (:func:`tir_byoc.aot.build`)."""
+    from . import aot  # builds with Relax; only this subcommand needs it
+
+    definitions = _definitions(args)
+    if len(definitions) != 1:
+        names = ", ".join(d.name for d in definitions)
+        raise UsageError(f"{args.file}: aot needs one module, the file defines {names}")
+    try:
+        artifact = aot.build(
+            definitions[0].value,
+            out_dir=args.output,
+            name=args.name,
+            backends=args.backends,
+            constants=args.constants,
+            entry=args.func,
+        )
+    except ValueError as err:  # aot.Unsupported too: one line naming the construct
+        raise UsageError(f"{args.file}: {err}") from None
+    print("\n".join(artifact.summary()))
+    return EXIT_OK
+
+
 # --------------------------------------------------------------------------------------
 # Parser and main
 # --------------------------------------------------------------------------------------
@@ -391,6 +414,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     profile_parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     _add_backends(profile_parser)
+
+    aot_parser = command(
+        "aot", cmd_aot, "write a module as plain C: one entry, one workspace, no TVM runtime"
+    )
+    _add_file(aot_parser)
+    aot_parser.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write")
+    aot_parser.add_argument("--name", default="model", help="C prefix (default: model)")
+    aot_parser.add_argument(
+        "--func", metavar="NAME", help="the function to build (default: main, or the only one)"
+    )
+    aot_parser.add_argument(
+        "--constants",
+        choices=["embedded", "blob"],
+        default="embedded",
+        help="link the weights in (default), or write them to a file the caller passes",
+    )
+    _add_backends(aot_parser)
 
     command("demo", cmd_demo, "run the forum MLP end to end (lower, offload, build, check)")
     return parser

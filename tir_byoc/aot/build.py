@@ -101,6 +101,20 @@ class Artifact:
     def path(self, relative: str) -> Path:
         return self.out_dir / relative
 
+    def summary(self) -> list[str]:
+        """What was written, in a few lines (the command line prints them)."""
+        calls = f"{self.intrinsic_steps} of them intrinsic calls"
+        backends = f" ({', '.join(self.backends)})" if self.backends else ""
+        vm = f", the Relax VM's storage {self.vm_storage_bytes}" if self.vm_storage_bytes else ""
+        return [
+            f"wrote {self.out_dir}: {self.name}_run() in {self.name}.c, {len(self.steps)} steps, "
+            f"{calls}{backends}",
+            f"workspace {self.workspace_bytes} bytes (all intermediates side by side "
+            f"{self.intermediate_bytes}{vm}); constants {self.constants_bytes} bytes"
+            + (f" in {self.name}_constants.bin" if self.blob else ""),
+            f"build: make -C {self.out_dir}; link lib{self.name}.a {' '.join(self.link_flags)}",
+        ]
+
 
 def build(
     model,
