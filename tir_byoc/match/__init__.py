@@ -21,7 +21,9 @@ One idea per module, each calling only those listed after it:
 - :mod:`.epilogue`: the epilogue recognition: templates of the fixed-constant ops, and rules
   keyed by the root operation;
 - :mod:`.reduction`: the GEMM analysis;
-- :mod:`.stir`: S-TIR facts (loop nests, buffer uses, extents, binding and compactness);
+- :mod:`.batch`: the batch dims of a GEMM;
+- :mod:`.stir`: S-TIR facts (loop nests, buffer uses, binding and compactness);
+- :mod:`.extents`: extents proven equal, and shapes the loops cover;
 - :mod:`.records`: Match, Rejection, FunctionScan;
 - :mod:`.exprs`: reading expressions, and the words reports use for them;
 - :mod:`.traversal`: structural walks and mutations without the FFI wrappers' per-call setup.

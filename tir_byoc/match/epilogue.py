@@ -28,18 +28,10 @@ from tvm import ir, tirx
 
 from ..epilogues import GELU_CONSTANTS, OPS, RELU_KEEP_NAN_CODE
 from .exprs import const_value, dtype_of, expr_text, index_text, is_var, is_zero, operation_text
+from .extents import Extents, check_shape, dim_names
 from .records import Refused, Step
 from .reduction import Reduction, bias_vector
-from .stir import (
-    DATA_PAR,
-    Extents,
-    Nest,
-    check_binding,
-    check_covers,
-    check_shape,
-    compact_global,
-    dim_names,
-)
+from .stir import DATA_PAR, Nest, check_binding, check_covers, compact_global
 from .traversal import elements, walk
 
 

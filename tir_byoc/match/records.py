@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import ir, tirx
 
+from ..patterns import pattern
 from ..signature import DtypeSignature
 from .exprs import expr_text
 
@@ -134,15 +135,11 @@ class Match:
     @property
     def layout(self) -> str:
         """The weight layout, ``dense`` or ``matmul``."""
-        from ..patterns import pattern  # the patterns module reads no records
-
         return pattern(self.pattern).layout
 
     @property
     def pattern_entry(self) -> str:
         """The entry point its calls use (:attr:`tir_byoc.patterns.Pattern.call_pattern`)."""
-        from ..patterns import pattern
-
         return pattern(self.pattern).call_pattern
 
     @property

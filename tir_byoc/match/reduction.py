@@ -3,8 +3,8 @@
 Entry point: :func:`analyze_reduction`, which returns a :class:`Reduction` (layout, buffers,
 extents, dtypes, a bias the output starts from, batch dims) or raises
 :class:`~.records.Refused` with the first condition that failed.  :func:`looks_like_gemm` says
-which blocks are candidates at all.  :func:`batch_of` reads the batch dims the output's
-leading iterators give each operand.  Called by :mod:`.scan`; reads :mod:`.stir` and
+which blocks are candidates at all; :func:`.batch.batch_of` reads the batch dims the
+output's leading iterators give each operand.  Called by :mod:`.scan`; reads :mod:`.stir` and
 :mod:`.exprs`.
 """
 
@@ -17,6 +17,7 @@ from tvm import ir, tirx
 
 from ..patterns import pattern_for
 from ..signature import WIDENINGS, DtypeSignature
+from .batch import batch_of
 from .exprs import (
     const_value,
     dtype_of,
@@ -28,18 +29,16 @@ from .exprs import (
     operation_text,
     shape_of,
 )
+from .extents import Extents, check_shape, dim_names
 from .records import Batch, Refused
 from .stir import (
     COMM_REDUCE,
     DATA_PAR,
-    Extents,
     FunctionIndex,
     Nest,
     check_binding,
     check_covers,
-    check_shape,
     compact_global,
-    dim_names,
     fact,
     is_spatial,
 )
@@ -307,109 +306,6 @@ def check_trailing(buf, dims, names, extents: Extents, what):
         raise Refused(f"{what} {buf.name} has {len(shape)} dimensions, expected at least 2")
     leading = tuple(f"B{d}" for d in range(len(shape) - 2))
     check_shape(buf, (*shape[:-2], *dims), (*leading, *names), extents, what)
-
-
-def _int64(expr):
-    value = const_value(expr)
-    if value is not None:
-        return tirx.IntImm("int64", value)
-    return expr if dtype_of(expr) == "int64" else tirx.Cast("int64", expr)
-
-
-def _times(a, b):
-    a_value, b_value = const_value(a), const_value(b)
-    if a_value is not None and b_value is not None:
-        return tirx.IntImm("int64", a_value * b_value)
-    if a_value == 1:
-        return _int64(b)
-    if b_value == 1:
-        return _int64(a)
-    return _int64(a) * _int64(b)
-
-
-def operand_strides(load, batch_vars, dims, extents: Extents, what: str) -> list:
-    """Per output batch iterator, the element stride of ``load``'s operand along it (0 if none).
-
-    Each leading index of the operand must be one of the output's batch iterators (each at
-    most once, over the whole dim), or 0 on a dim of extent 1 (a broadcast).
-    """
-    buf = load.source
-    shape = extents.shape(buf)
-    leading = elements(load.indices)[:-2]
-    strides = []  # by axis, read only with leading indices
-    if leading:
-        strides = [tirx.IntImm("int64", 1)] * len(shape)
-        for axis in reversed(range(len(shape) - 1)):
-            strides[axis] = _times(strides[axis + 1], shape[axis + 1])
-    found = {}
-    for axis, index in enumerate(leading):
-        if is_zero(index):
-            if not extents.equal(shape[axis], 1):
-                raise Refused(
-                    f"{what} {buf.name} is read only at 0 on axis {axis} of extent "
-                    f"{expr_text(shape[axis])}: a partial batch range, not a broadcast"
-                )
-            continue
-        position = next((p for p, v in enumerate(batch_vars) if is_var(index, v)), None)
-        if position is None:
-            raise Refused(
-                f"{what} {buf.name} is indexed by {expr_text(index)} on axis {axis}, which is "
-                "not a batch iterator of the output"
-            )
-        if position in found:
-            raise Refused(f"{what} {buf.name} is indexed twice by batch iterator {index.name}")
-        if not extents.equal(shape[axis], dims[position]):
-            raise Refused(
-                f"batch iterator {index.name} runs over {expr_text(dims[position])} of "
-                f"{expr_text(shape[axis])} (axis {axis} of {what} {buf.name}): a partial batch "
-                "range"
-            )
-        found[position] = strides[axis]
-    return [found[p] if p in found else tirx.IntImm("int64", 0) for p in range(len(batch_vars))]
-
-
-def batch_of(batch_iters, x, w, mk, extents: Extents) -> Batch:
-    """The batch dims of a product: each operand's strides, merged into at most two dims.
-
-    Output batch dims of extent 1 are dropped, and neighbours are merged where every operand
-    steps over them as one dim (outer stride = inner stride x inner extent).  The form is
-    ``leading`` when one merged dim remains, the weight does not vary along it and X's
-    matrices follow each other (stride M x K): then X and Y are (B x M, K) and (B x M, N)
-    matrices and the product is one 2-D call.  Otherwise it is ``batched``.
-    """
-    m, k = mk
-    batch_vars = [it.var for it in batch_iters]
-    dims = tuple(it.extent for it in batch_iters)
-    x_strides = operand_strides(x, batch_vars, dims, extents, "input")
-    w_strides = operand_strides(w, batch_vars, dims, extents, "weight")
-    merged = []
-    for count, x_stride, w_stride, var in zip(dims, x_strides, w_strides, batch_vars):
-        if extents.equal(count, 1):
-            continue
-        if is_zero(x_stride) and is_zero(w_stride):
-            raise Refused(
-                f"batch iterator {var.name} of the output indexes neither operand: every batch "
-                "would hold the same product"
-            )
-        if merged:
-            outer_count, outer_x, outer_w = merged[-1]
-            if extents.equal(outer_x, _times(x_stride, count)) and extents.equal(
-                outer_w, _times(w_stride, count)
-            ):
-                merged[-1] = (_times(outer_count, count), x_stride, w_stride)
-                continue
-        merged.append((_int64(count), x_stride, w_stride))
-    if not merged:  # every batch dim has extent 1
-        merged = [(tirx.IntImm("int64", 1), _times(m, k), tirx.IntImm("int64", 0))]
-    counts, xs, ws = (tuple(column) for column in zip(*merged))
-    if len(counts) == 1 and is_zero(ws[0]) and extents.equal(xs[0], _times(m, k)):
-        return Batch("leading", counts, xs, ws, dims)
-    if len(counts) > 2:
-        raise Refused(
-            f"the batch dims {'x'.join(expr_text(d) for d in dims)} index the operands in "
-            f"{len(counts)} different ways; the batched call takes at most two"
-        )
-    return Batch("batched", counts, xs, ws, dims)
 
 
 def init_block(nest: Nest, out, rank: int, extents: Extents) -> Init:

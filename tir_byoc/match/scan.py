@@ -11,9 +11,10 @@ from tvm import tirx
 
 from .chain import extend_chain, separate_init
 from .explain import stranded_epilogues, unread_loop_nests, unreadable_candidates
+from .extents import Extents
 from .records import FunctionScan, Refused, Rejection
 from .reduction import analyze_reduction, looks_like_gemm
-from .stir import Extents, FunctionIndex
+from .stir import FunctionIndex
 
 
 def scan_function(name: str, func: tirx.PrimFunc) -> FunctionScan:

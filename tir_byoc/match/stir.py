@@ -1,9 +1,10 @@
-"""S-TIR facts, read once per function: leaf loop nests, buffers and their uses, extents.
+"""S-TIR facts, read once per function: leaf loop nests, buffers and their uses.
 
 :class:`FunctionIndex` walks a PrimFunc once (plain loops without SBlocks are lifted into the
-blocks they denote by :mod:`tir_byoc.plain_loops`); :class:`Extents` proves extents equal;
-:func:`check_binding`, :func:`check_shape`, :func:`check_covers` and :func:`compact_global` are
-the checks a loop nest and its buffers must pass before a kernel may replace it.
+blocks they denote by :mod:`tir_byoc.plain_loops`); :func:`check_binding`,
+:func:`check_covers` and :func:`compact_global` are the checks a loop nest and its buffers
+must pass before a kernel may replace it (with :func:`.extents.check_shape`; :class:`Extents`
+proving extents equal is :mod:`.extents`'s, imported here for the modules that read it here).
 
 Used by the matcher's analyses (:mod:`.reduction`, :mod:`.epilogue`, :mod:`.chain`) and by
 :mod:`tir_byoc.relax_fold`, which reads the same facts to prove a weight copy.
@@ -11,25 +12,22 @@ Used by the matcher's analyses (:mod:`.reduction`, :mod:`.epilogue`, :mod:`.chai
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import tvm
-from tvm import ir, s_tir, sym, tirx
+from tvm import ir, s_tir, tirx
 from tvm.tirx.layout import TileLayout
 
 from ..plain_loops import Unread, lift_nest, loop_dtype_refusal, perfect_loops
 from .exprs import (
-    CONSTANT_TYPES,
     const_value,
-    dtype_of,
     expr_text,
     is_buffer,
     is_zero,
-    last_index,
     shape_of,
 )
+from .extents import Extents, dim_names
 from .records import Refused
 from .traversal import elements, walk
 
@@ -40,44 +38,6 @@ _THREAD_BINDING = tirx.ForKind.THREAD_BINDING
 
 
 COMM_REDUCE = 2
-
-
-class Extents:
-    """Proves extents equal: integers directly, symbolic ones with the arithmetic analyzer.
-
-    Also reads buffers' shapes, once per buffer: a GEMM's checks read each operand's shape
-    three times.
-    """
-
-    def __init__(self):
-        self._analyzer = None
-        self._shapes: dict[int, tuple] = {}  # buffer handle -> (its shape, the buffer)
-
-    def shape(self, buffer) -> tuple:
-        """``shape_of(buffer)``."""
-        known = self._shapes.get(buffer.__chandle__())
-        if known is None:
-            known = self._shapes[buffer.__chandle__()] = (shape_of(buffer), buffer)
-        return known[0]
-
-    def equal(self, a, b) -> bool:
-        if type(a) in CONSTANT_TYPES and type(b) in CONSTANT_TYPES:  # the common case, at once
-            return a.value == b.value
-        a_value, b_value = const_value(a), const_value(b)
-        if a_value is not None or b_value is not None:
-            return a_value is not None and a_value == b_value
-        if a.same_as(b):
-            return True
-        if self._analyzer is None:
-            self._analyzer = sym.Analyzer()
-        a, b = same_index_dtype(a, b)
-        return bool(self._analyzer.can_prove_equal(a, b))
-
-
-def same_index_dtype(a, b):
-    if dtype_of(a) == dtype_of(b):
-        return a, b
-    return tirx.Cast("int64", a), tirx.Cast("int64", b)
 
 
 def compact_global(var) -> str | None:
@@ -420,25 +380,6 @@ def check_binding(nest: Nest, extents: Extents) -> None:
             )
         if loop.kind == _THREAD_BINDING or (loop.step is not None and const_value(loop.step) != 1):
             raise Refused(f"loop {loop.loop_var.name} is thread-bound or strided")
-
-
-@functools.cache
-def dim_names(rank: int) -> tuple[str, ...]:
-    """Names of an output's dims in reports: the batch dims B0, B1, ..., then M and N."""
-    return (*(f"B{d}" for d in range(rank - 2)), "M", "N")
-
-
-def check_shape(buf, dims, names, extents: Extents, what="output"):
-    shape = extents.shape(buf)
-    if len(shape) != len(dims):
-        raise Refused(f"{what} {buf.name} has {len(shape)} dimensions, expected {len(dims)}")
-    for axis, (actual, expected, name) in enumerate(zip(shape, dims, names)):
-        if not extents.equal(actual, expected):
-            iterator = {"M": "i", "N": "j", "K": "k"}.get(name, name.lower())
-            raise Refused(
-                f"{iterator} runs over 0..{last_index(expected)} of {expr_text(actual)} "
-                f"(axis {axis} of {what} {buf.name}): the loops do not cover it whole"
-            )
 
 
 def check_covers(nest: Nest, indices, dims, extents: Extents) -> None:
