@@ -24,13 +24,13 @@ from tir_byoc.testing.programs import (
     build_program,
     mutate,
 )
+from tir_byoc.testing.schedule_steps import apply_step, leaf_blocks
 from tir_byoc.testing.spellings import (
     ACTIVATION_SPELLINGS,
     RELU_SPELLINGS,
     SCALE_SPELLINGS,
     TAIL_SPELLINGS,
 )
-from tir_byoc.testing.strategies import _apply_step, _leaf_blocks
 
 
 def test_a_built_chain_is_well_formed_and_scans_as_its_pattern():
@@ -200,13 +200,13 @@ def test_scheduling_never_inlines_a_consumer_whose_producer_has_another_reader()
     )
     program = build_program(spec)
     schedule = s_tir.Schedule(program.func)
-    _apply_step(schedule, "reverse_compute_inline", "abs_x1_0", 2)
+    apply_step(schedule, "reverse_compute_inline", "abs_x1_0", 2)
     tvm.ir.assert_structural_equal(schedule.mod["main"], program.func)
 
     lone = build_program(ProgramSpec(chains=(ChainSpec(bias="vector", relu="max(z, 0)"),)))
     schedule = s_tir.Schedule(lone.func)
-    _apply_step(schedule, "reverse_compute_inline", "relu0", 2)
-    assert "relu0" not in {block.name_hint for block in _leaf_blocks(schedule.mod["main"])}
+    apply_step(schedule, "reverse_compute_inline", "relu0", 2)
+    assert "relu0" not in {block.name_hint for block in leaf_blocks(schedule.mod["main"])}
 
 
 def test_batch_specs_that_cannot_be_built_name_the_problem():

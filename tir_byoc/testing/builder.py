@@ -1,7 +1,8 @@
 """Build a :class:`~.specs.ProgramSpec` into a real S-TIR PrimFunc.
 
 Entry point: :func:`build_program`, which gives a :class:`Program`: the function and what
-the matcher should report for each chain (:class:`ExpectedChain`).  Functions are built with
+the matcher should report for each chain (:class:`~.labels.ExpectedChain`, from
+:mod:`.labels`).  Functions are built with
 the IR constructors (``s_tir.SBlock``, ``tirx.For``, ``tirx.BufferStore``...), not parsed
 from TVMScript, so every spelling can be reached: loop orders, commuted operands, each relu
 spelling and each spelling of the other epilogue ops (in one block or several, fused with
@@ -9,7 +10,7 @@ their neighbours or not), int32 or int64 indices, symbolic extents, batch dims e
 carries, broadcasts or lacks, intermediates as root-block allocations or ``AllocBuffer``
 statements.
 
-The builder reads spec fields only.  A near miss is a chain whose :class:`~.specs.Knobs` are
+The builder reads spec fields only.  A near miss is a chain whose :class:`~.knobs.Knobs` are
 turned; each knob is looked up in the tables of :mod:`.spellings` or sets an extent, and no
 code here asks which mutation turned it.
 """
@@ -20,11 +21,9 @@ from dataclasses import dataclass, field
 
 from tvm import tirx
 
-from ..signature import DtypeSignature
-from .batches import batch_label
 from .blocks import FunctionBuilder, distractor, elementwise, zero
 from .distractors import CUTTING_KINDS
-from .labels import epilogue_stop, expected_epilogue, expected_pattern, relu_nan
+from .labels import ExpectedChain, cut_chain, expected_chain
 from .script import to_tvmscript
 from .specs import ChainSpec, ProgramSpec, full_order
 from .spellings import (
@@ -38,35 +37,6 @@ from .spellings import (
     Relu,
     Terms,
 )
-
-
-@dataclass(frozen=True)
-class ExpectedChain:
-    """What the generator built for one chain, for checking the matcher's report.
-
-    ``pattern`` is the pattern the chain was built as (:func:`~.labels.expected_pattern`);
-    when ``mutation`` is set the chain is a near miss of that pattern and must not be
-    reported as it.  ``batch_dims`` is how many merged batch dims its match reports (0
-    without batch dims).  ``epilogue`` is each op with its constants and tensor
-    (:func:`~.labels.expected_epilogue`) and ``relu_nan`` what its relu makes of a NaN.
-    ``stop``, for a near miss whose mutation stops the chain in its epilogue
-    (:attr:`~.mutations.Mutation.stops`), is the (pattern, blocks) the matcher reports for
-    the part before the op it refuses (:func:`~.labels.epilogue_stop`).
-    """
-
-    index: int
-    pattern: str
-    blocks: tuple[str, ...]
-    x: str
-    w: str
-    bias: str | None
-    out: str
-    dtype: DtypeSignature
-    mutation: str | None = None
-    batch_dims: int = 0
-    epilogue: tuple = ()
-    relu_nan: str | None = None
-    stop: tuple[str, tuple[str, ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -411,57 +381,6 @@ class ChainBuilder:
         elementwise(self.b, f"peek{self.c}", self.stages[0], peek)
 
 
-def _expected(spec: ProgramSpec, c, built: ChainBuilder, reduction, groups) -> ExpectedChain:
-    chain = spec.chains[c]
-    tensors = {op: buffer.name for op, buffer in built.tensors.items()}
-    if built.bias is not None:
-        tensors["bias"] = built.bias.name
-    stop = epilogue_stop(spec, c)
-    if stop is not None:
-        ops, kept = stop
-        stop = (
-            expected_pattern(spec, c, ops),
-            (*reduction, *(name for group in groups[:kept] for name in group)),
-        )
-    blocks = (*reduction, *(name for group in groups for name in group))
-    return ExpectedChain(
-        index=c,
-        pattern=expected_pattern(spec, c),
-        blocks=blocks,
-        x=built.x.name,
-        w=built.w.name,
-        bias=built.bias.name if built.bias is not None else None,
-        out=built.out.name,
-        dtype=DtypeSignature(*chain.dtypes),
-        mutation=chain.mutation,
-        batch_dims=batch_label(spec, chain).dims,
-        epilogue=expected_epilogue(spec, c, tensors),
-        relu_nan=relu_nan(chain),
-        stop=stop,
-    )
-
-
-def _cut_after_reduction(spec: ProgramSpec, c, built: ChainBuilder, reduction) -> ExpectedChain:
-    """What a chain cut by a block between its reduction and its epilogue scans as."""
-    chain = spec.chains[c]
-    bias = built.bias if chain.init == "bias" else None
-    epilogue = ()
-    if bias is not None:
-        epilogue = expected_epilogue(spec, c, {"bias": bias.name}, ops=("bias",))
-    return ExpectedChain(
-        index=c,
-        pattern=expected_pattern(spec, c, ("bias",) if bias is not None else ()),
-        blocks=reduction,
-        x=built.x.name,
-        w=built.w.name,
-        bias=bias.name if bias is not None else None,
-        out=built.stages[0].name,
-        dtype=DtypeSignature(*chain.dtypes),
-        batch_dims=batch_label(spec, chain).dims,
-        epilogue=epilogue,
-    )
-
-
 def build_program(spec: ProgramSpec) -> Program:
     """Build ``spec`` into a PrimFunc and the report expected for each of its chains."""
     b = FunctionBuilder(spec)
@@ -489,11 +408,11 @@ def build_program(spec: ProgramSpec) -> Program:
             if d.placement == "after":
                 distractor(b, d, built, f"{c}_{n}")
         if any(d.kind in CUTTING_KINDS for _, d in inside):
-            expected.append(_cut_after_reduction(spec, c, built, reduction))
+            expected.append(cut_chain(spec, c, built, reduction))
         else:
-            expected.append(_expected(spec, c, built, reduction, groups))
+            expected.append(expected_chain(spec, c, built, reduction, groups))
         x, batch = (built.out, built.batch) if chain.feeds_next else (None, None)
     return Program(spec, b.finish(), tuple(expected), b.bindings)
 
 
-__all__ = ["ChainBuilder", "ExpectedChain", "Program", "build_program"]
+__all__ = ["ChainBuilder", "Program", "build_program"]

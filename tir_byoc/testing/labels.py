@@ -1,6 +1,8 @@
 """What the matcher should call a chain the generators built: its pattern, batch form included.
 
-Entry points: :func:`expected_pattern`, the name of the pattern a chain computes (its batch
+Entry points: :func:`expected_chain`, the :class:`ExpectedChain` of a chain the builder built
+(with :func:`cut_chain` for one a block cuts after its reduction), from
+:func:`expected_pattern`, the name of the pattern a chain computes (its batch
 form from :func:`~.batches.batch_label`), :func:`expected_epilogue` and :func:`relu_nan`, its
 ops with their constants and tensors and what its relu makes of a NaN, and
 :func:`epilogue_stop`, where the matcher stops a near miss in its epilogue.  Labels come from
@@ -24,16 +26,47 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 from tvm import ir
 
 from ..epilogues import OPS, epilogue_error
 from ..patterns import pattern_for
+from ..signature import DtypeSignature
 from .batches import BatchLabel, Product, batch_label
 from .mutations import MUTATIONS
 from .specs import ChainSpec, ProgramSpec
 from .spellings import RELU_NAN
+
+
+@dataclass(frozen=True)
+class ExpectedChain:
+    """What the generator built for one chain, for checking the matcher's report.
+
+    ``pattern`` is the pattern the chain was built as (:func:`~.labels.expected_pattern`);
+    when ``mutation`` is set the chain is a near miss of that pattern and must not be
+    reported as it.  ``batch_dims`` is how many merged batch dims its match reports (0
+    without batch dims).  ``epilogue`` is each op with its constants and tensor
+    (:func:`~.labels.expected_epilogue`) and ``relu_nan`` what its relu makes of a NaN.
+    ``stop``, for a near miss whose mutation stops the chain in its epilogue
+    (:attr:`~.mutations.Mutation.stops`), is the (pattern, blocks) the matcher reports for
+    the part before the op it refuses (:func:`~.labels.epilogue_stop`).
+    """
+
+    index: int
+    pattern: str
+    blocks: tuple[str, ...]
+    x: str
+    w: str
+    bias: str | None
+    out: str
+    dtype: DtypeSignature
+    mutation: str | None = None
+    batch_dims: int = 0
+    epilogue: tuple = ()
+    relu_nan: str | None = None
+    stop: tuple[str, tuple[str, ...]] | None = None
 
 
 def expected_pattern(spec: ProgramSpec, c: int, ops: tuple[str, ...] | None = None) -> str:
@@ -150,12 +183,68 @@ def epilogue_stop(spec: ProgramSpec, c: int) -> tuple[tuple[str, ...], int] | No
     return accepted, len(chain.epilogue_groups)
 
 
+def expected_chain(spec: ProgramSpec, c: int, built, reduction, groups) -> ExpectedChain:
+    """What chain ``c`` of ``spec`` scans as: ``built`` is its :class:`~.builder.ChainBuilder`,
+    ``reduction`` the names of its reduction blocks, ``groups`` those of its epilogue groups."""
+    chain = spec.chains[c]
+    tensors = {op: buffer.name for op, buffer in built.tensors.items()}
+    if built.bias is not None:
+        tensors["bias"] = built.bias.name
+    stop = epilogue_stop(spec, c)
+    if stop is not None:
+        ops, kept = stop
+        stop = (
+            expected_pattern(spec, c, ops),
+            (*reduction, *(name for group in groups[:kept] for name in group)),
+        )
+    blocks = (*reduction, *(name for group in groups for name in group))
+    return ExpectedChain(
+        index=c,
+        pattern=expected_pattern(spec, c),
+        blocks=blocks,
+        x=built.x.name,
+        w=built.w.name,
+        bias=built.bias.name if built.bias is not None else None,
+        out=built.out.name,
+        dtype=DtypeSignature(*chain.dtypes),
+        mutation=chain.mutation,
+        batch_dims=batch_label(spec, chain).dims,
+        epilogue=expected_epilogue(spec, c, tensors),
+        relu_nan=relu_nan(chain),
+        stop=stop,
+    )
+
+
+def cut_chain(spec: ProgramSpec, c: int, built, reduction) -> ExpectedChain:
+    """What a chain cut by a block between its reduction and its epilogue scans as."""
+    chain = spec.chains[c]
+    bias = built.bias if chain.init == "bias" else None
+    epilogue = ()
+    if bias is not None:
+        epilogue = expected_epilogue(spec, c, {"bias": bias.name}, ops=("bias",))
+    return ExpectedChain(
+        index=c,
+        pattern=expected_pattern(spec, c, ("bias",) if bias is not None else ()),
+        blocks=reduction,
+        x=built.x.name,
+        w=built.w.name,
+        bias=bias.name if bias is not None else None,
+        out=built.stages[0].name,
+        dtype=DtypeSignature(*chain.dtypes),
+        batch_dims=batch_label(spec, chain).dims,
+        epilogue=epilogue,
+    )
+
+
 __all__ = [
     "BatchLabel",
+    "ExpectedChain",
     "Product",
     "batch_label",
+    "cut_chain",
     "epilogue_of",
     "epilogue_stop",
+    "expected_chain",
     "expected_epilogue",
     "expected_pattern",
     "relu_nan",

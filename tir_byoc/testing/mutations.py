@@ -17,6 +17,27 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any
 
+from .conditions import (
+    activation,
+    all_of,
+    bias_then_relu_in_one_block,
+    both,
+    can_alias,
+    carries,
+    float_relu,
+    has,
+    has_varying_dim,
+    in_epilogue,
+    not_in_place,
+    own_x,
+    separate_epilogue,
+    static_batch,
+    static_m,
+    tail,
+    writes_constant,
+    writes_param,
+    x_batch_last_carried,
+)
 from .knobs import Knobs
 from .spellings import ACTIVATION_SPELLINGS, TAIL_SPELLINGS
 
@@ -91,122 +112,12 @@ class Mutation:
         return replace(Knobs(), **self.overrides)
 
 
-def _has(op):
-    return lambda spec, c: op in spec.chains[c].ops
-
-
-def _in_epilogue(op):
-    return lambda spec, c: op in spec.chains[c].epilogue_ops
-
-
-def _not_in_place(spec, c):
-    return not spec.chains[c].in_place
-
-
-def _float_relu(spec, c):
-    return spec.chains[c].relu is not None and spec.chains[c].dtypes[2].startswith("float")
-
-
-def _static(spec, c):
-    return not spec.symbolic_m
-
-
-def _separate_epilogue(spec, c):
-    return spec.chains[c].epilogue_blocks > 0
-
-
-def _own_x(spec, c):
-    """X is a parameter of the chain's own, not the previous chain's output."""
-    return not (c > 0 and spec.chains[c - 1].feeds_next)
-
-
-def _can_alias(spec, c):
-    """X may be the output: same dtype and, with every batch dim carried, the same batch."""
-    chain = spec.chains[c]
-    same_batch = set(chain.x_batch) <= {"carry"}
-    return (
-        chain.dtypes[0] == chain.dtypes[2]
-        and not chain.feeds_next
-        and _own_x(spec, c)
-        and same_batch
-    )
-
-
-def _carries(operand, varying):
-    """The operand carries a batch dim (one whose extent is not a static 1, if ``varying``)."""
-
-    def applies(spec, c):
-        chain = spec.chains[c]
-        modes = chain.x_batch if operand == "x" else chain.w_batch
-        dims = chain.varying_dims(spec.symbolic_batch) if varying else range(len(chain.batch))
-        return any(modes[d] == "carry" for d in dims)
-
-    return applies
-
-
-def _has_varying_dim(spec, c):
-    return bool(spec.chains[c].varying_dims(spec.symbolic_batch))
-
-
-def _x_batch_last_carried(spec, c):
-    modes = spec.chains[c].x_batch
-    return bool(modes) and modes[-1] == "carry"
-
-
-def _static_batch(spec, c):
-    return not spec.symbolic_batch
-
-
-def _all(*conditions):
-    return lambda spec, c: all(condition(spec, c) for condition in conditions)
-
-
-def _writes_param(spec, c):
-    """The chain's output is a parameter, so a part left unwritten is still defined."""
-    return not spec.chains[c].feeds_next
-
-
-def _both(a, b):
-    return lambda spec, c: a(spec, c) and b(spec, c)
-
-
-def _writes_constant(name):
-    """The chain's activation is spelled with the fixed constant ``name``."""
-
-    def applies(spec, c):
-        chain = spec.chains[c]
-        return bool(chain.activation) and name in ACTIVATION_SPELLINGS[chain.activation].constants
-
-    return applies
-
-
-def _activation(*ops):
-    def applies(spec, c):
-        chain = spec.chains[c]
-        return bool(chain.activation) and ACTIVATION_SPELLINGS[chain.activation].op in ops
-
-    return applies
-
-
-def _tail(op):
-    return lambda spec, c: spec.chains[c].tail is not None and op in spec.chains[c].ops
-
-
-def _bias_then_relu_in_one_block(spec, c):
-    """One block adds the bias and then takes the relu (with the relu first, as
-    ``swapped_slots`` may build it, a select on the value before the bias is the relu)."""
-    return any(
-        "bias" in group and "relu" in group and group.index("bias") < group.index("relu")
-        for group in spec.chains[c].epilogue_groups
-    )
-
-
 def _fixed_constant(name, value, what):
     """A gelu spelling with its fixed constant ``name`` written as ``value``."""
     return Mutation(
         f"{what} written as {value}",
         {"fixed_constant": (name, value)},
-        _writes_constant(name),
+        writes_constant(name),
         refusal=f": a constant is {value} where",
         stops=True,
         wants={"activation": _spellings(lambda s: name in s.constants)},
@@ -227,56 +138,52 @@ MUTATIONS: dict[str, Mutation] = {
     "reduce_max": Mutation("the reduction combines with max, not +", {"combiner": "max"}),
     "reduce_sub": Mutation("the reduction subtracts the products", {"combiner": "sub"}),
     "reduce_sum_not_product": Mutation("the reduction adds X + W, not X * W", {"product": "add"}),
-    "swap_x_index": Mutation("X is read as X[k, i]", {"x_index": "ki"}, _static, ("m", "k")),
+    "swap_x_index": Mutation("X is read as X[k, i]", {"x_index": "ki"}, static_m, ("m", "k")),
     "swap_w_index": Mutation(
         "the weight is read in the other layout", {"w_flipped": True}, square=("n", "k")
     ),
     "swap_epilogue_index": Mutation(
         "the first epilogue reads Y[j, i]",
         {"first_epilogue_index": "ji"},
-        _both(_static, _separate_epilogue),
+        both(static_m, separate_epilogue),
         ("m", "n"),
     ),
     "bias_row_axis": Mutation(
         "the bias is indexed by the row, b[i]",
         {"bias_form": "row_axis"},
-        _both(_has("bias"), _static),
+        both(has("bias"), static_m),
         ("m", "n"),
     ),
-    "bias_full": Mutation("the bias is a full (M, N) matrix", {"bias_form": "full"}, _has("bias")),
+    "bias_full": Mutation("the bias is a full (M, N) matrix", {"bias_form": "full"}, has("bias")),
     "bias_second_row": Mutation(
-        "the bias is row 1 of a (2, N) array, b[1, j]", {"bias_form": "second_row"}, _has("bias")
+        "the bias is row 1 of a (2, N) array, b[1, j]", {"bias_form": "second_row"}, has("bias")
     ),
     "reduction_short_rows": Mutation(
         "the reduction, writing the output itself, stops one row short of M",
         {"reduction_rows_short": 1},
-        lambda s, c: not s.chains[c].ops and _writes_param(s, c) and (s.symbolic_m or s.m >= 2),
+        lambda s, c: not s.chains[c].ops and writes_param(s, c) and (s.symbolic_m or s.m >= 2),
     ),
-    "bias_sub": Mutation("the bias is subtracted", {"bias_combiner": "sub"}, _in_epilogue("bias")),
-    "bias_mul": Mutation("the bias multiplies", {"bias_combiner": "mul"}, _in_epilogue("bias")),
-    "relu_threshold": Mutation("relu against 1, not 0", {"relu_threshold": 1}, _has("relu")),
-    "select_shifted": Mutation(
-        "select(z > 1, z, 0)", {"relu_form": "select_shifted"}, _has("relu")
-    ),
-    "leaky_relu": Mutation(
-        "a leaky relu (slope 0.01 below 0)", {"relu_form": "leaky"}, _float_relu
-    ),
-    "clipped_relu": Mutation("a relu clipped at 6", {"relu_form": "clipped"}, _has("relu")),
+    "bias_sub": Mutation("the bias is subtracted", {"bias_combiner": "sub"}, in_epilogue("bias")),
+    "bias_mul": Mutation("the bias multiplies", {"bias_combiner": "mul"}, in_epilogue("bias")),
+    "relu_threshold": Mutation("relu against 1, not 0", {"relu_threshold": 1}, has("relu")),
+    "select_shifted": Mutation("select(z > 1, z, 0)", {"relu_form": "select_shifted"}, has("relu")),
+    "leaky_relu": Mutation("a leaky relu (slope 0.01 below 0)", {"relu_form": "leaky"}, float_relu),
+    "clipped_relu": Mutation("a relu clipped at 6", {"relu_form": "clipped"}, has("relu")),
     "alias_output_input": Mutation(
         "the chain's last block writes into X",
         {"output_is_x": True},
-        _both(_can_alias, _not_in_place),
+        both(can_alias, not_in_place),
         ("n", "k"),
     ),
     "intermediate_read_after": Mutation(
         "the reduction's output is also read after the chain",
         {"reduction_read": "after"},
-        _both(_separate_epilogue, _not_in_place),
+        both(separate_epilogue, not_in_place),
     ),
     "select_on_pre_bias": Mutation(
         "one block computes select(Y > 0, Y + b, 0): the test misses the bias",
         {"relu_form": "pre_bias_select"},
-        _bias_then_relu_in_one_block,
+        bias_then_relu_in_one_block,
     ),
     "init_block_short": Mutation(
         "the init block, of a reduction writing the output itself, stops one row short of M",
@@ -284,69 +191,67 @@ MUTATIONS: dict[str, Mutation] = {
         lambda s, c: (
             s.chains[c].init == "block"
             and (s.chains[c].in_place or not s.chains[c].ops)
-            and _writes_param(s, c)
+            and writes_param(s, c)
             and (s.symbolic_m or s.m >= 2)
         ),
     ),
     "read_between_in_place": Mutation(
         "a block reads the raw product between the reduction and an in-place epilogue",
         {"reduction_read": "between"},
-        lambda s, c: s.chains[c].in_place and _separate_epilogue(s, c),
+        lambda s, c: s.chains[c].in_place and separate_epilogue(s, c),
     ),
     "epilogue_short": Mutation(
         "the last epilogue block stops one column short of N",
         {"last_epilogue_columns_short": 1},
-        lambda s, c: _separate_epilogue(s, c) and s.chains[c].n >= 2 and _writes_param(s, c),
+        lambda s, c: separate_epilogue(s, c) and s.chains[c].n >= 2 and writes_param(s, c),
     ),
     "batch_on_row_axis": Mutation(
         "X's last batch axis and its row axis trade places: X[..., i, b, k]",
         {"x_batch_swapped": True},
-        _both(_own_x, _x_batch_last_carried),
+        both(own_x, x_batch_last_carried),
         refusal="do not read X[",
     ),
     "input_batch_read_at_zero": Mutation(
         "X is read at 0 on a batch dim it carries, of extent other than 1",
         {"batch_read_at_zero": "x"},
-        _carries("x", varying=True),
+        carries("x", varying=True),
         refusal="is read only at 0 on axis",
     ),
     "weight_batch_read_at_zero": Mutation(
         "the weight is read at 0 on a batch dim it carries, of extent other than 1",
         {"batch_read_at_zero": "w"},
-        _carries("w", varying=True),
+        carries("w", varying=True),
         refusal="is read only at 0 on axis",
     ),
     "input_batch_longer": Mutation(
         "X has one more matrix along a batch dim than the output",
         {"batch_operand_longer": "x"},
-        _all(_static_batch, _own_x, _carries("x", varying=False)),
+        all_of(static_batch, own_x, carries("x", varying=False)),
         refusal="a partial batch range",
     ),
     "weight_batch_longer": Mutation(
         "the weight has one more matrix along a batch dim than the output",
         {"batch_operand_longer": "w"},
-        _both(_static_batch, _carries("w", varying=False)),
+        both(static_batch, carries("w", varying=False)),
         refusal="a partial batch range",
     ),
     "batch_loop_short": Mutation(
         "the reduction, writing the output itself, stops one short along a batch dim",
         {"batch_loop_short": 1},
-        lambda s, c: not s.chains[c].ops and _writes_param(s, c) and _has_varying_dim(s, c),
+        lambda s, c: not s.chains[c].ops and writes_param(s, c) and has_varying_dim(s, c),
         refusal="the loops do not cover it whole",
     ),
     "batch_unread": Mutation(
         "a batch dim of the output is read by neither operand",
         {"batch_unread": True},
-        _both(_own_x, _has_varying_dim),
+        both(own_x, has_varying_dim),
         refusal="indexes neither operand",
     ),
     "x_non_compact": Mutation(
         "X is a view with explicit strides, its rows one element apart more than K",
         {"x_row_padding": 1},
         # Strided tensors are passed through DLPack, which has no bfloat16 (equivalence._strided).
-        lambda s, c: (
-            _own_x(s, c) and not s.chains[c].x_view and s.chains[c].dtypes[0] != "bfloat16"
-        ),
+        lambda s, c: own_x(s, c) and not s.chains[c].x_view and s.chains[c].dtypes[0] != "bfloat16",
         refusal="non-compact strides",
     ),
     # The fixed constants of gelu and tanh-gelu, each changed (one occurrence).
@@ -361,14 +266,14 @@ MUTATIONS: dict[str, Mutation] = {
     "gelu_functions_swapped": Mutation(
         "gelu's erf written as tanh, tanh-gelu's tanh as erf",
         {"functions_swapped": True},
-        _activation("gelu", "gelu_tanh"),
+        activation("gelu", "gelu_tanh"),
         stops=True,  # no refusal words: which block's refusal explains it depends on the spelling
         wants={"activation": _spellings(lambda s: s.op in ("gelu", "gelu_tanh"))},
     ),
     "clip_swapped": Mutation(
         "the clip's bounds swapped",
         {"clip_swapped": True},
-        _activation("clip"),
+        activation("clip"),
         refusal="clip bounds are swapped",
         stops=True,
         wants={"activation": _spellings(lambda s: s.op == "clip")},
@@ -376,7 +281,7 @@ MUTATIONS: dict[str, Mutation] = {
     "leaky_slope_above_one": Mutation(
         "a leaky relu of slope 1.5",
         {"slope": 1.5},
-        _activation("leaky_relu"),
+        activation("leaky_relu"),
         refusal="leaky relu slope 1.5 is outside [0, 1]",
         stops=True,
         wants={"activation": _spellings(lambda s: s.op == "leaky_relu")},
@@ -384,7 +289,7 @@ MUTATIONS: dict[str, Mutation] = {
     "leaky_slope_negative": Mutation(
         "a leaky relu of slope -0.5",
         {"slope": -0.5},
-        _activation("leaky_relu"),
+        activation("leaky_relu"),
         refusal="leaky relu slope -0.5 is outside [0, 1]",
         stops=True,
         wants={"activation": _spellings(lambda s: s.op == "leaky_relu")},
@@ -392,7 +297,7 @@ MUTATIONS: dict[str, Mutation] = {
     "residual_column_broadcast": Mutation(
         "the residual is an (M, 1) column, R[i, 0]",
         {"tail_form": "column"},
-        _tail("add"),
+        tail("add"),
         refusal="(N,) or (1, N)",
         stops=True,
         wants={"tail": _spellings(lambda s: s.op == "add", TAIL_SPELLINGS)},
@@ -400,7 +305,7 @@ MUTATIONS: dict[str, Mutation] = {
     "gate_column_broadcast": Mutation(
         "the gate is an (M, 1) column, G[i, 0]",
         {"tail_form": "column"},
-        _tail("mul"),
+        tail("mul"),
         refusal="(N,) or (1, N)",
         stops=True,
         wants={"tail": _spellings(lambda s: s.op == "mul", TAIL_SPELLINGS)},

@@ -22,10 +22,10 @@ This module gathers the public names of the modules that do the work:
 """
 
 from .batches import BATCH_AXES, BATCH_MODES, MAX_BATCH_DIMS, BatchLabel, batch_label
-from .builder import ExpectedChain, Program, build_program
+from .builder import Program, build_program
 from .distractors import CUTTING_KINDS, DISTRACTORS, INSIDE_KINDS, DistractorSpec
 from .knobs import Knobs
-from .labels import expected_pattern
+from .labels import ExpectedChain, expected_pattern
 from .mutations import MUTATIONS, Mutation, applicable_mutations, mutate
 from .specs import INITS, SIGNATURES, ChainSpec, ProgramSpec
 from .spellings import RELU_SPELLINGS
