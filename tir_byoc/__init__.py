@@ -84,3 +84,5 @@ __all__ = [
     "register_intrinsic",
     "scan",
 ]
+
+from . import aot as aot  # tir_byoc.aot.build: the model as plain C (docs/aot.md)
