@@ -18,8 +18,10 @@ One idea per module, each calling only those listed after it:
 - :mod:`.scan`: :func:`scan_function`, the entry point;
 - :mod:`.chain`: grows a chain from a reduction through its epilogues;
 - :mod:`.explain`: reasons for candidates the chain search never reaches;
-- :mod:`.epilogue`: the epilogue recognition: templates of the fixed-constant ops, and rules
-  keyed by the root operation;
+- :mod:`.epilogue`: the epilogue recognition: rules keyed by the root operation, and the
+  templates of :mod:`.templates`;
+- :mod:`.templates`: the ops of fixed form, matched by their spellings as templates (read from
+  the ops' records in :mod:`tir_byoc.epilogues`);
 - :mod:`.reduction`: the GEMM analysis;
 - :mod:`.batch`: the batch dims of a GEMM;
 - :mod:`.stir`: S-TIR facts (loop nests, buffer uses, binding and compactness);

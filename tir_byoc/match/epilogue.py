@@ -7,13 +7,12 @@ such as gelu's five, is one expression) into a tuple of :class:`~.records.Step` 
 :class:`~.records.Refused` saying what differs.  Reads :mod:`.stir`, :mod:`.exprs` and
 :func:`.reduction.bias_vector`.
 
-The ops are recognised two ways.  The ones whose spelling has a fixed form (gelu, gelu_tanh,
-silu, swish, sigmoid, tanh) by :data:`SPELLINGS`: expression templates, matched up to the order
-of the operands of ``+`` and ``*``, whose constants are then compared with the op's (swish's
-alpha is whatever the TIR holds); the others
-(scale, bias, relu, clip, leaky_relu, add, mul) by the rules of :data:`RULES`, since what
-they accept (a bound, a slope, a tensor) needs its own check.  Each result records the
-spelling's NaN behaviour where spellings differ (relu, clip), so the call computes it too.
+The ops are recognised two ways: the ones whose records say ``template`` (the formulas of
+fixed form: gelu, gelu_tanh, silu, sigmoid, tanh, swish, hardswish) by their spellings, the
+templates of :mod:`.templates`; the others (scale, div, bias, relu, clip, leaky_relu, add,
+mul, channel_scale) by the rules of :data:`RULES`, since what they accept (a bound, a slope, a
+tensor) needs its own check.  Each result records the spelling's NaN behaviour where
+spellings differ (relu, clip), so the call computes it too.
 """
 
 from __future__ import annotations
@@ -21,17 +20,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-import tvm
 import tvm_ffi
 from tvm import ir, tirx
 
-from ..epilogues import GELU_CONSTANTS, OPS, RELU_KEEP_NAN_CODE
+from ..epilogues import OPS, RELU_KEEP_NAN_CODE
 from .exprs import const_value, dtype_of, expr_text, index_text, is_var, is_zero, operation_text
 from .extents import Extents, check_shape, dim_names
 from .records import Refused, Step
 from .reduction import Reduction, bias_vector
 from .stir import DATA_PAR, Nest, check_binding, check_covers, compact_global
+from .templates import TEMPLATES_BY_ROOT, VALUE, constants_of, root_operation, unify
 from .traversal import elements, walk
 
 
@@ -78,135 +76,6 @@ def read_elementwise(nest: Nest, chain: Reduction, extents: Extents) -> Elementw
     return Elementwise(nest, out, store.value, indices)
 
 
-# Step 1. Templates: the spellings of the ops with fixed constants.
-VALUE = "value"
-
-
-@dataclass(frozen=True)
-class Const:
-    """A constant of a spelling: ``name`` is the op's constant (checked) or a fixed value."""
-
-    name: str
-    value: float | None = None  # the value it must have, for a fixed one
-
-
-def _call(op, arg):
-    return ("call", op, arg)
-
-
-_HALF, _ONE = Const("0.5", 0.5), Const("1", 1.0)
-_C0, _C1 = Const("c0"), Const("c1")
-
-#: op -> its spellings: nested ("mul" | "add" | "pow", a, b), ("call", op, a), VALUE, Const.
-SPELLINGS = {
-    "gelu": (
-        # Relax's legalization: z * (0.5 + erf(z * sqrt(1/2)) * 0.5)
-        ("mul", VALUE, ("add", _HALF, ("mul", _call("tirx.erf", ("mul", VALUE, _C0)), _HALF))),
-        # (z * 0.5) * (1 + erf(z * sqrt(1/2)))
-        ("mul", ("mul", VALUE, _HALF), ("add", _ONE, _call("tirx.erf", ("mul", VALUE, _C0)))),
-    ),
-    "gelu_tanh": (
-        # Relax's legalization: (0.5 z) * (1 + tanh((c0 z) * (1 + (c1 z) z)))
-        (
-            "mul",
-            ("mul", _HALF, VALUE),
-            (
-                "add",
-                _ONE,
-                _call(
-                    "tirx.tanh",
-                    (
-                        "mul",
-                        ("mul", _C0, VALUE),
-                        ("add", _ONE, ("mul", ("mul", _C1, VALUE), VALUE)),
-                    ),
-                ),
-            ),
-        ),
-        # torch's tanh gelu as written in Python (GPT-2): (z 0.5)(tanh((z + z^3 c1) c0) + 1)
-        (
-            "mul",
-            ("mul", VALUE, _HALF),
-            (
-                "add",
-                _call(
-                    "tirx.tanh",
-                    ("mul", ("add", VALUE, ("mul", ("pow", VALUE, Const("3", 3.0)), _C1)), _C0),
-                ),
-                _ONE,
-            ),
-        ),
-    ),
-    "silu": (("mul", VALUE, _call("tirx.sigmoid", VALUE)),),
-    "swish": (("mul", VALUE, _call("tirx.sigmoid", ("mul", VALUE, _C0))),),
-    "sigmoid": (_call("tirx.sigmoid", VALUE),),
-    "tanh": (_call("tirx.tanh", VALUE),),
-}
-
-_BINARY = {"mul": tirx.Mul, "add": tirx.Add}
-
-
-def unify(template, expr, binding: dict) -> dict | None:
-    """``binding`` extended so that ``template`` spells ``expr``, or None if it does not."""
-    if template == VALUE:
-        if VALUE in binding:
-            # A node is equal to itself; an op reading its input twice reads one node twice.
-            bound = binding[VALUE]
-            same = bound.same_as(expr) or tvm_ffi.structural_equal(bound, expr)
-            return binding if same else None
-        return {**binding, VALUE: expr}
-    if isinstance(template, Const):
-        value = const_value(expr)
-        if value is None:
-            return None
-        seen = binding.get(template.name, ())  # each occurrence is checked
-        return {**binding, template.name: (*seen, (value, template.value))}
-    kind = template[0]
-    if kind in _BINARY:
-        if not isinstance(expr, _BINARY[kind]):
-            return None
-        for a, b in ((expr.a, expr.b), (expr.b, expr.a)):
-            found = unify(template[1], a, binding)
-            found = found and unify(template[2], b, found)
-            if found:
-                return found
-        return None
-    if not isinstance(expr, tvm.ir.Call):
-        return None
-    name = getattr(expr.op, "name", None)
-    if name != ("tirx.pow" if kind == "pow" else template[1]):
-        return None
-    args = elements(expr.args)
-    if kind == "pow":
-        if len(args) != 2:
-            return None
-        found = unify(template[1], args[0], binding)
-        return found and unify(template[2], args[1], found)
-    if len(args) != 1:
-        return None
-    return unify(template[2], args[0], binding)
-
-
-def _root(template):
-    if isinstance(template, tuple):
-        return _BINARY.get(template[0]) or template[1]
-    return None
-
-
-#: Root (node type or call name) -> the (op, spelling) pairs whose expression has that root.
-_SPELLINGS_BY_ROOT: dict = {}
-for _op, _spellings in SPELLINGS.items():
-    for _spelling in _spellings:
-        _SPELLINGS_BY_ROOT.setdefault(_root(_spelling), []).append((_op, _spelling))
-
-
-def root_operation(expr):
-    """The key of ``expr`` in :data:`RULES`: its node type, or the operator name of a call."""
-    if isinstance(expr, tvm.ir.Call):
-        return getattr(expr.op, "name", None)
-    return type(expr)
-
-
 def tir_max(a: float, b: float) -> float:
     """TVM's ``max(a, b)`` on floats: ``a > b ? a : b`` (so a NaN in a gives b)."""
     return a if a > b else b
@@ -220,7 +89,7 @@ def tir_min(a: float, b: float) -> float:
 class EpilogueParser:
     """Turns an expression of ``source[axes]`` into the :class:`Step` tuple it computes.
 
-    :meth:`parse` peels the outermost op (a spelling of :data:`SPELLINGS`, else the rules of
+    :meth:`parse` peels the outermost op (a template of :mod:`.templates`, else the rules of
     :data:`RULES` for its root), then parses the value it was applied to, down to the plain
     read of ``source``.  Every tensor an op reads is checked (a bias is an (n,) vector, a
     residual has the output's shape, a scale is a constant or a scalar).
@@ -269,11 +138,10 @@ class EpilogueParser:
                 f"{self.source.name}[{names}] (indices are mixed up)"
             )
         root = root_operation(expr)
-        spellings = _SPELLINGS_BY_ROOT.get(root, ())
-        for op, spelling in spellings:
-            binding = unify(spelling, expr, {})
+        for op, template in TEMPLATES_BY_ROOT.get(root, ()):
+            binding = unify(template, expr, {})
             if binding is not None and self.contains_source(binding[VALUE]):
-                return (*self.parse(binding[VALUE]), self._fixed_constants(op, binding))
+                return (*self.parse(binding[VALUE]), constants_of(op, binding))
         for rule in RULES.get(root, ()):
             found = rule(self, expr)
             if found is not None:
@@ -295,28 +163,7 @@ class EpilogueParser:
             known = self._contains[handle] = (expr, found)
         return known[1]
 
-    def _fixed_constants(self, op: str, binding) -> Step:
-        """The Step of a spelling of ``op``, if its constants are the op's; else Refused.
-
-        The gelus' constants are fixed (:data:`GELU_CONSTANTS`); another op's (swish's alpha)
-        is the value its first occurrence has.
-        """
-        expected = iter(GELU_CONSTANTS.get(op, ()))
-        values = []
-        for name in sorted(k for k in binding if k != VALUE):  # fixed values sort before c0
-            occurrences = binding[name]
-            fixed = occurrences[0][1]
-            want = fixed if fixed is not None else next(expected, occurrences[0][0])
-            for found, _ in occurrences:
-                if np.float32(found) != np.float32(want):
-                    raise Refused(
-                        f"{op}: a constant is {found} where {op} has {float(want):.9g}", op=op
-                    )
-            if fixed is None:
-                values.append(float(np.float32(want)))
-        return Step(op, OPS[op].code, tuple(values))
-
-    # Step 2. The rules of the ops with their own checks.
+    # The rules of the ops with their own checks.
     def _operand(self, expr) -> str:
         """What a non-value operand is: "vector", "full", "scalar" or "other"."""
         if const_value(expr) is not None:

@@ -6,14 +6,19 @@ programs
     Programs of the pattern family described as data (:class:`ChainSpec`,
     :class:`ProgramSpec`) and built into real S-TIR PrimFuncs by :func:`build_program`,
     together with what the matcher should report for them; near-miss mutants
-    (:data:`MUTATIONS`).  It re-exports the public names of ``specs`` (the specs and the
-    :class:`Knobs` a near miss turns), ``labels`` (the pattern the matcher should report for
-    a chain, batch form included, read from its spec), ``mutations`` (each near miss as a set
-    of knob values), ``builder`` and ``blocks`` (the one builder) and ``spellings`` (the IR
-    each knob value names).  Needs nothing beyond tir_byoc's own dependencies.
+    (:data:`MUTATIONS`).  It re-exports the public names of the modules that do the work,
+    which import one another in this order: ``spellings`` (the IR each spec field and knob
+    value names; the epilogue ops' spellings read from their records in
+    :mod:`tir_byoc.epilogues`), ``knobs`` (the :class:`Knobs` a near miss turns),
+    ``conditions`` and ``mutations`` (where each near miss applies, and its knob values),
+    ``batches`` and ``distractors`` (a chain's batch dims, the blocks around it), ``specs``,
+    ``labels`` (what the matcher should report for a chain, read from its spec), and
+    ``blocks`` and ``builder`` (the one builder).  Needs nothing beyond tir_byoc's own
+    dependencies.
 strategies
-    hypothesis strategies over those programs (``programs()``, ``mutants()``).  Needs the
-    ``hypothesis`` package (``pip install tir-byoc[dev]``).
+    hypothesis strategies over those programs (``programs()``, ``mutants()``; scheduled and
+    lowered ones with the steps of ``schedule_steps``).  Needs the ``hypothesis`` package
+    (``pip install tir-byoc[dev]``).
 equivalence
     Run two versions of a function on the same random inputs and compare every buffer, with
     tolerances per dtype (:func:`assert_equivalent`); :func:`run` one function.  The one

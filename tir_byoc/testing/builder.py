@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from tvm import tirx
 
+from ..epilogues import Terms
 from .blocks import FunctionBuilder, distractor, elementwise, zero
 from .distractors import CUTTING_KINDS
 from .labels import ExpectedChain, cut_chain, expected_chain
@@ -35,7 +36,7 @@ from .spellings import (
     RELU_FORMS,
     TAIL_FORMS,
     Relu,
-    Terms,
+    SwappedTerms,
 )
 
 
@@ -342,15 +343,11 @@ class ChainBuilder:
     def _terms(self, op, v) -> Terms:
         """The constants and the operand of ``op``'s spelling, as the knobs leave them."""
         chain, knobs = self.chain, self.knobs
-        lo, hi = chain.bounds[::-1] if knobs.clip_swapped else chain.bounds
-        values = {
-            **FIXED_CONSTANTS,
-            "factor": chain.factor,
-            "lo": lo,
-            "hi": hi,
-            "slope": chain.slope if knobs.slope is None else knobs.slope,
-            "alpha": chain.alpha,
-        }
+        values = {**FIXED_CONSTANTS, **chain.constant_values}
+        if knobs.clip_swapped:
+            values["lo"], values["hi"] = values["hi"], values["lo"]
+        if knobs.slope is not None:
+            values["slope"] = knobs.slope
         if knobs.fixed_constant is not None:
             name, changed = knobs.fixed_constant
             values[name] = changed
@@ -364,7 +361,7 @@ class ChainBuilder:
             index = TAIL_FORMS[knobs.tail_form].index
             at = index(self._batch_iters(v), v["i"], v["j"], self.b.const)
             operand = tirx.BufferLoad(tensor, at)
-        return Terms(self.acc, values, operand, knobs.functions_swapped)
+        return (SwappedTerms if knobs.functions_swapped else Terms)(self.acc, values, operand)
 
     def _bias(self, value, vi, vj):
         bias = self._bias_load(vi, vj)

@@ -8,11 +8,12 @@ ops with their constants and tensors and what its relu makes of a NaN, and
 :func:`epilogue_stop`, where the matcher stops a near miss in its epilogue.  Labels come from
 here, never from the matcher, so that the label property compares two independent readings.
 
-The epilogue's constants are the ones the generator writes, as fp32: a scale's factor (or
-the scalar parameter's read, ``"s0[0]"``), gelu's sqrt(1/2), tanh-gelu's sqrt(2/pi) and
-0.044715, the clip's bounds and what its spelling makes of a NaN (the spelling tables
-declare it: TVM's ``max(a, b)`` is ``a > b ? a : b``, so a NaN in ``a`` gives ``b``), the
-leaky relu's slope, the swish's alpha.  A near miss whose mutation stops the chain in its
+The epilogue's constants are the ones the generator writes, as fp32, in the order of each
+op's record (:data:`tir_byoc.epilogues.OPS`): a scale's factor (or the scalar parameter's
+read, ``"s0[0]"``), gelu's sqrt(1/2) and tanh-gelu's sqrt(2/pi) and 0.044715 (pinned in their
+records), the clip's bounds and what its spelling makes of a NaN (the spellings declare it:
+TVM's ``max(a, b)`` is ``a > b ? a : b``, so a NaN in ``a`` gives ``b``), the leaky relu's
+slope, the swish's alpha.  A near miss whose mutation stops the chain in its
 epilogue is matched up to the op it breaks (:func:`epilogue_stop`, restating the matcher's
 rules): the chain ends after the last block before the one computing that op, or before the
 first op one call cannot carry; an op a spelling of several blocks computes can only end the
@@ -83,13 +84,6 @@ def _fp32(value: float) -> float | str:
     return "nan" if math.isnan(value) else value
 
 
-#: The constants of the gelus, as written by :data:`~.spellings.FIXED_CONSTANTS`.
-_GELU_CONSTANTS = {
-    "gelu": (math.sqrt(0.5),),
-    "gelu_tanh": (math.sqrt(2 / math.pi), 0.044715),
-}
-
-
 def expected_epilogue(
     spec: ProgramSpec, c: int, tensors: Mapping[str, str], ops: tuple[str, ...] | None = None
 ) -> tuple[tuple[str, tuple, str | None], ...]:
@@ -104,23 +98,25 @@ def expected_epilogue(
     steps = []
     for op in chain.applied_ops if ops is None else ops:
         spelling = chain.spelling(op)
-        constants: tuple = ()
-        if op in ("scale", "div"):
-            read = spelling.reads == "scalar"
-            constants = (f"{tensors[op]}[0]",) if read else (_fp32(chain.factor),)
-        elif op in _GELU_CONSTANTS:
-            constants = tuple(_fp32(v) for v in _GELU_CONSTANTS[op])
-        elif op == "clip":
-            lo, hi = chain.bounds
-            nan = {"lo": lo, "hi": hi, "nan": math.nan}[spelling.nan]
-            constants = (_fp32(lo), _fp32(hi), _fp32(nan))
-        elif op == "leaky_relu":
-            constants = (_fp32(chain.slope),)
-        elif op == "swish":
-            constants = (_fp32(chain.alpha),)
+        if spelling is not None and spelling.reads == "scalar":
+            constants: tuple = (f"{tensors[op]}[0]",)
+        else:
+            constants = tuple(_fp32(v) for v in _constants(chain, op, spelling))
         tensor = tensors.get(op) if OPS[op].tensor else None
         steps.append((op, constants, tensor))
     return tuple(steps)
+
+
+def _constants(chain: ChainSpec, op: str, spelling) -> list[float]:
+    """The constants of ``op`` in ``chain``, in the op's order: a pinned op's are its own
+    (gelu's sqrt(1/2)), the others' come from the chain's fields
+    (:attr:`~.specs.ChainSpec.constant_values`); a clip's NaN result is the one its spelling
+    gives (``spelling.nan``)."""
+    spec = OPS[op]
+    values = {**(spec.values() if spec.pinned else {}), **chain.constant_values}
+    if spelling is not None and spelling.nan is not None:
+        values["nan"] = math.nan if spelling.nan == "nan" else values[spelling.nan]
+    return [values[name] for name in spec.constants]
 
 
 def epilogue_of(match) -> tuple[tuple[str, tuple, str | None], ...]:
@@ -151,10 +147,12 @@ def _read_as(chain: ChainSpec, op: str) -> str | None:
     """The op the matcher reads where chain's knobs have changed ``op``; None if it refuses."""
     knobs = chain.knobs
     spelling = chain.spelling(op)
-    if op in _GELU_CONSTANTS:
-        changed = knobs.fixed_constant
-        if knobs.functions_swapped or (changed and changed[0] in spelling.constants):
-            return None
+    changed = knobs.fixed_constant
+    if spelling is not None and (
+        (knobs.functions_swapped and spelling.functions)
+        or (changed and changed[0] in spelling.constants)
+    ):
+        return None
     if op == "clip" and knobs.clip_swapped:
         return None
     if op == "leaky_relu" and knobs.slope is not None and not 0 <= knobs.slope <= 1:

@@ -228,6 +228,20 @@ class ChainSpec:
         return sum(self.block_count(group[0]) for group in self.epilogue_groups)
 
     @property
+    def constant_values(self) -> dict[str, float]:
+        """The constants of the epilogue's ops the chain's fields give, by the names the
+        spellings read (a scale's ``factor`` is a div's ``divisor``)."""
+        lo, hi = self.bounds
+        return {
+            "factor": self.factor,
+            "divisor": self.factor,
+            "lo": lo,
+            "hi": hi,
+            "slope": self.slope,
+            "alpha": self.alpha,
+        }
+
+    @property
     def gain(self) -> float:
         """How much the scale slot multiplies the product (and its rounding errors) by: the
         factor of a constant scale, one over a divisor, else 1."""

@@ -4,7 +4,8 @@ Each table maps a name a spec field holds to the IR it stands for: :data:`RELU_S
 (the relu a positive writes, with what each makes of a NaN in :data:`RELU_NAN`), the other
 epilogue ops as :class:`OpSpelling` entries (:data:`SCALE_SPELLINGS`,
 :data:`ACTIVATION_SPELLINGS`, :data:`TAIL_SPELLINGS`: one block or several, the way Relax,
-torch or a hand-written kernel writes them), and the variations only near misses use,
+torch or a hand-written kernel writes them, read from the ops' records in
+:mod:`tir_byoc.epilogues`), and the variations only near misses use,
 :data:`RELU_FORMS`, :data:`BIAS_FORMS`, :data:`TAIL_FORMS`, :data:`PRODUCTS`,
 :data:`COMBINERS` and :data:`BIAS_COMBINERS`.  A spec names an entry;
 :mod:`tir_byoc.testing.builder` looks it up and never branches on which mutation, if any,
@@ -13,11 +14,14 @@ asked for it.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
+import tvm
+import tvm_ffi
 from tvm import tirx
+
+from ..epilogues import LITERALS, OPS, Spelling, Terms
 
 #: Relu spellings, by name: each builds ``relu(z)`` from ``z`` and a zero of z's dtype (the
 #: threshold, which only a near miss moves away from 0).
@@ -127,52 +131,33 @@ BIAS_COMBINERS: dict[str, Callable] = {
 }
 
 # --------------------------------------------------------------------------------------
-# The other epilogue ops: scale, activation and tail spellings
+# The other epilogue ops: their spellings, read from their records
 # --------------------------------------------------------------------------------------
 
-#: The constants the gelus are written with, by the names their spellings use (a name
-#: ending in 2 is a second occurrence of the same value, which a near miss may change alone).
+#: The constants a near miss may write with another value (:attr:`~.knobs.Knobs.fixed_constant`):
+#: the literals of the spellings and the constants of the ops whose constants are pinned
+#: (gelu's sqrt(1/2)), by the names the spellings read.
 FIXED_CONSTANTS: dict[str, float] = {
-    "half": 0.5,
-    "half2": 0.5,
-    "one": 1.0,
-    "one2": 1.0,
-    "three": 3.0,
-    "sqrt_half": math.sqrt(0.5),
-    "sqrt_2_over_pi": math.sqrt(2 / math.pi),
-    "cubic": 0.044715,
+    **LITERALS,
+    **{name: value for op in OPS.values() if op.pinned for name, value in op.values().items()},
 }
 
 
-@dataclass(frozen=True)
-class Terms:
-    """What an op spelling is built from besides its input: the epilogue's ``dtype``, the
-    named constants (``values``: the fixed ones of :data:`FIXED_CONSTANTS` and the op's own,
-    ``factor``, ``lo``, ``hi``, ``slope``, ``alpha``), the tensor or scalar it reads
-    (``operand``, a load at the block's indices) and whether gelu's erf and tanh-gelu's tanh
-    trade places (a near miss)."""
-
-    dtype: str
-    values: Mapping[str, float] = field(default_factory=dict)
-    operand: object = None
-    swap_functions: bool = False
-
-    def c(self, name: str):
-        return tirx.const(self.values[name], self.dtype)
-
-    def zero(self):
-        return tirx.const(0, self.dtype)
+class SwappedTerms(Terms):
+    """:class:`~tir_byoc.epilogues.Terms` whose erf and tanh trade places (a near miss:
+    gelu's erf written as tanh, tanh-gelu's tanh as erf)."""
 
     def erf(self, x):
-        return tirx.tanh(x) if self.swap_functions else tirx.erf(x)
+        return tirx.tanh(x)
 
     def tanh(self, x):
-        return tirx.erf(x) if self.swap_functions else tirx.tanh(x)
+        return tirx.erf(x)
 
 
 @dataclass(frozen=True)
 class OpSpelling:
-    """One way to write an epilogue op of :data:`tir_byoc.epilogues.OPS` in TIR.
+    """One way to write an epilogue op of :data:`tir_byoc.epilogues.OPS` in TIR, as a test
+    builds it.
 
     Attributes
     ----------
@@ -182,194 +167,112 @@ class OpSpelling:
         One per block, in order: ``block(z, earlier, terms)`` builds the block's value from
         ``z`` (the op's input: a load of its buffer or, for a one-block spelling that shares
         its block with other ops, their expression), ``earlier`` (loads of the op's blocks
-        before this one, at the same indices) and a :class:`Terms`.
+        before this one, at the same indices) and a :class:`~tir_byoc.epilogues.Terms`.
     constants : tuple of str
         The fixed constants (keys of :data:`FIXED_CONSTANTS`) it writes.
-    nan : str or None
-        A clip: what a NaN becomes, ``"lo"``, ``"hi"`` or ``"nan"``, as TVM lowers the
-        spelling (``max(a, b)`` is ``a > b ? a : b``, ``min(a, b)`` is ``a < b ? a : b``).
-    reads : str or None
-        ``"scalar"`` (a scale by ``s[0]``, a parameter of shape (1,)), ``"vector"`` (a layer
-        scale ``g[j]`` of shape (N,)) or ``"tensor"`` (a residual or gate of the output's
-        shape).
+    functions : tuple of str
+        The functions of the formula a near miss may swap (``"erf"``, ``"tanh"``).
+    nan, reads
+        As :class:`~tir_byoc.epilogues.Spelling` has them.
     """
 
     op: str
     blocks: tuple[Callable, ...]
     constants: tuple[str, ...] = ()
+    functions: tuple[str, ...] = ()
     nan: str | None = None
     reads: str | None = None
 
-    def __post_init__(self):
-        unknown = set(self.constants) - set(FIXED_CONSTANTS)
-        if unknown:
-            raise ValueError(f"OpSpelling: expected constants of FIXED_CONSTANTS, got {unknown}")
+
+class _Reading(Terms):
+    """Terms that note the names a spelling reads and the functions it calls."""
+
+    def __init__(self):
+        super().__init__("float32", {}, tirx.Var("t", "float32"))
+        object.__setattr__(self, "read", [])
+
+    def c(self, name):
+        self.read.append(name)
+        return tirx.const(1.0, "float32")
+
+    def erf(self, x):
+        self.read.append("erf()")
+        return super().erf(x)
+
+    def tanh(self, x):
+        self.read.append("tanh()")
+        return super().tanh(x)
 
 
-def _one(build, op, **fields) -> OpSpelling:
-    """A one-block spelling: ``build(z, terms)``."""
-    return OpSpelling(op, (lambda z, earlier, k: build(z, k),), **fields)
+def _op_spelling(op: str, spelling: Spelling, blocks=None) -> OpSpelling:
+    reading = _Reading()
+    spelling.inline(tirx.Var("z", "float32"), reading)
+    read = tuple(dict.fromkeys(reading.read))
+    return OpSpelling(
+        op,
+        spelling.blocks if blocks is None else blocks,
+        tuple(name for name in read if name in FIXED_CONSTANTS),
+        tuple(name[:-2] for name in read if name.endswith("()")),
+        spelling.nan,
+        spelling.reads,
+    )
 
 
-# The IR constructors, not Python's operators: those fold (``z * 0.0`` becomes ``0.0``, which
-# would turn a leaky relu of slope 0 into a relu with another NaN result).
-_mul, _add, _div = tirx.Mul, tirx.Add, tirx.Div
+def _commuted(expr, z):
+    """``expr`` with the operands of each ``+`` and ``*`` outside ``z`` in the other order."""
+    if expr.same_as(z):
+        return expr
+    if isinstance(expr, (tirx.Add, tirx.Mul)):
+        return type(expr)(_commuted(expr.b, z), _commuted(expr.a, z))
+    if isinstance(expr, tvm.ir.Call):
+        args = [_commuted(arg, z) for arg in expr.args]
+        return tirx.call_intrin(str(expr.ty.dtype), expr.op.name, *args)
+    if hasattr(expr, "a") and hasattr(expr, "b"):
+        return type(expr)(_commuted(expr.a, z), _commuted(expr.b, z))
+    return expr
+
+
+def _spellings_of(spec) -> dict[str, OpSpelling]:
+    """The test spellings of an op: its record's, and for an op of fixed form (a template of
+    the matcher) its first spelling also in one block and with every ``+`` and ``*``
+    commuted, since a hand-written kernel may write it either way."""
+    first, *others = spec.spellings
+    found = {first.name: _op_spelling(spec.name, first)}
+    if spec.template:
+        z = tirx.Var("z", "float32")
+        one_block = (lambda z, earlier, k: first.inline(z, k),)
+        commuted = (lambda z, earlier, k: _commuted(first.inline(z, k), z),)
+        if len(first.blocks) > 1:
+            found[f"{spec.name}: one block"] = _op_spelling(spec.name, first, one_block)
+        expr = first.inline(z, _Reading())
+        if not tvm_ffi.structural_equal(expr, _commuted(expr, z)):
+            found[f"{spec.name}: commuted"] = _op_spelling(spec.name, first, commuted)
+    found.update((other.name, _op_spelling(spec.name, other)) for other in others)
+    return found
+
+
+#: The ops a chain spells with fields of its own (``ChainSpec.bias``, ``ChainSpec.relu``).
+_OWN_FIELDS = ("bias", "relu")
+
+
+def _slot_spellings(slot: str) -> dict[str, OpSpelling]:
+    return {
+        name: spelling
+        for spec in OPS.values()
+        if spec.slot == slot and spec.name not in _OWN_FIELDS
+        for name, spelling in _spellings_of(spec).items()
+    }
+
 
 #: Scale-slot spellings, by name: a constant ``factor`` or the scalar parameter ``s[0]``.
-SCALE_SPELLINGS: dict[str, OpSpelling] = {
-    "z * c": _one(lambda z, k: _mul(z, k.c("factor")), "scale"),
-    "c * z": _one(lambda z, k: _mul(k.c("factor"), z), "scale"),
-    "z / c": _one(lambda z, k: _div(z, k.c("factor")), "div"),
-    "z * s[0]": _one(lambda z, k: _mul(z, k.operand), "scale", reads="scalar"),
-    "s[0] * z": _one(lambda z, k: _mul(k.operand, z), "scale", reads="scalar"),
-}
-
-_GELU = ("half", "half2", "sqrt_half")
-_GELU_TANH = ("half", "one", "one2", "sqrt_2_over_pi", "cubic")
-
-
-def _clip(outer, inner, value_first, inner_first, nan) -> OpSpelling:
-    """``outer(inner(z, inner bound), outer bound)`` with the operands in the orders given."""
-    bound = {tirx.Max: "lo", tirx.Min: "hi"}
-
-    def build(z, k):
-        low = inner(z, k.c(bound[inner])) if value_first else inner(k.c(bound[inner]), z)
-        return outer(low, k.c(bound[outer])) if inner_first else outer(k.c(bound[outer]), low)
-
-    return _one(build, "clip", nan=nan)
-
-
-def _gelu_tanh_inner(z, k):
-    """``(sqrt(2/pi) z) (1 + (0.044715 z) z)``, as Relax writes tanh's argument."""
-    cubic = _mul(_mul(k.c("cubic"), z), z)
-    return _mul(_mul(k.c("sqrt_2_over_pi"), z), _add(k.c("one2"), cubic))
-
-
-def _pow(z, k):
-    """``pow(z, 3)``, built as the call itself (``tirx.pow`` warns about a power of 3)."""
-    return tirx.call_intrin(k.dtype, "tirx.pow", z, k.c("three"))
-
+SCALE_SPELLINGS: dict[str, OpSpelling] = _slot_spellings("scale")
 
 #: Activation spellings (relu has :data:`RELU_SPELLINGS`), by name: ``"op: form"``.
-ACTIVATION_SPELLINGS: dict[str, OpSpelling] = {
-    # Relax's LegalizeOps: five blocks, the last reading the input again.
-    "gelu: relax": OpSpelling(
-        "gelu",
-        (
-            lambda z, e, k: _mul(z, k.c("sqrt_half")),
-            lambda z, e, k: k.erf(e[0]),
-            lambda z, e, k: _mul(e[1], k.c("half")),
-            lambda z, e, k: _add(k.c("half2"), e[2]),
-            lambda z, e, k: _mul(z, e[3]),
-        ),
-        _GELU,
-    ),
-    "gelu: one block": _one(
-        lambda z, k: _mul(
-            z, _add(k.c("half"), _mul(k.erf(_mul(z, k.c("sqrt_half"))), k.c("half2")))
-        ),
-        "gelu",
-        constants=_GELU,
-    ),
-    "gelu: commuted": _one(
-        lambda z, k: _mul(
-            _add(_mul(k.c("half2"), k.erf(_mul(k.c("sqrt_half"), z))), k.c("half")), z
-        ),
-        "gelu",
-        constants=_GELU,
-    ),
-    "gelu: halves": _one(
-        lambda z, k: _mul(_mul(z, k.c("half")), _add(k.c("one"), k.erf(_mul(z, k.c("sqrt_half"))))),
-        "gelu",
-        constants=("half", "one", "sqrt_half"),
-    ),
-    # Relax's LegalizeOps of gelu(approximate="tanh"): nine blocks.
-    "gelu_tanh: relax": OpSpelling(
-        "gelu_tanh",
-        (
-            lambda z, e, k: _mul(k.c("half"), z),
-            lambda z, e, k: _mul(k.c("sqrt_2_over_pi"), z),
-            lambda z, e, k: _mul(k.c("cubic"), z),
-            lambda z, e, k: _mul(e[2], z),
-            lambda z, e, k: _add(k.c("one"), e[3]),
-            lambda z, e, k: _mul(e[1], e[4]),
-            lambda z, e, k: k.tanh(e[5]),
-            lambda z, e, k: _add(k.c("one2"), e[6]),
-            lambda z, e, k: _mul(e[0], e[7]),
-        ),
-        _GELU_TANH,
-    ),
-    "gelu_tanh: one block": _one(
-        lambda z, k: _mul(_mul(k.c("half"), z), _add(k.c("one"), k.tanh(_gelu_tanh_inner(z, k)))),
-        "gelu_tanh",
-        constants=_GELU_TANH,
-    ),
-    # torch's GPT-2 NewGELU as written in Python: 0.5 x (1 + tanh(c0 (x + c1 x^3))).
-    "gelu_tanh: gpt2": _one(
-        lambda z, k: _mul(
-            _mul(k.c("half"), z),
-            _add(
-                k.c("one"),
-                k.tanh(_mul(k.c("sqrt_2_over_pi"), _add(z, _mul(k.c("cubic"), _pow(z, k))))),
-            ),
-        ),
-        "gelu_tanh",
-        constants=("half", "one", "three", "sqrt_2_over_pi", "cubic"),
-    ),
-    "silu: one block": _one(lambda z, k: _mul(z, tirx.sigmoid(z)), "silu"),
-    "silu: commuted": _one(lambda z, k: _mul(tirx.sigmoid(z), z), "silu"),
-    "silu: two blocks": OpSpelling(
-        "silu", (lambda z, e, k: tirx.sigmoid(z), lambda z, e, k: _mul(z, e[0]))
-    ),
-    # CLIP's quick_gelu as torch writes it, x * sigmoid(1.702 * x): three blocks in Relax.
-    "swish: three blocks": OpSpelling(
-        "swish",
-        (
-            lambda z, e, k: _mul(z, k.c("alpha")),
-            lambda z, e, k: tirx.sigmoid(e[0]),
-            lambda z, e, k: _mul(z, e[1]),
-        ),
-    ),
-    "swish: one block": _one(lambda z, k: _mul(z, tirx.sigmoid(_mul(k.c("alpha"), z))), "swish"),
-    "swish: commuted": _one(lambda z, k: _mul(tirx.sigmoid(_mul(z, k.c("alpha"))), z), "swish"),
-    "sigmoid": _one(lambda z, k: tirx.sigmoid(z), "sigmoid"),
-    "tanh": _one(lambda z, k: tirx.tanh(z), "tanh"),
-    # A NaN: min(NaN, c) and max(NaN, c) give c, min(c, NaN) and max(c, NaN) give NaN.
-    "clip: max(min(z, hi), lo)": _clip(tirx.Max, tirx.Min, True, True, "hi"),
-    "clip: max(min(hi, z), lo)": _clip(tirx.Max, tirx.Min, False, True, "lo"),
-    "clip: max(lo, min(z, hi))": _clip(tirx.Max, tirx.Min, True, False, "hi"),
-    "clip: max(lo, min(hi, z))": _clip(tirx.Max, tirx.Min, False, False, "nan"),
-    "clip: min(max(z, lo), hi)": _clip(tirx.Min, tirx.Max, True, True, "lo"),
-    "clip: min(max(lo, z), hi)": _clip(tirx.Min, tirx.Max, False, True, "hi"),
-    "clip: min(hi, max(z, lo))": _clip(tirx.Min, tirx.Max, True, False, "lo"),
-    "clip: min(hi, max(lo, z))": _clip(tirx.Min, tirx.Max, False, False, "nan"),
-    "leaky_relu: select(0 < z, z, z * a)": _one(
-        lambda z, k: tirx.Select(tirx.LT(k.zero(), z), z, _mul(z, k.c("slope"))), "leaky_relu"
-    ),
-    "leaky_relu: select(z > 0, z, a * z)": _one(
-        lambda z, k: tirx.Select(tirx.GT(z, k.zero()), z, _mul(k.c("slope"), z)), "leaky_relu"
-    ),
-    "leaky_relu: select(z < 0, z * a, z)": _one(
-        lambda z, k: tirx.Select(tirx.LT(z, k.zero()), _mul(z, k.c("slope")), z), "leaky_relu"
-    ),
-    "leaky_relu: max(z, z * a)": _one(
-        lambda z, k: tirx.Max(z, _mul(z, k.c("slope"))), "leaky_relu"
-    ),
-    "leaky_relu: max(a * z, z)": _one(
-        lambda z, k: tirx.Max(_mul(k.c("slope"), z), z), "leaky_relu"
-    ),
-}
+ACTIVATION_SPELLINGS: dict[str, OpSpelling] = _slot_spellings("activation")
 
 #: Tail-slot spellings, by name: a residual ``R`` or a gate ``G`` of the output's shape, a
 #: layer scale ``g`` of shape (N,).
-TAIL_SPELLINGS: dict[str, OpSpelling] = {
-    "z + R": _one(lambda z, k: _add(z, k.operand), "add", reads="tensor"),
-    "R + z": _one(lambda z, k: _add(k.operand, z), "add", reads="tensor"),
-    "z * G": _one(lambda z, k: _mul(z, k.operand), "mul", reads="tensor"),
-    "G * z": _one(lambda z, k: _mul(k.operand, z), "mul", reads="tensor"),
-    "z * g[j]": _one(lambda z, k: _mul(z, k.operand), "channel_scale", reads="vector"),
-    "g[j] * z": _one(lambda z, k: _mul(k.operand, z), "channel_scale", reads="vector"),
-}
+TAIL_SPELLINGS: dict[str, OpSpelling] = _slot_spellings("tail")
 
 #: Every op spelling, by name.
 OP_SPELLINGS: dict[str, OpSpelling] = {
@@ -412,6 +315,6 @@ __all__ = [
     "BiasForm",
     "OpSpelling",
     "Relu",
+    "SwappedTerms",
     "TailForm",
-    "Terms",
 ]
