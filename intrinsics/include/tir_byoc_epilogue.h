@@ -25,10 +25,11 @@
  * differs from libm's, by an ulp or two (glibc's tables of ulps), and both give libm's values
  * at NaN, the infinities and zeros.  Measured on an AMD EPYC (Zen 3), one thread, over a
  * 128 x 3072 output in [-3, 3]: gelu 4.7-7.1 -> 0.49 ms, gelu_tanh 7.3-11.0 -> 0.72 ms,
- * tanh 10.1 -> 0.55 ms (benchmarks/README.md, 2026-11-27).
+ * tanh 10.1 -> 0.55 ms (benchmarks/README.md, 2026-11-27).  Not with TIR_BYOC_STANDALONE (a
+ * model built as plain C by tir_byoc.aot): no dlopen, no pthread, libm's functions only.
  */
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__GLIBC__) && \
-    (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
+    (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34)) && !defined(TIR_BYOC_STANDALONE)
 #define TIR_BYOC_LIBMVEC 1
 #include <dlfcn.h>
 #include <immintrin.h>
@@ -195,6 +196,12 @@ static inline void tir_byoc_op_span(const tir_byoc_op *op, float *row, int64_t i
       break;
     case TIR_BYOC_OP_CHANNEL_SCALE:
       for (j = 0; j < len; ++j) row[j] = row[j] * t[j0 + j];
+      break;
+    case TIR_BYOC_OP_HARDSWISH: /* (z * clip(z + 3, 0, 6)) / 6; a NaN z gives NaN either way */
+      for (j = 0; j < len; ++j) {
+        const float v = row[j], s = v + 3.0f;
+        row[j] = v * (s > 0.0f ? (s < 6.0f ? s : 6.0f) : 0.0f) / 6.0f;
+      }
       break;
     default: /* tir_byoc_decode_epilogue refused every other code */
       break;

@@ -119,7 +119,19 @@ def run(
 def undefined_symbols(path: Path) -> set[str]:
     """The undefined symbols of an executable or archive (``nm -u``), without versions."""
     result = subprocess.run(["nm", "-u", str(path)], capture_output=True, text=True, check=True)
-    return {line.split()[-1].split("@")[0] for line in result.stdout.splitlines() if line.strip()}
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    # An archive lists its members as "member.o:" headers.
+    return {line.split()[-1].split("@")[0] for line in lines if not line.endswith(":")}
+
+
+def external_symbols(archive: Path) -> set[str]:
+    """What an archive's members call that none of them defines (``_``-prefixed linker
+    symbols left out)."""
+    result = subprocess.run(
+        ["nm", "-g", "--defined-only", str(archive)], capture_output=True, text=True, check=True
+    )
+    defined = {line.split()[-1] for line in result.stdout.splitlines() if len(line.split()) == 3}
+    return {s for s in undefined_symbols(archive) - defined if not s.startswith("_")}
 
 
 def tvm_symbols(path: Path) -> set[str]:

@@ -17,6 +17,12 @@ from tir_byoc.aot.program import TensorRef, read_program
 CROSS_CC, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
 #: What TVM's own C backend would have written: its headers, runtime and FFI calls.
 RUNTIME = re.compile(r'TVMBackend|TVMFFI|__tvm|#include "tvm/')
+#: libm's functions (fp32 and fp64) the kernels and the reference intrinsics may call.
+LIBM = {
+    f"{name}{suffix}"
+    for name in ("exp", "erf", "tanh", "sqrt", "floor", "ceil", "log", "pow", "fabs", "round")
+    for suffix in ("", "f")
+}
 #: Where Debian's gcc-aarch64-linux-gnu puts the aarch64 C library (qemu's -L).
 AARCH64_SYSROOT = "/usr/aarch64-linux-gnu"
 
@@ -72,6 +78,13 @@ def test_every_offloaded_function_calls_its_intrinsic_from_the_entry(built):
     assert len(calls) == artifact.intrinsic_steps == len(offloaded) > 0
     for name in (f"{artifact.name}.c", f"{artifact.name}_kernels.c", f"{artifact.name}.h"):
         assert RUNTIME.search(artifact.path(name).read_text()) is None, name
+
+
+def test_the_model_calls_nothing_but_libm_no_allocator_no_loader(built):
+    _, artifact, _ = built
+    external = harness.external_symbols(artifact.path(f"lib{artifact.name}.a"))
+    assert external, "expected the library to call libm"
+    assert external <= LIBM | {"memcpy", "memset"}, external
 
 
 def test_the_workspace_is_smaller_than_the_vm_storage(built):
