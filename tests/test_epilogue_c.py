@@ -96,6 +96,7 @@ CHAINS: dict[str, tuple[Op, ...]] = {
     "bias,leaky_relu0": (Op("bias"), Op("leaky_relu", (0.0,))),
     "scale,bias,relu,mul": (Op("scale"), Op("bias"), Op("relu"), Op("mul")),
     "bias,channel_scale,add": (Op("bias"), Op("channel_scale"), Op("add")),  # DINOv2
+    "bias,hardswish,add": (Op("bias"), Op("hardswish"), Op("add")),  # MobileNetV3
     "eight_ops": (
         Op("scale", (0.5,)),
         Op("bias"),
@@ -420,7 +421,8 @@ BASE = Shape("error_paths", 2, 3, 4)
 
 #: Calls that are refused, each a change to a well-formed call of bias then add.
 REFUSED = {
-    "unknown op code": ({"ops": 17}, EEPILOGUE),  # TIR_BYOC_OP_COUNT
+    # TIR_BYOC_OP_COUNT, the first code no op has:
+    "unknown op code": ({"ops": max(op.code for op in OPS.values()) + 1}, EEPILOGUE),
     "op code 255": ({"ops": 0xFF}, EEPILOGUE),
     "a byte after the end marker": ({"ops": 3 | 4 << 16}, EEPILOGUE),
     "a bias without its tensor": ({"tensors": [None, None]}, ENULL),
@@ -470,6 +472,7 @@ ONEDNN_FUSION = {
     ),
     "bias after scale: a fused binary add": ((Op("scale"), Op("bias")), (Op("scale"),), False),
     "layer scale: a fused binary mul": ((Op("bias"), Op("channel_scale")), (Op("bias"),), False),
+    "hardswish: in C": ((Op("bias"), Op("hardswish")), (Op("bias"),), True),
 }
 
 

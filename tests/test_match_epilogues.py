@@ -11,8 +11,9 @@ import math
 
 import numpy as np
 import pytest
+import tvm_ffi
 from byoc_testing import only_match
-from tvm import relax, te, tirx
+from tvm import relax, s_tir, te, tirx
 from tvm.script import relax as R
 
 import tir_byoc
@@ -44,6 +45,8 @@ def _linear_then(op_name):
         "silu": R.nn.silu,
         # CLIP's quick_gelu, as torch writes it: x * sigmoid(1.702 * x).
         "swish": lambda z: R.multiply(z, R.sigmoid(R.multiply(R.const(1.702, "float32"), z))),
+        # torch's nn.Hardswish, as torch.export decomposes it: x * clamp(x + 3, 0, 6) / 6.
+        "hardswish": _hardswish,
         "sigmoid": R.sigmoid,
         "tanh": R.tanh,
         "clip": lambda z: R.clip(z, 0.0, 6.0),
@@ -60,6 +63,12 @@ def _linear_then(op_name):
                 out = builder.emit_output(ops[op_name](R.add(R.matmul(x, w), b)))
         builder.emit_func_output(out)
     return _fuse(builder.get())
+
+
+def _hardswish(z):
+    three, six = R.const(3.0, "float32"), R.const(6.0, "float32")
+    clamped = R.clip(R.clip(R.add(z, three), 0, math.inf), -math.inf, 6)
+    return R.divide(R.multiply(z, clamped), six)
 
 
 def _fuse(mod):
@@ -216,6 +225,49 @@ def test_swish_carries_its_alpha_and_is_told_apart_from_silu():
     assert only_match(shifted).pattern == "dense"
     (rejection,) = tir_byoc.explain(shifted)
     assert "multiplies the value by a computed value of itself" in rejection.reason
+
+
+def test_hardswish_is_read_from_torchs_spellings_and_told_apart_from_near_misses():
+    def hardswish(shift=3.0, divisor=6.0, lo=0.0):
+        return lambda z: z * te.max(te.min(z + f32(shift), f32(6.0)), f32(lo)) / f32(divisor)
+
+    # x * F.relu6(x + 3) / 6 in one block; nn.Hardswish's two clamps are the Relax test above.
+    (match,) = tir_byoc.scan(_dense_then(hardswish()))
+    assert (match.pattern, match.epilogue[0].constants) == ("dense_hardswish", ())
+    for near, reason in (
+        (hardswish(divisor=5.0), "hardswish: a constant is 5.0 where hardswish has 6"),
+        (hardswish(shift=2.0), "hardswish: a constant is 2.0 where hardswish has 3"),
+        (hardswish(lo=-1.0), "hardswish: a constant is -1.0 where hardswish has 0"),
+    ):
+        func = _dense_then(near)
+        assert only_match(func).pattern == "dense"
+        (rejection,) = tir_byoc.explain(func)
+        assert (rejection.nearest, rejection.reason) == ("dense_hardswish", reason)
+    # x * (relu6(x + 3) / 6) rounds otherwise than (x * relu6(x + 3)) / 6: not this op.
+    divided_first = _dense_then(
+        lambda z: z * (te.max(te.min(z + f32(3.0), f32(6.0)), f32(0.0)) / f32(6.0))
+    )
+    assert only_match(divided_first).pattern == "dense"
+
+
+def test_a_torch_linear_then_hardswish_offloads_the_hardswish_and_agrees_with_torch():
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    layers = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.Hardswish()).eval()
+    x = torch.randn(5, 16) * 4
+    with torch.no_grad():
+        expected = layers(x).numpy()
+    for backend in _available_backends():
+        model = tir_byoc.build_model(layers, (x,), backends=backend)
+        np.testing.assert_allclose(model(x).numpy(), expected, rtol=1e-5, atol=1e-5)
+        # One PrimFunc is left, and it calls the library once: the bias and the hardswish run
+        # inside the call, no PrimFunc of TVM's computes them.
+        assert dict(model.schedules) == dict.fromkeys(model.intrinsics, tir_byoc.model.OFFLOADED)
+        (name,) = model.intrinsics
+        assert intrinsic_calls(model.module[name]) == {f"{backend}.gemm": 1}
+        blocks = []
+        tvm_ffi.structural_walk(model.module[name].body, (s_tir.SBlock, blocks.append))
+        assert {b.name_hint for b in blocks} == {"root", f"dense_bias_hardswish_{backend}"}
 
 
 @pytest.mark.parametrize("pattern", ["dense_bias_gelu", "dense_scale_bias_gelu_tanh_add"])

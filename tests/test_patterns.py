@@ -48,8 +48,8 @@ def test_names_say_the_batch_form():
     assert pattern("batch_dense_bias") == Pattern("dense", ("bias",), "leading")
     assert pattern("bmm_matmul") == Pattern("matmul", (), "batched")
     assert PATTERNS == FAMILY
-    # 3 scale x 2 bias x 10 activation x 4 tail epilogues, 2 layouts, 3 batch forms.
-    assert len(FAMILY) == 240 * 6
+    # 3 scale x 2 bias x 11 activation x 4 tail epilogues, 2 layouts, 3 batch forms.
+    assert len(FAMILY) == 264 * 6
     assert pattern("bmm_matmul_div_bias_gelu_tanh_mul").ops == ("div", "bias", "gelu_tanh", "mul")
 
 

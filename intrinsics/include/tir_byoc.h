@@ -40,7 +40,7 @@
  * TIR_BYOC_DEFINE_BATCHED_FAMILY instead.
  *
  * Epilogues as data.  Every other member (an epilogue with scale, gelu, silu, swish, clip, a
- * residual add, a gating mul, ...; tir_byoc/epilogues.py lists them) is called through one
+ * residual add, a gating mul, ...; tir_byoc/epilogues lists them) is called through one
  * entry point per backend that takes the weight layout, the batch and the epilogue as arguments:
  *
  *     int32_t tir_byoc_<backend>_gemm(const void *x, const void *w, void *y,
@@ -370,7 +370,7 @@ static inline int32_t tir_byoc_each_batch(tir_byoc_gemm_fn impl, const void *x, 
 /* ------------------------------------------------------------------------------------------
  * Epilogues as data (the gemm entry point described at the top of this file).
  *
- * Op codes; keep in sync with tir_byoc/epilogues.py (EpilogueOp.code).  z is the value so
+ * Op codes; keep in sync with tir_byoc/epilogues/table.py (OpSpec.code).  z is the value so
  * far, c the op's constants, t its tensor; every formula is the one TVM's lowering of the
  * recognised TIR computes, so a NaN or an infinity gives what the TIR gives.
  */
@@ -391,7 +391,8 @@ static inline int32_t tir_byoc_each_batch(tir_byoc_gemm_fn impl, const void *x, 
 #define TIR_BYOC_OP_MUL 14           /* z * t[i, j], t with y's shape */
 #define TIR_BYOC_OP_SWISH 15         /* z * (1 / (1 + exp(-(c0 * z)))) (CLIP's quick_gelu) */
 #define TIR_BYOC_OP_CHANNEL_SCALE 16 /* z * t[j], t an (n,) vector (a layer scale) */
-#define TIR_BYOC_OP_COUNT 17
+#define TIR_BYOC_OP_HARDSWISH 17     /* z * min(max(z + 3, 0), 6) / 6 (MobileNetV3) */
+#define TIR_BYOC_OP_COUNT 18
 #define TIR_BYOC_MAX_OPS 8
 #define TIR_BYOC_MAX_CONSTANTS 6
 #define TIR_BYOC_MAX_TENSORS 4
@@ -418,6 +419,7 @@ static inline int tir_byoc_op_constants(int32_t code) {
     case TIR_BYOC_OP_ADD:
     case TIR_BYOC_OP_MUL:
     case TIR_BYOC_OP_CHANNEL_SCALE:
+    case TIR_BYOC_OP_HARDSWISH:
       return 0;
     default:
       return -1;

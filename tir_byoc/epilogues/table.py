@@ -27,6 +27,11 @@ LITERALS: dict[str, float] = {
     "one": 1.0,
     "one2": 1.0,
     "three": 3.0,
+    "shift": 3.0,
+    "six": 6.0,
+    "six2": 6.0,
+    "inf": math.inf,
+    "-inf": -math.inf,
 }
 
 _mul, _add, _div, _max, _min = tirx.Mul, tirx.Add, tirx.Div, tirx.Max, tirx.Min
@@ -274,6 +279,36 @@ TABLE = (
         ),
         constants=("alpha",),
         example=(1.702,),
+        template=True,
+    ),
+    # z * relu6(z + 3) / 6: MobileNetV3's hardswish (torch.nn.Hardswish).
+    OpSpec(
+        "hardswish",
+        17,
+        "activation",
+        lambda z, c, t: z * np.minimum(np.maximum(z + _f32(3), _f32(0)), _f32(6)) / _f32(6),
+        (
+            Spelling(
+                "hardswish: torch",  # as torch.export decomposes it: clamp_min, then clamp_max
+                (
+                    lambda z, e, k: _add(z, k.c("shift")),
+                    lambda z, e, k: _max(_min(e[0], k.c("inf")), k.zero()),
+                    lambda z, e, k: _max(_min(e[1], k.c("six")), k.c("-inf")),
+                    lambda z, e, k: _mul(z, e[2]),
+                    lambda z, e, k: _div(e[3], k.c("six2")),
+                ),
+                ("T_add", "compute", "compute_1", "T_multiply", "T_divide"),
+            ),
+            Spelling(
+                "hardswish: relu6",  # x * F.relu6(x + 3) / 6, as hand-written MobileNetV3s have it
+                (
+                    lambda z, e, k: _add(z, k.c("shift")),
+                    lambda z, e, k: _max(_min(e[0], k.c("six")), k.zero()),
+                    lambda z, e, k: _mul(z, e[1]),
+                    lambda z, e, k: _div(e[2], k.c("six2")),
+                ),
+            ),
+        ),
         template=True,
     ),
     OpSpec(
