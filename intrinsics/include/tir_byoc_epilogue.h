@@ -23,9 +23,8 @@
  * arithmetic is the formula of the scalar loop, in the same order and without fused
  * multiply-adds (the functions are compiled for AVX2 alone, not FMA): only the function
  * differs from libm's, by an ulp or two (glibc's tables of ulps), and both give libm's values
- * at NaN, the infinities and zeros.  Measured on an AMD EPYC (Zen 3), one thread, over a
- * 128 x 3072 output in [-3, 3]: gelu 4.7-7.1 -> 0.49 ms, gelu_tanh 7.3-11.0 -> 0.72 ms,
- * tanh 10.1 -> 0.55 ms (benchmarks/README.md, 2026-11-27).  Not with TIR_BYOC_STANDALONE (a
+ * at NaN, the infinities and zeros.  They take a fraction of the scalar loops' time (make
+ * bench-epilogue measures both; benchmarks/README.md).  Not with TIR_BYOC_STANDALONE (a
  * model built as plain C by tir_byoc.aot): no dlopen, no pthread, libm's functions only.
  */
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__GLIBC__) && \
@@ -225,11 +224,10 @@ static inline void tir_byoc_epilogue_rows(const tir_byoc_epilogue *epilogue, int
 /* Sharing the epilogue among TVM's threads (tir_byoc.h): each thread takes a block of rows,
  * and every value is computed by the same code whatever the split, so the result does not
  * depend on the number of threads.  Work is counted per value and op, a transcendental op as
- * TIR_BYOC_TRANSCENDENTAL_COST; below TIR_BYOC_SHARED_EPILOGUE one thread does it all.  On an
- * AMD EPYC (make bench-epilogue, benchmarks/README.md) one op over 128 x 3072 values took
- * 0.23-0.67 ms (transcendental) or 0.06-0.08 (an add) on one thread, and starting a second
- * thread cost up to ~0.08 ms: the transcendental ones gained 1.2-2.0x at two threads, while
- * the add, left on one, would gain at most ~0.03 ms. */
+ * TIR_BYOC_TRANSCENDENTAL_COST; below TIR_BYOC_SHARED_EPILOGUE one thread does it all: there
+ * starting a second thread costs about what it saves.  A transcendental op gains from a
+ * second thread at sizes where an add does not (make bench-epilogue measures where;
+ * benchmarks/README.md). */
 #define TIR_BYOC_TRANSCENDENTAL_COST 12
 #define TIR_BYOC_SHARED_EPILOGUE (1 << 19)
 

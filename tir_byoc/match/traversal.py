@@ -6,8 +6,8 @@ reads an FFI array.  They call the same FFI
 functions (``ffi.StructuralWalk``, ``ffi.StructuralMutate``) with the same callback tables,
 but build a table from type indices looked up once per node type, where the public wrappers
 re-derive every type's index and, for a mutation, read each callback's signature with
-:func:`inspect.signature` on every call: about 45 us of a 50 us mutation of a small
-expression, which the matcher makes once per block of a chain.  Mutation callbacks here
+:func:`inspect.signature` on every call: most of the time of a small expression's mutation,
+which the matcher makes once per block of a chain.  Mutation callbacks here
 always take ``(value, mutator)``.
 
 Used by every other module of the matcher that walks IR; imports none of them.
