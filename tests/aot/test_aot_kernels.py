@@ -44,6 +44,16 @@ def checked(a: T.Buffer((4,), "float32"), b: T.Buffer((4,), "float32")):
 
 
 @T.prim_func
+def math_ops(a: T.Buffer((64,), "float32"), b: T.Buffer((64,), "float32")):
+    for i in range(64):
+        b[i] = (
+            T.erf(a[i]) + T.tanh(a[i]) * T.exp(T.float32(0) - a[i] * a[i])
+            + T.floor(a[i]) + T.sqrt(T.fabs(a[i])) + T.max(a[i], T.float32(0))
+            + T.Cast("float32", T.floordiv(T.Cast("int32", a[i] * T.float32(8)), 3))
+        )
+
+
+@T.prim_func
 def vectors(a: T.Buffer((4,), "float32"), b: T.Buffer((4,), "float32")):
     b[T.Ramp(0, 1, 4)] = a[T.Ramp(0, 1, 4)] + T.Broadcast(T.float32(1), 4)
 
@@ -107,6 +117,16 @@ def test_a_failed_assert_is_a_status_not_an_abort(tmp_path):
     with pytest.raises(AssertionError, match=f"checked_run returned {ASSERT_STATUS}"):
         harness.run(artifact, runner, [np.array([1, -1, 4, 9], "float32")])
     assert f"#define CHECKED_EASSERT {ASSERT_STATUS}" in artifact.path("checked.h").read_text()
+
+
+def test_math_is_libm_and_agrees_with_the_vm(tmp_path):
+    artifact = aot.build(math_ops, out_dir=tmp_path / "math", name="math")
+    kernels = artifact.path("math_kernels.c").read_text()
+    assert "erff(" in kernels and "tanhf(" in kernels
+    assert "erff" not in artifact.path("math_kernels.h").read_text()  # declared by math.h
+    a = np.linspace(-3, 3, 64, dtype="float32")
+    (b,), _ = harness.run(artifact, harness.make(artifact), [a])
+    np.testing.assert_allclose(b, artifact.model(a), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,8 @@ _MATH = {
     "erf", "floor", "ceil", "trunc", "round", "nearbyint", "fabs", "pow", "fmod", "atan2",
     "hypot", "copysign", "ldexp", "nextafter",
 }  # fmt: skip
+#: Those libm declares, as ``name`` (double) and ``namef`` (float).
+_LIBM = _MATH - {"rsqrt"}
 _CLASSIFY = {"tirx.isnan": "isnan", "tirx.isinf": "isinf", "tirx.isfinite": "isfinite"}
 
 
@@ -52,10 +54,12 @@ class ExternSignature:
             raise Unsupported(f"calls of {symbol} with different signatures", function)
         args = []
         for mine, theirs in zip(self.args, other.args, strict=True):
-            pointers = {mine, theirs} - {NULL}
-            if pointers - {READ, WRITTEN} and mine != theirs:
+            if mine is NULL or theirs is NULL or mine == theirs:
+                args.append(theirs if mine is NULL else mine)
+            elif {mine, theirs} == {READ, WRITTEN}:
+                args.append(WRITTEN)
+            else:
                 raise Unsupported(f"calls of {symbol} with different argument types", function)
-            args.append(WRITTEN if WRITTEN in pointers else mine if mine is not NULL else theirs)
         return ExternSignature(self.result, tuple(args))
 
     def prototype(self, symbol: str) -> list[str]:
@@ -270,7 +274,7 @@ class ExpressionPrinter:
 
     def _extern(self, node, symbol, args, kind) -> str:
         values = [self.expr(a) for a in args]
-        if kind == "tirx.call_pure_extern" and symbol.rstrip("f") in _MATH:
+        if kind == "tirx.call_pure_extern" and _is_libm(symbol):
             return f"{symbol}({', '.join(values)})"  # declared by math.h
         result = self._c_type_of(node) if isinstance(node.ty, tvm.ir.PrimType) else "void"
         signature = ExternSignature(result, tuple(self._extern_arg(a) for a in args))
@@ -341,6 +345,10 @@ class ExpressionPrinter:
             raise Unsupported(f"a {len(indices)}-D access of {buffer.name}", self.where)
         index = self.expr(indices[0]) if indices else "0"
         return f"{view.data}[{index}]"
+
+
+def _is_libm(symbol: str) -> bool:
+    return symbol in _LIBM or (symbol.endswith("f") and symbol[:-1] in _LIBM)
 
 
 def unwrap(text: str) -> str:

@@ -57,10 +57,6 @@ class Kernel:
         Its name in the module (what the Relax program calls).
     c_name : str
         Its C symbol (the model's name, then ``name``).
-    param_dtypes : tuple of str
-        Each parameter's element dtype (buffers) or dtype (scalars).
-    pointer_params : tuple of bool
-        Whether each parameter is a pointer.
     written : tuple of bool
         Whether it writes each parameter (the others are ``const``).
     source : KernelSource
@@ -71,8 +67,6 @@ class Kernel:
 
     name: str
     c_name: str
-    param_dtypes: tuple[str, ...]
-    pointer_params: tuple[bool, ...]
     written: tuple[bool, ...]
     source: KernelSource
     call: IntrinsicCall | None
@@ -100,8 +94,6 @@ def compile_kernels(module: tvm.IRModule, names, prefix: str) -> dict[str, Kerne
         kernels[name] = Kernel(
             name=name,
             c_name=c_name,
-            param_dtypes=tuple(_param_dtype(p, name) for p in original.params),
-            pointer_params=pointers,
             written=flags,
             source=print_kernel(func, c_name, name, const),
             call=intrinsic_call(func, name),
@@ -117,15 +109,6 @@ def lower(module: tvm.IRModule) -> tvm.IRModule:
     with tvm.transform.PassContext(config={"tirx.disable_vectorize": True}):
         module = pipeline(module)
         return tirx.transform.LowerIntrin()(module)
-
-
-def _param_dtype(param, function: str) -> str:
-    ty = param.ty
-    if isinstance(ty, tirx.BufferType):
-        return str(ty.dtype)
-    if isinstance(ty, tvm.ir.PrimType):
-        return str(ty.dtype)
-    raise Unsupported(f"the parameter {param.name} of type {ty}", function)
 
 
 def _prepare(func: tirx.PrimFunc, name: str) -> tirx.PrimFunc:
