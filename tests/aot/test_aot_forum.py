@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import tir_byoc.aot as aot
-from tir_byoc import REGISTRY
+from tir_byoc import REGISTRY, toolchain
 from tir_byoc.demo import lowered_mlp, mlp_reference, mlp_weights
 
 TOY = Path(__file__).resolve().parents[2] / "examples" / "toy_cg_thflow"
@@ -100,6 +100,25 @@ def test_blob_constants_are_passed_in_and_give_the_same_result(torch_mlp, tmp_pa
     (expected,), _ = harness.run(embedded, runner, inputs)
     (result,), _ = harness.run(artifact, harness.make(artifact), inputs)
     np.testing.assert_array_equal(result, expected)
+
+
+_OPENBLAS = toolchain.unavailable("openblas")
+
+
+@pytest.mark.skipif(_OPENBLAS is not None, reason=str(_OPENBLAS))
+def test_a_library_backend_links_its_library(tmp_path):
+    artifact = aot.build(
+        lowered_mlp(), out_dir=tmp_path / "openblas", name="mlp", backends="openblas"
+    )
+    assert artifact.backends == ("openblas",)
+    flags = artifact.path("link_flags").read_text().split()
+    assert any(f.startswith("-lscipy_openblas") for f in flags) and flags[-1] == "-lm"
+    runner = harness.make(artifact)
+    assert harness.tvm_symbols(runner) == set()
+    rng = np.random.default_rng(1)
+    inputs = [rng.standard_normal((64, 800)).astype("float32"), *mlp_weights(rng)]
+    (result,), _ = harness.run(artifact, runner, inputs)
+    np.testing.assert_allclose(result, mlp_reference(*inputs), rtol=1e-4, atol=1e-4)
 
 
 # -- the user's own kernel: seed 000 end to end -------------------------------------------
