@@ -112,7 +112,7 @@ class _RelaxReader:
     def __init__(self, module: tvm.IRModule, entry: str):
         self.module = module
         self.entry = entry
-        self.values: dict = {}  # relax.Var -> TensorRef, tuple, or a storage size
+        self.values: dict = {}  # relax.Var -> TensorRef, or a tuple of them
         self.constants: list[Buffer] = []
         self._constant_of: dict = {}  # tvm Tensor -> Buffer (a constant used twice is one)
         self.intermediates: list[Buffer] = []
