@@ -32,9 +32,9 @@ work_dir=...)``), by later runs and by the other thread counts of the same run (
 default ``--threads 1,2`` the 2-thread cells build what was tuned at one thread; the note says
 where each was tuned and how long it took; delete the directory to tune again); on request
 ``tir_byoc-plain`` (every weight left plain, to compare with packing's choice),
-``tir_byoc-native-conv`` (convolutions left to TVM's code, as before :mod:`tir_byoc.relax_conv`)
-and ``tir_byoc-<backend>`` (one backend only: ``tir_byoc-onednn`` beside the default, which
-gives fp32 to MKL).
+``tir_byoc-native-conv`` (convolutions left to TVM's code, as before
+:mod:`tir_byoc.relax.convolutions`) and ``tir_byoc-<backend>`` (one backend only:
+``tir_byoc-onednn`` beside the default, which gives fp32 to MKL).
 
 Each tir_byoc column's time is also split by its profile (:meth:`tir_byoc.model.Model.profile`)
 into the PrimFuncs that call an intrinsic ("library": the GEMMs with their epilogues) and the
@@ -92,7 +92,8 @@ TUNED_COLUMNS = ("tvm+ms", "tir_byoc+ms")
 #: beside packing's choice; not a default column (``--columns ...,tir_byoc-plain``).
 PLAIN_COLUMN = "tir_byoc-plain"
 #: tir_byoc with its convolutions left to TVM's code (the lowering without
-#: ``tir_byoc.relax_conv``), beside the default, which serves them as GEMMs; not a default column.
+#: ``tir_byoc.relax.convolutions``), beside the default, which serves them as GEMMs; not a
+#: default column.
 NATIVE_CONV_COLUMN = "tir_byoc-native-conv"
 #: The variables that name a backend's packed form, read by its pack function at build time.
 PACK_SETTINGS = ("TIR_BYOC_ONEDNN_PACK", "TIR_BYOC_MKL_PACK")
@@ -241,7 +242,7 @@ def column(name: str, model, x, threads: int, args):
         os.environ.update(dict.fromkeys(PACK_SETTINGS, "plain"))
     lowering = tir_byoc.model.LOWERING
     if name == NATIVE_CONV_COLUMN:
-        from tir_byoc.relax_conv import ConvolutionsAsGemms
+        from tir_byoc.relax.convolutions import ConvolutionsAsGemms
 
         tir_byoc.model.LOWERING = tuple(p for p in lowering if p is not ConvolutionsAsGemms)
     start = time.perf_counter()
@@ -320,7 +321,7 @@ def _onnxruntime_session(path: Path, threads: int, profile_prefix: str | None = 
 
 #: The ONNX Runtime nodes that are a GEMM (with what its graph optimisations fused into one: a
 #: bias in ``Gemm``, a scale or transpose in ``FusedMatMul``), and its convolutions, whose
-#: work tir_byoc's library time holds too (im2col and a GEMM, :mod:`tir_byoc.relax_conv`).
+#: work tir_byoc's library time holds too (im2col and a GEMM, :mod:`tir_byoc.relax.convolutions`).
 ONNX_GEMM_OPS = frozenset({"Gemm", "MatMul", "FusedMatMul", "FusedGemm", "Conv", "FusedConv"})
 
 

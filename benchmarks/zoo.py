@@ -10,7 +10,7 @@ downloaded) and goes, in a child process of its own, through:
   offloaded module hands to a library against torch's count of the model's GEMM work, the
   epilogue blocks left as TVM code beside a library call, and tir_byoc's reasons for any
   GEMM work it refused.  A convolution's work counts as the GEMM of its im2col, which is how
-  tir_byoc serves it (:mod:`tir_byoc.relax_conv`); a convolution it leaves to TVM says why.
+  tir_byoc serves it (:mod:`tir_byoc.relax.convolutions`); a convolution it leaves to TVM says why.
 
 Usage::
 
@@ -406,7 +406,7 @@ def child(name: str) -> dict:
 
     import tir_byoc
     from tir_byoc.frontend import first_line
-    from tir_byoc.relax_conv import find_convolutions
+    from tir_byoc.relax.convolutions import find_convolutions
 
     row: dict = {"arch": name}
     stage = "config"
@@ -425,7 +425,7 @@ def child(name: str) -> dict:
         offloaded = tir_byoc.offload(lowered)
         gemm, conv = _flops(model)
         library = sum(c.flops for c in real_models.library_calls(offloaded))
-        # A convolution's work is its im2col's GEMM, which tir_byoc serves (relax_conv).
+        # A convolution's work is its im2col's GEMM, which tir_byoc serves (relax.convolutions).
         row["gemm_offloaded"] = library / (gemm + conv) if gemm + conv else None
         row["conv_share"] = conv / (gemm + conv) if gemm + conv else 0.0
         if conv:

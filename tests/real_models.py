@@ -54,7 +54,7 @@ HIDDEN, HEADS, INTERMEDIATE, VOCAB = 64, 4, 128, 100
 
 #: The aten operators ``FlopCounterMode`` counts that are GEMMs (or, for the attention
 #: kernels, two batched GEMMs, and for a convolution the GEMM of its im2col, which is how
-#: tir_byoc serves it: :mod:`tir_byoc.relax_conv`); a count from any other operator is an
+#: tir_byoc serves it: :mod:`tir_byoc.relax.convolutions`); a count from any other operator is an
 #: error, not GEMM work.
 GEMM_OPS = frozenset(
     {
@@ -233,7 +233,7 @@ _IMAGES = dict(
 
 def vit() -> RealModel:
     """A two-layer ViT on 32 x 32 images: its patch embedding is a convolution of stride 8
-    with an 8 x 8 kernel, served as a GEMM (:mod:`tir_byoc.relax_conv`)."""
+    with an 8 x 8 kernel, served as a GEMM (:mod:`tir_byoc.relax.convolutions`)."""
     encoder = _transformers_model(
         "ViTModel", "ViTConfig", decoder=False, model_args={"add_pooling_layer": False}, **_IMAGES
     )
@@ -288,7 +288,7 @@ def convnext() -> RealModel:
 def whisper_encoder() -> RealModel:
     """A two-layer Whisper encoder on 32 frames of 16 mel bins: two convolutions with a GELU
     each (the second of stride 2, both padded), served as GEMMs with the bias and the GELU in
-    the call (:mod:`tir_byoc.relax_conv`)."""
+    the call (:mod:`tir_byoc.relax.convolutions`)."""
     from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
     encoder = _transformers_model(
@@ -314,7 +314,7 @@ def wav2vec2() -> RealModel:
     """A two-layer Wav2Vec2 on 400 samples of raw audio: two convolutions (strides 5 and 2)
     make 39 frames, and its positional embedding is a convolution in 4 groups (a kernel of
     16, padded by 8), served as one batched GEMM of a (batch, group) product each
-    (:mod:`tir_byoc.relax_conv`)."""
+    (:mod:`tir_byoc.relax.convolutions`)."""
     encoder = _transformers_model(
         "Wav2Vec2Model",
         "Wav2Vec2Config",
@@ -339,7 +339,7 @@ def falcon() -> RealModel:
     """A two-layer Falcon decoder: multi-query attention (one key/value head) and the
     attention and MLP in parallel.  It splits its fused q/k/v projection with negative
     indices (``fused_qkv[..., [-2], :]``), which TVM 0.27 imports as an out-of-bounds read
-    (:mod:`tir_byoc.relax_indices`)."""
+    (:mod:`tir_byoc.relax.wrap_indices`)."""
     settings = {k: v for k, v in _BERT_LIKE.items() if k != "intermediate_size"}
     return _decoder(
         "falcon",
@@ -424,9 +424,9 @@ def lower(model: RealModel) -> tvm.IRModule:
     ``torch.export``, then ``from_exported_program`` with integer true divisions cast to
     float first, which TVM 0.27 would import as integer divisions).  The lowering is
     :func:`tir_byoc.build_model`'s, :data:`tir_byoc.model.LOWERING`: the
-    reshapes around each Linear folded (:mod:`tir_byoc.relax_reshape`), so that an activation
-    or a residual add after a projection fuses into its GEMM's PrimFunc, then ``LegalizeOps``,
-    ``AnnotateTIROpPattern``, ``FuseOps``, ``FuseTIR``.
+    reshapes around each Linear folded (:mod:`tir_byoc.relax.linear_reshapes`), so that an
+    activation or a residual add after a projection fuses into its GEMM's PrimFunc, then
+    ``LegalizeOps``, ``AnnotateTIROpPattern``, ``FuseOps``, ``FuseTIR``.
     """
     from tir_byoc.model import LOWERING
 

@@ -58,7 +58,7 @@ def test_a_transformer_encoder_layer_equals_torch_and_the_rest_gets_dlight():
     np.testing.assert_allclose(built.model(*built.inputs).numpy(), built.expected, **FP32)
     # Both attention products and the four projections (the fused q/k/v one, the output one,
     # the two of the feed-forward) run in the library, once per call site of their PrimFunc;
-    # q @ k^T reads K untransposed (relax_transpose), as a bmm_dense.
+    # q @ k^T reads K untransposed (relax.untranspose), as a bmm_dense.
     # (Whether the output projection is a dense_bias or a bmm_matmul_bias depends on whether
     # the Relax fold serves its broadcast weight; either way it is one call.)
     fired = {}

@@ -1,4 +1,4 @@
-"""relax_conv: convolutions computed as im2col and a GEMM (a batched one with groups).
+"""relax.convolutions: convolutions computed as im2col and a GEMM (a batched one with groups).
 
 Torch's own convolutions (the way ``build_model`` gets them) are checked against torch eager:
 each becomes a library call, with its bias and activation in the call, and the rest of the
@@ -19,11 +19,15 @@ from tvm.script import relax as R
 
 import tir_byoc
 from tir_byoc import model as model_module
-from tir_byoc import relax_conv
 from tir_byoc.match import scan_function
 from tir_byoc.match.exprs import expr_text
 from tir_byoc.model import LOWERING
-from tir_byoc.relax_conv import ConvolutionsAsGemms, convolutions_as_gemms, find_convolutions
+from tir_byoc.relax import convolutions
+from tir_byoc.relax.convolutions import (
+    ConvolutionsAsGemms,
+    convolutions_as_gemms,
+    find_convolutions,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -328,7 +332,7 @@ def test_anything_else_comes_back_as_it_was_with_its_reason(mod, reason):
 
 def test_columns_larger_than_the_limit_are_left_to_tvm(monkeypatch):
     mod = ParameterWeight
-    monkeypatch.setattr(relax_conv, "MAX_COLUMNS", 2 * 6 * 3 * 3 - 1)  # one element short
+    monkeypatch.setattr(convolutions, "MAX_COLUMNS", 2 * 6 * 3 * 3 - 1)  # one element short
     assert convolutions_as_gemms(mod).same_as(mod)
     (found,) = find_convolutions(mod)
     assert found.reason == "its im2col columns would hold 108 elements, more than 107"
@@ -337,6 +341,6 @@ def test_columns_larger_than_the_limit_are_left_to_tvm(monkeypatch):
 @pytest.mark.parametrize("entry", [find_convolutions, convolutions_as_gemms])
 def test_anything_but_a_module_is_refused_in_one_line(entry):
     with pytest.raises(
-        TypeError, match=r"^tir_byoc.relax_conv: expected a tvm.IRModule, got Function$"
+        TypeError, match=r"^tir_byoc.relax.convolutions: expected a tvm.IRModule, got Function$"
     ):
         entry(ParameterWeight["main"])

@@ -1,4 +1,4 @@
-"""relax_fold: GEMMs on transposed or broadcast weight copies read the weight itself."""
+"""relax.weight_copies: GEMMs on transposed or broadcast weight copies read the weight itself."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import tir_byoc
 from tir_byoc import cli
 from tir_byoc.demo import lowered_mlp, mlp_reference, mlp_weights
 from tir_byoc.registry import Registry
-from tir_byoc.relax_fold import (
+from tir_byoc.relax.weight_copies import (
     CopyMap,
     Refusal,
     copy_map,

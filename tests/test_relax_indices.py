@@ -1,4 +1,4 @@
-"""relax_indices: a negative gather index reads what torch reads, not memory before the tensor.
+"""relax.wrap_indices: a negative gather index reads what torch reads, not memory before the tensor.
 
 The torch modules go the whole way (``torch.export``, TVM's import, :func:`tir_byoc.build_model`)
 and must give torch's values exactly: a gather copies, it does not round.  The Relax cases
@@ -16,8 +16,8 @@ from tvm.script import relax as R
 
 import tir_byoc
 from tir_byoc.model import LOWERING
-from tir_byoc.relax_indices import WrapIndices, wrap_indices
-from tir_byoc.relax_split import SliceSplits
+from tir_byoc.relax.slice_splits import SliceSplits
+from tir_byoc.relax.wrap_indices import WrapIndices, wrap_indices
 
 X = torch.randn(2, 3, 6, 4, generator=torch.Generator().manual_seed(0))
 #: Run-time indices with negative values, for the first two axes of X.

@@ -1,4 +1,4 @@
-"""relax_reshape: the reshapes around a Linear on an N-D activation fold away, exactly.
+"""relax.linear_reshapes: the reshapes around a Linear on an N-D activation fold away, exactly.
 
 Each positive case states ``before`` and ``expected`` Relax and compares them structurally,
 checks that the fold computes bitwise the same values on the Relax VM, and that after the
@@ -17,7 +17,7 @@ from tvm.script import relax as R
 from tvm.script import tirx as T
 
 from tir_byoc.model import LOWERING
-from tir_byoc.relax_reshape import (
+from tir_byoc.relax.linear_reshapes import (
     FoldLinearReshapes,
     LinearReshape,
     NotFolded,

@@ -1,4 +1,4 @@
-"""relax_rows: an elementwise producer is fused into the row reduction that alone reads it.
+"""relax.fuse_rows: an elementwise producer is fused into the row reduction that alone reads it.
 
 Each merged case checks the PrimFuncs the standard lowering leaves, that the default schedule
 takes the merged function with its row rule, and that the built model computes what the build
@@ -21,7 +21,7 @@ import tir_byoc
 from tir_byoc import model as model_module
 from tir_byoc.meta_schedule import load_report
 from tir_byoc.model import LOWERING
-from tir_byoc.relax_rows import FuseIntoRows, fuse_into_rows
+from tir_byoc.relax.fuse_rows import FuseIntoRows, fuse_into_rows
 
 # fmt: off
 

@@ -1,4 +1,5 @@
-"""relax_split: q, k and v taken from a packed projection as slices of it, no transposed copy.
+"""relax.slice_splits: q, k and v taken from a packed projection as slices of it, no transposed
+copy.
 
 The rewritten cases check the Relax left (slices, no take), and that the build computes, bit
 for bit, what the build without the rewrite computes and what NumPy's slices hold.  Each
@@ -17,7 +18,7 @@ from tvm.script import relax as R
 import tir_byoc
 from tir_byoc import model as model_module
 from tir_byoc.model import LOWERING
-from tir_byoc.relax_split import SliceSplits, slice_splits
+from tir_byoc.relax.slice_splits import SliceSplits, slice_splits
 
 # fmt: off
 

@@ -1,4 +1,4 @@
-"""relax_transpose: attention's ``q @ k^T`` multiplies K as it is, no transposed copy of it.
+"""relax.untranspose: attention's ``q @ k^T`` multiplies K as it is, no transposed copy of it.
 
 The rewritten cases check the Relax left (no ``permute_dims``, one ``NT_matmul``), that the
 product is offloaded as a ``bmm_dense``, and that the build computes what the build without
@@ -17,7 +17,7 @@ from tvm.script import relax as R
 import tir_byoc
 from tir_byoc import model as model_module
 from tir_byoc.model import LOWERING
-from tir_byoc.relax_transpose import UntransposeBatchMatmuls, untranspose_batch_matmuls
+from tir_byoc.relax.untranspose import UntransposeBatchMatmuls, untranspose_batch_matmuls
 
 # fmt: off
 

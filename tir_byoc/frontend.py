@@ -16,7 +16,7 @@ written as that logic after the import (:func:`tir_byoc.frontend_ops.boolean_log
 builds; comparisons of booleans are refused.
 
 Some problems raise nothing and give wrong values.  Those with exact workarounds have them
-applied on every model: a negative index (:mod:`tir_byoc.relax_indices`, in the lowering); a
+applied on every model: a negative index (:mod:`tir_byoc.relax.wrap_indices`, in the lowering); a
 true division of integer tensors, which TVM 0.27 imports as an integer division (``i / 4``
 with i an int64 tensor gives ``trunc(i / 4)`` cast to float): :func:`divide_in_float` casts
 the integer operands of such a division to its result's dtype in the exported graph, before

@@ -41,12 +41,12 @@ from tvm.target import codegen
 from . import frontend, schedules
 from .export import export_library
 from .offload import offload as offload_module
-from .relax_conv import ConvolutionsAsGemms
-from .relax_indices import WrapIndices
-from .relax_reshape import FoldLinearReshapes
-from .relax_rows import FuseIntoRows
-from .relax_split import SliceSplits
-from .relax_transpose import UntransposeBatchMatmuls
+from .relax.convolutions import ConvolutionsAsGemms
+from .relax.fuse_rows import FuseIntoRows
+from .relax.linear_reshapes import FoldLinearReshapes
+from .relax.slice_splits import SliceSplits
+from .relax.untranspose import UntransposeBatchMatmuls
+from .relax.wrap_indices import WrapIndices
 from .rewrite import calls_in_parallel_loops, intrinsic_calls
 from .tensors import from_tvm, kept_outputs, to_tvm
 

@@ -23,7 +23,7 @@ from .match import Rejection
 from .packing import pack_constant_weights
 from .planning import Choice, plan
 from .registry import REGISTRY, Registry
-from .relax_fold import Refusal
+from .relax.weight_copies import Refusal
 from .rewrite import rewrite_function
 
 logger = logging.getLogger("tir_byoc")
@@ -50,7 +50,7 @@ def scan(
     fold_transposes : bool
         Relax modules: report a GEMM whose weight is a copy of another tensor (``transpose``,
         ``broadcast_to``) as the match :func:`offload` makes of it on that tensor (see
-        :mod:`tir_byoc.relax_fold`).
+        :mod:`tir_byoc.relax.weight_copies`).
 
     Returns
     -------
@@ -108,7 +108,7 @@ def offload(
     fold_transposes : bool
         Relax modules: serve a GEMM whose weight is a copy of another tensor (``transpose``,
         ``broadcast_to``) with an intrinsic on that tensor, and drop the copy when nothing
-        else uses it (see :mod:`tir_byoc.relax_fold`).
+        else uses it (see :mod:`tir_byoc.relax.weight_copies`).
     pack_weights : bool
         Relax modules: a GEMM whose weight is a constant of the model, served by a backend
         that packs (oneDNN), gets the weight packed once, here, into the library's preferred

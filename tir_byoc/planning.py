@@ -9,8 +9,8 @@ function twice.
 
 Who calls whom: ``plan`` -> ``match.scan_function`` (the matcher), ``registry.choose`` (the
 choice), ``toolchain.unavailable`` (whether a backend can be built), and for Relax modules
-``relax_fold.fold_weight_copies``, which plans each callee it rewrites through this planner,
-so that planning is kept and reused.
+``relax.weight_copies.fold_weight_copies``, which plans each callee it rewrites through this
+planner, so that planning is kept and reused.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from . import toolchain
 from .match import FunctionScan, Match, Rejection, scan_function
 from .patterns import GEMM_ENTRY
 from .registry import REGISTRY, Choice, Intrinsic, Registry, backend_order, choose
-from .relax_fold import FoldReport, Refusal, fold_weight_copies
+from .relax.weight_copies import FoldReport, Refusal, fold_weight_copies
 
 logger = logging.getLogger("tir_byoc")
 
@@ -202,7 +202,7 @@ def plan(
     fold_transposes : bool
         Relax modules: plan a GEMM whose weight is a copy of another tensor (a ``transpose``,
         a ``broadcast_to``, or both) as a GEMM on that tensor, and drop the copy when nothing
-        else uses it (see :mod:`tir_byoc.relax_fold`).
+        else uses it (see :mod:`tir_byoc.relax.weight_copies`).
 
     Returns
     -------

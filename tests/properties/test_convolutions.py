@@ -4,7 +4,7 @@ Each example is a Relax ``conv1d``, ``conv2d`` or ``conv3d`` of drawn sizes, ker
 strides, dilations, groups and asymmetric padding (a window may hang over both edges), with
 the weight a constant (as a torch model's is) or a parameter, and optionally a bias of shape
 (1, O, 1...) and one of the activations the rewrite takes into the call.
-``tir_byoc.build_model`` builds it (the rewrite of :mod:`tir_byoc.relax_conv`, the library
+``tir_byoc.build_model`` builds it (the rewrite of :mod:`tir_byoc.relax.convolutions`, the library
 call, TVM's code for the gather) and its result is compared with a float64 NumPy convolution
 written from the definition, window by window.
 Every drawn convolution must be served as a GEMM: the draws stay inside what the rewrite
@@ -25,7 +25,7 @@ from tvm import relax
 from tvm.script import relax as R
 
 import tir_byoc
-from tir_byoc.relax_conv import find_convolutions
+from tir_byoc.relax.convolutions import find_convolutions
 
 ACTIVATIONS = {
     None: (None, lambda z: z),

@@ -3,15 +3,15 @@
 The other properties check the matcher and the intrinsics on S-TIR the generators build, and
 the real models check whole architectures at fixed sizes.  Between the two lie tir_byoc's
 Relax passes, which rewrite what the torch frontend writes before the matcher sees it: the
-reshapes around a Linear on an N-D activation (:mod:`tir_byoc.relax_reshape`), the transposed
-weight (:mod:`tir_byoc.relax_fold`), attention's ``q @ k^T`` through a transposed copy
-(:mod:`tir_byoc.relax_transpose`), q/k/v taken from a packed projection
-(:mod:`tir_byoc.relax_split`), an elementwise producer fused into the row reduction after it
-(:mod:`tir_byoc.relax_rows`); then the packing of constant weights and the epilogues.  Each
-example here is a Relax function of one to three transformer layers in the forms the torch
-frontend writes them, on a drawn (B, S, E) activation with random weights, all constants of the
-module (packed where a backend packs) or all parameters of the function, and B a number or a
-variable of the module (then the one build runs at two batch sizes):
+reshapes around a Linear on an N-D activation (:mod:`tir_byoc.relax.linear_reshapes`), the
+transposed weight (:mod:`tir_byoc.relax.weight_copies`), attention's ``q @ k^T`` through a
+transposed copy (:mod:`tir_byoc.relax.untranspose`), q/k/v taken from a packed projection
+(:mod:`tir_byoc.relax.slice_splits`), an elementwise producer fused into the row reduction
+after it (:mod:`tir_byoc.relax.fuse_rows`); then the packing of constant weights and the
+epilogues.  Each example here is a Relax function of one to three transformer layers in the
+forms the torch frontend writes them, on a drawn (B, S, E) activation with random weights, all
+constants of the module (packed where a backend packs) or all parameters of the function, and B
+a number or a variable of the module (then the one build runs at two batch sizes):
 
 - ``linear``: a Linear, as a reshape to 2-D and back, on the N-D activation, or as
   ``expand`` + ``bmm``; its weight transposed (``nn.Linear``) or not (GPT-2's Conv1D), a bias

@@ -60,7 +60,7 @@ class TuneOptions:
     fold_transposes : bool
         Relax modules, unless ``offload="never"``: GEMMs on a transposed or broadcast copy of
         a weight read the weight itself, and the copies are not tuned (as
-        :func:`tir_byoc.offload` does; :mod:`tir_byoc.relax_fold`).
+        :func:`tir_byoc.offload` does; :mod:`tir_byoc.relax.weight_copies`).
     pack_weights : bool
         Relax modules: an offloaded function whose weights are constants is measured, and
         built, with them packed (:mod:`tir_byoc.meta_schedule.measure`).

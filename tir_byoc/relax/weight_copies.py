@@ -65,7 +65,7 @@ import tvm_ffi
 from tvm import ir, relax, s_tir, tirx
 from tvm.tirx import _ffi_api as _tirx_ffi
 
-from .match.exprs import (
+from ..match.exprs import (
     const_value,
     dtype_of,
     expr_text,
@@ -75,9 +75,9 @@ from .match.exprs import (
     operation_text,
     shape_of,
 )
-from .match.records import Refused
-from .match.reduction import looks_like_gemm
-from .match.stir import (
+from ..match.records import Refused
+from ..match.reduction import looks_like_gemm
+from ..match.stir import (
     Extents,
     FunctionIndex,
     Nest,

@@ -26,7 +26,7 @@ Entry point: :func:`UntransposeBatchMatmuls`, a module pass before ``LegalizeOps
 3. ``s`` is ``p`` multiplied by zero or more scalar constants (``nn.MultiheadAttention``
    scales K^T), and ``p = R.permute_dims(y, axes)`` swaps the last two of y's axes and keeps
    the others (y is of shape (l..., N, K), p of (l..., K, N)); y is not a constant (a weight's
-   transpose is :mod:`tir_byoc.relax_fold`'s);
+   transpose is :mod:`tir_byoc.relax.weight_copies`'s);
 4. the product of the leading dims l... is G (the reshape merges them and keeps K and N);
 5. ``r``, ``e`` and ``p`` each have no other user.
 
@@ -45,7 +45,7 @@ import math
 import tvm
 from tvm import ir, relax, te
 
-from .relax_reshape import bound_call, static_dims, variable_uses
+from .linear_reshapes import bound_call, static_dims, variable_uses
 
 _MATMUL = ir.Op.get("relax.matmul")
 _RESHAPE = ir.Op.get("relax.reshape")

@@ -81,7 +81,7 @@ import tvm
 import tvm_ffi
 from tvm import ir, relax, sym, tirx
 
-from .match.exprs import dtype_of, expr_text
+from ..match.exprs import dtype_of, expr_text
 
 _RESHAPE = ir.Op.get("relax.reshape")
 _MATMUL = ir.Op.get("relax.matmul")

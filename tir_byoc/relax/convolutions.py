@@ -83,7 +83,7 @@ import numpy as np
 import tvm
 from tvm import ir, relax, te, tirx
 
-from .relax_reshape import static_dims, variable_uses
+from .linear_reshapes import static_dims, variable_uses
 
 logger = logging.getLogger("tir_byoc")
 
@@ -368,9 +368,9 @@ def _gather(x: te.Tensor, site: _Site, channels_first: bool) -> te.Tensor:
     ):
         if (count - 1) * stride + (extent - 1) * dilation >= size:  # the largest index read
             raise ValueError(
-                f"tir_byoc.relax_conv: a window reads past the padded input ({size} positions "
-                f"for {count} outputs of a {extent}-wide window): expected a convolution whose "
-                "output shape fits its input"
+                f"tir_byoc.relax.convolutions: a window reads past the padded input ({size} "
+                f"positions for {count} outputs of a {extent}-wide window): expected a convolution "
+                "whose output shape fits its input"
             )
 
     groups = (site.groups,) if grouped else ()
@@ -474,7 +474,9 @@ class _Rewriter(relax.PyExprMutator):
 def _scan(mod: tvm.IRModule):
     """({gvar: {var: _Site}}, [Convolution]) over the Relax functions of ``mod``."""
     if not isinstance(mod, tvm.IRModule):
-        raise TypeError(f"tir_byoc.relax_conv: expected a tvm.IRModule, got {type(mod).__name__}")
+        raise TypeError(
+            f"tir_byoc.relax.convolutions: expected a tvm.IRModule, got {type(mod).__name__}"
+        )
     sites, found = {}, []
     for gvar, func in mod.functions_items():
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
