@@ -83,7 +83,7 @@ import numpy as np
 import tvm
 from tvm import ir, relax, te, tirx
 
-from .linear_reshapes import static_dims, variable_uses
+from .analysis import static_dims, variable_uses
 
 logger = logging.getLogger("tir_byoc")
 

@@ -43,7 +43,7 @@ from tvm import ir, relax, s_tir, tirx
 
 from ..match.reduction import looks_like_gemm
 from ..match.stir import COMM_REDUCE
-from .linear_reshapes import static_dims, variable_uses
+from .analysis import static_dims, variable_uses
 
 _CALL_TIR = ir.Op.get("relax.call_tir")
 #: AnnotateTIROpPattern's kinds up to injective: elementwise 0, broadcast 1, injective 2.

@@ -82,6 +82,7 @@ import tvm_ffi
 from tvm import ir, relax, sym, tirx
 
 from ..match.exprs import dtype_of, expr_text
+from .analysis import bound_call, tensor_dims, variable_uses
 
 _RESHAPE = ir.Op.get("relax.reshape")
 _MATMUL = ir.Op.get("relax.matmul")
@@ -173,7 +174,7 @@ class LinearReshape:
     @property
     def shape(self) -> tuple[tvm.ir.PrimExpr, ...]:
         """(d0, ..., dr, N), the shape every value of :attr:`chain` takes."""
-        return _dims(self.output)
+        return tensor_dims(self.output)
 
     def __str__(self) -> str:
         inner = f"matmul({self.input.name}, {_name(self.weight)})"
@@ -221,22 +222,6 @@ def _name(expr) -> str:
     return expr.name if isinstance(expr, relax.Var) else type(expr).__name__.lower()
 
 
-def _dims(expr) -> tuple | None:
-    """The dims of a tensor's struct info, or None if its shape is not known."""
-    ty = getattr(expr, "ty", None)
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    return tuple(ty.shape.values)
-
-
-def static_dims(expr) -> list[int] | None:
-    """The dims of a tensor's struct info as integers, or None unless every one is a constant."""
-    dims = _dims(expr)
-    if dims is None or not all(isinstance(d, tirx.IntImm) for d in dims):
-        return None
-    return [int(d) for d in dims]
-
-
 def _shape_text(dims) -> str:
     inner = ", ".join(expr_text(d) for d in dims)
     return f"({inner},)" if len(dims) == 1 else f"({inner})"
@@ -272,33 +257,6 @@ def _int64(dim):
 # --------------------------------------------------------------------------------------
 
 
-def variable_uses(func: relax.Function) -> Counter:
-    """How often each Relax variable of ``func`` is used (definitions not counted)."""
-    counter = _UseCounter()
-    counter.visit_expr(func)
-    return counter.uses
-
-
-@relax.expr_functor.visitor
-class _UseCounter(relax.PyExprVisitor):
-    def __init__(self):
-        self.uses = Counter()
-
-    def visit_var_(self, var):
-        self.uses[var] += 1
-
-    def visit_dataflow_var_(self, var):
-        self.uses[var] += 1
-
-
-def bound_call(values: dict, var, op=None) -> relax.Call | None:
-    """The call bound to ``var`` in the dataflow block (of operator ``op``, if given)."""
-    value = values.get(var) if isinstance(var, relax.Var) else None
-    if not isinstance(value, relax.Call) or not isinstance(value.op, ir.Op):
-        return None
-    return value if op is None or value.op.same_as(op) else None
-
-
 def _is_tensor(expr) -> bool:
     return isinstance(getattr(expr, "ty", None), relax.TensorType)
 
@@ -309,7 +267,7 @@ def _chain_operands(call: relax.Call, dims: _Dims) -> list[int]:
     if name in UNARY_OPS:
         return [0]
     if name in BROADCAST_OPS:
-        out = _dims(call)
+        out = tensor_dims(call)
         return [
             i
             for i, arg in enumerate(call.args)
@@ -319,7 +277,7 @@ def _chain_operands(call: relax.Call, dims: _Dims) -> list[int]:
 
 
 def _same_dims(expr, dims_expected, dims: _Dims) -> bool:
-    found = _dims(expr)
+    found = tensor_dims(expr)
     return found is not None and dims.all_equal(found, dims_expected)
 
 
@@ -395,7 +353,7 @@ def _is_plain_relax(func) -> bool:
 
 
 def _known(expr, what: str) -> tuple:
-    found = _dims(expr)
+    found = tensor_dims(expr)
     if found is None:
         raise _Refused(f"the shape of {what} is not known")
     return found
@@ -444,7 +402,7 @@ def _check(context: _Function, output, chain, values, dims: _Dims) -> LinearResh
     if source is None:
         raise _Refused(f"the matmul's input {_name(a)} is not a reshape (folding would add one)")
     activation = source.args[0]
-    x_shape = _dims(activation)
+    x_shape = tensor_dims(activation)
     reads = x_shape is not None and dims.all_equal(x_shape, (*y_shape[:-1], k))
     if not reads:
         _check_reshape_in_place(context, a, activation, x_shape, (*y_shape[:-1], k), output)
@@ -492,7 +450,7 @@ def _check_epilogue(link, call, previous, full, dims: _Dims) -> None:
 
 def _check_broadcast(link, name, others, full, dims: _Dims) -> None:
     (other,) = others
-    shape = _dims(other)
+    shape = tensor_dims(other)
     n = full[1]
     last_dim_only = (
         shape is not None
@@ -583,7 +541,7 @@ class _Rewriter(relax.PyExprMutator):
 
     # Step 1. The input: X itself, or one reshape of X to (d0, ..., dr, K) in place of ``a``.
     def _reshape_input(self, fold: LinearReshape, binding: relax.VarBinding) -> None:
-        k = _dims(fold.input)[1]
+        k = tensor_dims(fold.input)[1]
         shape = relax.ShapeExpr([*fold.shape[:-1], k])
         value = relax.op.reshape(self.visit_expr(fold.activation), shape)
         self.replaced[fold.input] = self.builder_.emit(value, fold.input.name)

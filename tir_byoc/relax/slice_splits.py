@@ -41,7 +41,7 @@ from collections import Counter
 import tvm
 from tvm import ir, relax
 
-from .linear_reshapes import bound_call, static_dims, variable_uses
+from .analysis import bound_call, static_dims, variable_uses
 
 _TAKE = ir.Op.get("relax.take")
 _RESHAPE = ir.Op.get("relax.reshape")

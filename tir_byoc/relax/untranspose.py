@@ -45,7 +45,7 @@ import math
 import tvm
 from tvm import ir, relax, te
 
-from .linear_reshapes import bound_call, static_dims, variable_uses
+from .analysis import bound_call, static_dims, variable_uses
 
 _MATMUL = ir.Op.get("relax.matmul")
 _RESHAPE = ir.Op.get("relax.reshape")

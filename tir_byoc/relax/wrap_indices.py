@@ -39,7 +39,7 @@ from __future__ import annotations
 import tvm
 from tvm import ir, relax
 
-from .linear_reshapes import static_dims
+from .analysis import static_dims
 
 _TAKE = ir.Op.get("relax.take")
 _INDEX_TENSOR = ir.Op.get("relax.index_tensor")
