@@ -10,14 +10,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import tvm
 from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 
 import tir_byoc
 from tir_byoc.model import LOWERING
+from tir_byoc.relax import wrap_indices
 from tir_byoc.relax.slice_splits import SliceSplits
-from tir_byoc.relax.wrap_indices import WrapIndices, wrap_indices
+from tir_byoc.relax.wrap_indices import WrapIndices
 
 X = torch.randn(2, 3, 6, 4, generator=torch.Generator().manual_seed(0))
 #: Run-time indices with negative values, for the first two axes of X.
@@ -103,7 +105,15 @@ def _bindings(mod) -> dict[str, relax.Call]:
 
 
 def test_constants_are_wrapped_at_build_time_and_run_time_indices_when_they_are_read():
-    wrapped = wrap_indices(Gathers)
+    sites, declines = wrap_indices.find(Gathers)
+    assert [(s.function, s.var.name, s.op) for s in sites] == [
+        ("main", "a", "relax.take"),
+        ("main", "b", "relax.take"),
+        ("main", "c", "relax.index_tensor"),
+    ]
+    assert declines == ()
+    wrapped = WrapIndices()(Gathers)
+    tvm.ir.assert_structural_equal(wrapped, wrap_indices.rewrite(Gathers, sites))
     relax.analysis.well_formed(wrapped)  # raises on an ill-formed module
     bindings = _bindings(wrapped)
     # A constant: its values mod the axis size, the mode kept.
@@ -121,7 +131,8 @@ def test_constants_are_wrapped_at_build_time_and_run_time_indices_when_they_are_
 
 
 def test_gathers_with_nothing_to_wrap_come_back_as_they_were():
-    assert wrap_indices(NothingToWrap).same_as(NothingToWrap)
+    assert wrap_indices.find(NothingToWrap) == ((), ())
+    assert WrapIndices()(NothingToWrap).same_as(NothingToWrap)
 
 
 def test_the_lowering_wraps_before_it_reads_takes_as_slices():
@@ -142,7 +153,7 @@ class OutOfRange:
 
 
 def test_a_constant_out_of_range_is_wrapped_at_run_time_not_read_out_of_bounds():
-    bindings = _bindings(wrap_indices(OutOfRange))
+    bindings = _bindings(WrapIndices()(OutOfRange))
     assert str(bindings["a"].attrs.mode) == "wrap"
     (index,) = bindings["b"].args[1].fields
     assert bindings[index.name].op.name == "relax.floor_mod"

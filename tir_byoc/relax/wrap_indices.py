@@ -9,8 +9,9 @@ warning.  The indices a model reaches with are no concern of the GEMM offload, b
 :func:`tir_byoc.build_model` result that differs from the model is the worst outcome this
 project has, so the lowering (:data:`tir_byoc.model.LOWERING`) reads them as torch does.
 
-Entry point: :func:`WrapIndices`, a module pass before ``LegalizeOps``
-(:func:`wrap_indices` is the function).  For each binding of a Relax function:
+Entry point: :class:`WrapIndices`, a module pass before ``LegalizeOps``
+(:mod:`tir_byoc.relax.pipeline`); :func:`find` lists the gathers it changes (:class:`Gather`)
+and :func:`rewrite` changes them.  For each binding of a Relax function:
 
 1. ``R.take(x, i, axis, mode="fast")``, the axis of size n:
 
@@ -36,6 +37,8 @@ changes.  An element is copied, not computed: nothing is rounded.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import tvm
 from tvm import ir, relax
 
@@ -45,45 +48,66 @@ _TAKE = ir.Op.get("relax.take")
 _INDEX_TENSOR = ir.Op.get("relax.index_tensor")
 
 
-def wrap_indices(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with every gather reading negative indices as torch does (see the module
-    docstring); ``mod`` itself when nothing needs it.  ``mod`` is never modified."""
-    found = [
-        gvar
-        for gvar, func in mod.functions_items()
-        if isinstance(func, relax.Function) and _needs_wrapping(func)
-    ]
-    if not found:
+@dataclass(frozen=True)
+class Gather:
+    """A binding ``var = R.take(...)`` or ``R.index_tensor(...)`` of ``function`` that reads
+    a negative index as torch does only once rewritten (see the module docstring)."""
+
+    function: str
+    var: relax.Var
+    op: str
+
+
+def find(mod: tvm.IRModule) -> tuple[tuple[Gather, ...], tuple]:
+    """``(sites, declines)``: the gathers of ``mod``'s Relax functions that :func:`rewrite`
+    changes, in binding order; a gather that stays reads every index as torch does already, so
+    there are no declines."""
+    sites = []
+    for gvar, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            finder = _Finder(gvar.name_hint)
+            finder.visit_expr(func)
+            sites += finder.sites
+    return tuple(sites), ()
+
+
+def rewrite(mod: tvm.IRModule, sites: tuple[Gather, ...]) -> tvm.IRModule:
+    """``mod`` with each gather of ``sites`` reading negative indices as torch does; ``mod``
+    itself when there is none.  ``mod`` is never modified."""
+    if not sites:
         return mod
-    return _Wrapper(mod).transform(found)
+    return _Wrapper(mod, sites).transform()
 
 
-def WrapIndices() -> tvm.transform.Pass:
-    """:func:`wrap_indices` as a module pass."""
-    return tvm.transform.module_pass(
-        lambda mod, _ctx: wrap_indices(mod), opt_level=0, name="tir_byoc.WrapIndices"
-    )
+@tvm.transform.module_pass(opt_level=0, name="tir_byoc.WrapIndices")
+class WrapIndices:
+    """Every gather of a Relax module reads negative indices as torch does: :func:`find`,
+    then :func:`rewrite`."""
 
-
-def _needs_wrapping(func: relax.Function) -> bool:
-    finder = _Finder()
-    finder.visit_expr(func)
-    return finder.found
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        sites, _ = find(mod)
+        return rewrite(mod, sites)
 
 
 @relax.expr_functor.visitor
 class _Finder(relax.PyExprVisitor):
-    """Sets ``found`` on the first gather that :class:`_Wrapper` would change."""
+    """Collects the bindings of one function whose gather :class:`_Wrapper` changes."""
 
-    def __init__(self):
-        self.found = False
+    def __init__(self, function: str):
+        self.function = function
+        self.sites: list[Gather] = []
 
-    def visit_call_(self, call: relax.Call) -> None:
-        if call.op.same_as(_TAKE):
-            self.found |= _take_change(call) is not None
-        elif call.op.same_as(_INDEX_TENSOR):
-            self.found |= any(change is not None for change in _index_changes(call))
-        super().visit_call_(call)
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        value = binding.value
+        if isinstance(value, relax.Call) and (
+            (value.op.same_as(_TAKE) and _take_change(value) is not None)
+            or (
+                value.op.same_as(_INDEX_TENSOR)
+                and any(change is not None for change in _index_changes(value))
+            )
+        ):
+            self.sites.append(Gather(self.function, binding.var, value.op.name))
+        super().visit_var_binding_(binding)
 
 
 def _wrapped_constant(index, size: int):
@@ -144,24 +168,20 @@ def _index_changes(call: relax.Call) -> list:
 class _Wrapper(relax.PyExprMutator):
     """Emits each gather that needs it in its wrapped form; every other binding as it was."""
 
-    def __init__(self, mod: tvm.IRModule):
+    def __init__(self, mod: tvm.IRModule, sites: tuple[Gather, ...]):
         super().__init__(mod)
         self.mod = mod
+        self.functions = {site.function for site in sites}
+        self.gathers = {site.var for site in sites}
 
-    def transform(self, gvars) -> tvm.IRModule:
-        for gvar in gvars:
-            self.builder_.update_func(gvar, self.visit_expr(self.mod[gvar]))
+    def transform(self) -> tvm.IRModule:
+        for gvar, func in self.mod.functions_items():
+            if gvar.name_hint in self.functions:
+                self.builder_.update_func(gvar, self.visit_expr(func))
         return self.builder_.get()
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
-        value = binding.value
-        replaced = None
-        if isinstance(value, relax.Call) and value.op.same_as(_TAKE):
-            replaced = _take_change(value)
-            if replaced is not None:  # its arguments are the take's: map them
-                replaced = self.visit_expr(replaced)
-        elif isinstance(value, relax.Call) and value.op.same_as(_INDEX_TENSOR):
-            replaced = self._index_tensor(value)
+        replaced = self._wrapped(binding.value) if binding.var in self.gathers else None
         if replaced is None:
             super().visit_var_binding_(binding)
             return
@@ -169,6 +189,13 @@ class _Wrapper(relax.PyExprMutator):
         self.builder_.emit_normalized(
             relax.VarBinding(binding.var, self.builder_.normalize(replaced))
         )
+
+    def _wrapped(self, call: relax.Call):
+        if call.op.same_as(_TAKE):
+            replaced = _take_change(call)
+            # Its arguments are the take's: map them.
+            return self.visit_expr(replaced) if replaced is not None else None
+        return self._index_tensor(call)
 
     def _index_tensor(self, call: relax.Call):
         changes = _index_changes(call)
@@ -187,4 +214,4 @@ class _Wrapper(relax.PyExprMutator):
         return relax.op.index_tensor(self.visit_expr(x), fields)
 
 
-__all__ = ["WrapIndices", "wrap_indices"]
+__all__ = ["Gather", "WrapIndices", "find", "rewrite"]
