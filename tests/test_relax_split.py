@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tvm
 from byoc_testing import relax_inputs
 from tvm import relax
 from tvm.script import ir as I
@@ -18,7 +19,8 @@ from tvm.script import relax as R
 import tir_byoc
 from tir_byoc import model as model_module
 from tir_byoc.model import LOWERING
-from tir_byoc.relax.slice_splits import SliceSplits, slice_splits
+from tir_byoc.relax import slice_splits
+from tir_byoc.relax.slice_splits import SliceSplits
 
 # fmt: off
 
@@ -171,7 +173,10 @@ WITHOUT_REWRITE = tuple(p for p in LOWERING if p is not SliceSplits)
     ids=["multihead attention's split", "split also used whole", "no layout op"],
 )
 def test_each_part_is_a_slice_and_holds_the_same_values(module, parts, left, monkeypatch):
-    rewritten = slice_splits(module)
+    sites, declines = slice_splits.find(module)
+    assert [(s.begin, s.end) for s in sites] == parts and declines == ()
+    rewritten = SliceSplits()(module)
+    tvm.ir.assert_structural_equal(rewritten, slice_splits.rewrite(module, sites))
     text = rewritten.script()
     assert "R.take" not in text
     assert text.count("R.strided_slice") == len(parts)
@@ -211,7 +216,8 @@ def test_each_part_is_a_slice_and_holds_the_same_values(module, parts, left, mon
     ],
 )
 def test_anything_else_comes_back_as_it_was(module):
-    assert slice_splits(module).same_as(module)
+    assert slice_splits.find(module) == ((), ())
+    assert SliceSplits()(module).same_as(module)
 
 
 def test_the_lowering_slices_before_the_operators_become_tir():

@@ -15,8 +15,9 @@ each ``take`` copies a third of that.  The three parts are slices of ``y`` itsel
 
     q = R.strided_slice(y, axes=[2], begin=[0], end=[E])
 
-Entry point: :func:`SliceSplits`, a module pass before ``LegalizeOps``
-(:data:`tir_byoc.model.LOWERING`).  A binding ``t = R.take(s, i, axis=a)`` is rewritten when
+Entry point: :class:`SliceSplits`, a module pass before ``LegalizeOps``
+(:mod:`tir_byoc.relax.pipeline`); :func:`find` lists the takes it rewrites (:class:`SplitPart`)
+and :func:`rewrite` rewrites them.  A binding ``t = R.take(s, i, axis=a)`` is rewritten when
 
 1. ``i`` is a constant integer scalar (rank 0) with ``0 <= i < n``, so that every mode of
    ``take`` reads the same element;
@@ -37,6 +38,7 @@ computed: nothing is rounded.  The chain's bindings that only the takes read are
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 import tvm
 from tvm import ir, relax
@@ -50,47 +52,74 @@ _PERMUTE = ir.Op.get("relax.permute_dims")
 _SQUEEZE = ir.Op.get("relax.squeeze")
 
 
-def slice_splits(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with each qualifying ``take`` read as a slice (see the module docstring);
-    ``mod`` itself when there is none.  ``mod`` is never modified."""
-    found = {
-        gvar: sites
-        for gvar, func in mod.functions_items()
-        if isinstance(func, relax.Function) and (sites := _sites(func))[0]
-    }
-    if not found:
+@dataclass(frozen=True)
+class SplitPart:
+    """A binding ``take = R.take(s, i, axis=a)`` of ``function`` that reads
+    ``source[..., begin:end]`` on ``source``'s last axis, ``axis``.
+
+    ``chain`` holds the variables from the take's argument ``s`` back to the reshape's result
+    ``w``; those that only takes read go with the rewrite.
+    """
+
+    function: str
+    take: relax.Var
+    source: relax.Expr
+    axis: int
+    begin: int
+    end: int
+    chain: tuple[relax.Var, ...]
+
+
+def find(mod: tvm.IRModule) -> tuple[tuple[SplitPart, ...], tuple]:
+    """``(sites, declines)``: the takes of ``mod``'s Relax functions that :func:`rewrite` reads
+    as slices, in binding order; a take that is not a part of a split stays as it is, so there
+    are no declines."""
+    sites = []
+    for gvar, func in mod.functions_items():
+        if not isinstance(func, relax.Function):
+            continue
+        for block in func.body.blocks if isinstance(func.body, relax.SeqExpr) else ():
+            if not isinstance(block, relax.DataflowBlock):
+                continue
+            values = {b.var: b.value for b in block.bindings if isinstance(b, relax.VarBinding)}
+            for var, value in values.items():
+                if isinstance(value, relax.Call) and value.op.same_as(_TAKE):
+                    site = _site(var, value, values)
+                    if site is not None:
+                        sites.append(SplitPart(gvar.name_hint, var, *site))
+    return tuple(sites), ()
+
+
+def rewrite(mod: tvm.IRModule, sites: tuple[SplitPart, ...]) -> tvm.IRModule:
+    """``mod`` with each take of ``sites`` read as a slice, and the chain bindings that only
+    those takes read removed; ``mod`` itself when there is none.  ``mod`` is never modified."""
+    if not sites:
         return mod
+    found = {}
+    for gvar, func in mod.functions_items():
+        own = [site for site in sites if site.function == gvar.name_hint]
+        if own:
+            found[gvar] = ({site.take: site for site in own}, _unused_after(func, own))
     return _Rewriter(mod, found).transform()
 
 
-def SliceSplits() -> tvm.transform.Pass:
-    """:func:`slice_splits` as a module pass."""
-    return tvm.transform.module_pass(
-        lambda mod, _ctx: slice_splits(mod), opt_level=0, name="tir_byoc.SliceSplits"
-    )
+@tvm.transform.module_pass(opt_level=0, name="tir_byoc.SliceSplits")
+class SliceSplits:
+    """Each part of a split tensor taken as a slice of it: :func:`find`, then
+    :func:`rewrite`."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        sites, _ = find(mod)
+        return rewrite(mod, sites)
 
 
-def _sites(func: relax.Function) -> tuple[dict, set]:
-    """({take's variable: (y, last axis of y, begin, end)} for each binding that qualifies,
-    the variables of the chains that only those takes read)."""
-    sites, chains, lost = {}, {}, Counter()
-    for block in func.body.blocks if isinstance(func.body, relax.SeqExpr) else ():
-        if not isinstance(block, relax.DataflowBlock):
-            continue
-        values = {b.var: b.value for b in block.bindings if isinstance(b, relax.VarBinding)}
-        for var, value in values.items():
-            if isinstance(value, relax.Call) and value.op.same_as(_TAKE):
-                site = _site(var, value, values)
-                if site is not None:
-                    *part, chain = site
-                    sites[var], chains[chain[0]] = tuple(part), chain
-                    lost[chain[0]] += 1  # the take, now a slice, no longer reads it
-    return sites, (_unused_after(func, chains, lost) if sites else set())
-
-
-def _unused_after(func: relax.Function, chains: dict, lost: Counter) -> set:
+def _unused_after(func: relax.Function, sites: list[SplitPart]) -> set:
     """The chain variables (from the take's argument back to the reshape's result) left
-    without a user once the takes are slices; ``lost`` counts the uses the takes made."""
+    without a user once the takes of ``sites`` are slices."""
+    chains, lost = {}, Counter()
+    for site in sites:
+        chains[site.chain[0]] = site.chain
+        lost[site.chain[0]] += 1  # the take, now a slice, no longer reads it
     uses = variable_uses(func)
     unused = set()
     for chain in chains.values():
@@ -147,7 +176,7 @@ def _site(var, take: relax.Call, values: dict):
     i = int(index.value.numpy())
     if not 0 <= i < parts or static_dims(var) != [*y_dims[:-1], width]:
         return None
-    return y, len(y_dims) - 1, i * width, (i + 1) * width, chain
+    return y, len(y_dims) - 1, i * width, (i + 1) * width, tuple(chain)
 
 
 def _relabel(call: relax.Call, labels: list) -> list | None:
@@ -198,10 +227,11 @@ class _Rewriter(relax.PyExprMutator):
         if site is None:
             super().visit_var_binding_(binding)
             return
-        y, axis, begin, end = site
-        part = relax.op.strided_slice(self.visit_expr(y), [axis], [begin], [end])
+        part = relax.op.strided_slice(
+            self.visit_expr(site.source), [site.axis], [site.begin], [site.end]
+        )
         # The take's own variable, now bound to the slice: a function's output stays one.
         self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(part)))
 
 
-__all__ = ["SliceSplits", "slice_splits"]
+__all__ = ["SliceSplits", "SplitPart", "find", "rewrite"]
