@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tvm
 from byoc_testing import relax_inputs
 from tvm import relax
 from tvm.script import ir as I
@@ -17,7 +18,8 @@ from tvm.script import relax as R
 import tir_byoc
 from tir_byoc import model as model_module
 from tir_byoc.model import LOWERING
-from tir_byoc.relax.untranspose import UntransposeBatchMatmuls, untranspose_batch_matmuls
+from tir_byoc.relax import untranspose
+from tir_byoc.relax.untranspose import UntransposeBatchMatmuls
 
 # fmt: off
 
@@ -167,7 +169,10 @@ WITHOUT_REWRITE = tuple(p for p in LOWERING if p is not UntransposeBatchMatmuls)
     ids=["expand", "no expand", "scaled"],
 )
 def test_the_product_reads_k_untransposed_and_computes_the_same(module, scale, monkeypatch):
-    rewritten = untranspose_batch_matmuls(module)
+    (site,), declines = untranspose.find(module)
+    assert (site.matmul.name, len(site.scales), declines) == ("m", int(scale != 1.0), ())
+    rewritten = UntransposeBatchMatmuls()(module)
+    tvm.ir.assert_structural_equal(rewritten, untranspose.rewrite(module, (site,)))
     text = rewritten.script()
     assert "permute_dims" not in text and "broadcast_to" not in text
     assert text.count("NT_matmul") >= 2  # the PrimFunc and its call
@@ -208,4 +213,5 @@ def test_the_product_reads_k_untransposed_and_computes_the_same(module, scale, m
     ],
 )
 def test_anything_else_comes_back_as_it_was(module):
-    assert untranspose_batch_matmuls(module).same_as(module)
+    assert untranspose.find(module) == ((), ())
+    assert UntransposeBatchMatmuls()(module).same_as(module)

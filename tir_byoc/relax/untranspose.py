@@ -16,8 +16,10 @@ matrices is one tir_byoc serves as it is (``bmm_dense``), so here ::
     r = R.reshape(y, (B*H, S, D))                # no transpose: the last two axes as in y
     m = NT_matmul(a, r)                          # m[b, i, j] = sum_k a[b, i, k] * r[b, j, k]
 
-Entry point: :func:`UntransposeBatchMatmuls`, a module pass before ``LegalizeOps``
-(:data:`tir_byoc.model.LOWERING`).  A binding ``m = R.matmul(a, r)`` is rewritten when
+Entry point: :class:`UntransposeBatchMatmuls`, a module pass before ``LegalizeOps``
+(:mod:`tir_byoc.relax.pipeline`); :func:`find` lists the products it rewrites
+(:class:`UntransposedProduct`) and :func:`rewrite` rewrites them.  A binding
+``m = R.matmul(a, r)`` is rewritten when
 
 1. ``a`` and ``r`` are 3-D float tensors of static shapes, ``m`` of their dtype, and ``a`` is
    of shape (G, M, K) (the product broadcasts neither operand over the batch);
@@ -41,6 +43,7 @@ elements, summed over k in the same order.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import tvm
 from tvm import ir, relax, te
@@ -54,26 +57,49 @@ _PERMUTE = ir.Op.get("relax.permute_dims")
 _MULTIPLY = ir.Op.get("relax.multiply")
 
 
-def untranspose_batch_matmuls(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with each qualifying batched matmul reading its operand untransposed (see the
-    module docstring); ``mod`` itself when there is none.  ``mod`` is never modified."""
-    found = {
-        gvar: sites
-        for gvar, func in mod.functions_items()
-        if isinstance(func, relax.Function) and (sites := _sites(func))
-    }
-    if not found:
+@dataclass(frozen=True)
+class UntransposedProduct:
+    """A binding ``matmul = R.matmul(a, r)`` of ``function`` whose ``r`` is the transpose of
+    ``y`` (times ``scales``, in order): it becomes the NT product of ``a`` and ``y`` reshaped
+    to ``shape``, (G, N, K).  ``chain`` holds ``r``'s bindings back to the transpose, which go
+    with the rewrite."""
+
+    function: str
+    matmul: relax.Var
+    a: relax.Expr
+    y: relax.Expr
+    scales: tuple[relax.Expr, ...]
+    shape: tuple[int, int, int]
+    chain: tuple[relax.Var, ...]
+
+
+def find(mod: tvm.IRModule) -> tuple[tuple[UntransposedProduct, ...], tuple]:
+    """``(sites, declines)``: the batched matmuls of ``mod``'s Relax functions that
+    :func:`rewrite` computes on the untransposed operand, in binding order; any other matmul
+    stays as it is, so there are no declines."""
+    sites = []
+    for gvar, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            sites += _sites(gvar.name_hint, func)
+    return tuple(sites), ()
+
+
+def rewrite(mod: tvm.IRModule, sites: tuple[UntransposedProduct, ...]) -> tvm.IRModule:
+    """``mod`` with each product of ``sites`` reading its operand untransposed; ``mod`` itself
+    when there is none.  ``mod`` is never modified."""
+    if not sites:
         return mod
-    return _Rewriter(mod, found).transform()
+    return _Rewriter(mod, sites).transform()
 
 
-def UntransposeBatchMatmuls() -> tvm.transform.Pass:
-    """:func:`untranspose_batch_matmuls` as a module pass."""
-    return tvm.transform.module_pass(
-        lambda mod, _ctx: untranspose_batch_matmuls(mod),
-        opt_level=0,
-        name="tir_byoc.UntransposeBatchMatmuls",
-    )
+@tvm.transform.module_pass(opt_level=0, name="tir_byoc.UntransposeBatchMatmuls")
+class UntransposeBatchMatmuls:
+    """Each batched product by a transposed activation computed without the transpose:
+    :func:`find`, then :func:`rewrite`."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        sites, _ = find(mod)
+        return rewrite(mod, sites)
 
 
 def _scalar(expr) -> bool:
@@ -81,11 +107,9 @@ def _scalar(expr) -> bool:
     return isinstance(expr, ir.Constant) and static_dims(expr) == []
 
 
-def _sites(func: relax.Function) -> dict:
-    """{matmul's variable: (a, y, scales, (G, N, K), chain variables)} for each binding that
-    qualifies."""
+def _sites(function: str, func: relax.Function) -> list[UntransposedProduct]:
     uses = variable_uses(func)
-    sites = {}
+    sites = []
     for block in func.body.blocks if isinstance(func.body, relax.SeqExpr) else ():
         if not isinstance(block, relax.DataflowBlock):
             continue
@@ -93,7 +117,7 @@ def _sites(func: relax.Function) -> dict:
         for var, value in values.items():
             site = _site(var, value, values, uses)
             if site is not None:
-                sites[var] = site
+                sites.append(UntransposedProduct(function, var, *site))
     return sites
 
 
@@ -171,16 +195,17 @@ class _Rewriter(relax.PyExprMutator):
     """Drops each site's transpose chain and emits the reshape of y and the NT product in the
     matmul's place; every other binding as it was."""
 
-    def __init__(self, mod: tvm.IRModule, found: dict):
+    def __init__(self, mod: tvm.IRModule, sites: tuple[UntransposedProduct, ...]):
         super().__init__(mod)
         self.mod = mod
-        self.found = found
+        self.sites = {site.matmul: site for site in sites}
+        self.dropped = {v for site in sites for v in site.chain}
+        self.functions = {site.function for site in sites}
 
     def transform(self) -> tvm.IRModule:
-        for gvar, sites in self.found.items():
-            self.sites = sites
-            self.dropped = {v for site in sites.values() for v in site[-1]}
-            self.builder_.update_func(gvar, self.visit_expr(self.mod[gvar]))
+        for gvar, func in self.mod.functions_items():
+            if gvar.name_hint in self.functions:
+                self.builder_.update_func(gvar, self.visit_expr(func))
         return self.builder_.get()
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
@@ -190,17 +215,16 @@ class _Rewriter(relax.PyExprMutator):
         if site is None:
             super().visit_var_binding_(binding)
             return
-        a, y, scales, shape, _ = site
-        value = self.visit_expr(y)
-        for scale in scales:
+        value = self.visit_expr(site.y)
+        for scale in site.scales:
             value = self.builder_.emit(relax.op.multiply(value, scale), "scaled")
         untransposed = self.builder_.emit(
-            relax.op.reshape(value, relax.ShapeExpr(list(shape))), "untransposed"
+            relax.op.reshape(value, relax.ShapeExpr(list(site.shape))), "untransposed"
         )
         product = self.builder_.emit_te(
-            _nt_matmul, self.visit_expr(a), untransposed, primfunc_name_hint="NT_matmul"
+            _nt_matmul, self.visit_expr(site.a), untransposed, primfunc_name_hint="NT_matmul"
         )
         self.set_var_remap(binding.var, product)
 
 
-__all__ = ["UntransposeBatchMatmuls", "untranspose_batch_matmuls"]
+__all__ = ["UntransposeBatchMatmuls", "UntransposedProduct", "find", "rewrite"]
