@@ -3,7 +3,7 @@
 Each positive case states ``before`` and ``expected`` Relax and compares them structurally,
 checks that the fold computes bitwise the same values on the Relax VM, and that after the
 standard lowering the epilogue is fused into the matmul's PrimFunc.  Each negative case is left
-as it was, with the reason :func:`find_linear_reshapes` gives.
+as it was, with the reason :func:`tir_byoc.relax.linear_reshapes.find` gives.
 """
 
 from __future__ import annotations
@@ -17,13 +17,8 @@ from tvm.script import relax as R
 from tvm.script import tirx as T
 
 from tir_byoc.model import LOWERING
-from tir_byoc.relax.linear_reshapes import (
-    FoldLinearReshapes,
-    LinearReshape,
-    NotFolded,
-    find_linear_reshapes,
-    fold_linear_reshapes,
-)
+from tir_byoc.relax import linear_reshapes
+from tir_byoc.relax.linear_reshapes import FoldLinearReshapes, LinearReshape, NotFolded
 
 # fmt: off
 # ---------------------------------------------------------------------------------------------
@@ -457,7 +452,10 @@ def _lowered_functions(mod: tvm.IRModule) -> set[str]:
 @pytest.mark.parametrize("name", list(FOLDED))
 def test_a_fold_gives_the_expected_relax(name):
     before, expected, _ = FOLDED[name]
-    after = fold_linear_reshapes(before)
+    after = FoldLinearReshapes()(before)
+    sites, declines = linear_reshapes.find(before)
+    assert sites and declines == ()
+    tvm.ir.assert_structural_equal(after, linear_reshapes.rewrite(before, sites))
     relax.analysis.well_formed(after)
     tvm.ir.assert_structural_equal(after, expected)
 
@@ -466,7 +464,7 @@ def test_a_fold_gives_the_expected_relax(name):
 def test_a_fold_computes_bitwise_the_same_values(name):
     before, _, shapes = FOLDED[name]
     inputs = _inputs(shapes)
-    for got, want in zip(_run(fold_linear_reshapes(before), inputs), _run(before, inputs)):
+    for got, want in zip(_run(FoldLinearReshapes()(before), inputs), _run(before, inputs)):
         np.testing.assert_array_equal(got, want)
 
 
@@ -497,29 +495,30 @@ def test_the_epilogue_fuses_with_the_matmul_once_folded(name):
     before, _, _ = FOLDED[name]
     expected_before, expected_after = FUSED[name]
     assert _lowered_functions(before) == expected_before
-    assert _lowered_functions(fold_linear_reshapes(before)) == expected_after
+    assert _lowered_functions(FoldLinearReshapes()(before)) == expected_after
 
 
 def test_the_records_name_the_chain():
-    (fold,) = find_linear_reshapes(LinearGelu)
+    (fold,), _ = linear_reshapes.find(LinearGelu)
     assert isinstance(fold, LinearReshape)
     assert fold.operations == ("relax.add",)
     assert fold.reads_activation
     assert [v.name for v in fold.chain] == ["m", "e"]
     assert str(fold) == "main: y = reshape(add(matmul(a, wt))): folded (reads x)"
-    (merged,) = find_linear_reshapes(HeadsMerged)
+    (merged,), _ = linear_reshapes.find(HeadsMerged)
     assert not merged.reads_activation
 
 
 @pytest.mark.parametrize("name", list(LEFT_ALONE))
 def test_what_is_not_provably_exact_is_left_alone(name):
     mod, reason = LEFT_ALONE[name]
-    assert fold_linear_reshapes(mod) is mod
-    found = find_linear_reshapes(mod)
+    assert FoldLinearReshapes()(mod).same_as(mod)
+    sites, declines = linear_reshapes.find(mod)
+    assert sites == ()
     if reason is None:
-        assert found == ()
+        assert declines == ()
         return
-    (refusal,) = found
+    (refusal,) = declines
     assert isinstance(refusal, NotFolded)
     assert not refusal
     assert reason in refusal.reason
@@ -527,7 +526,7 @@ def test_what_is_not_provably_exact_is_left_alone(name):
 
 def test_the_pass_is_idempotent_and_leaves_lowered_modules_alone():
     once = FoldLinearReshapes()(LinearGelu)
-    assert fold_linear_reshapes(once) is once
+    assert FoldLinearReshapes()(once).same_as(once)
     lowered = tvm.transform.Sequential([make_pass() for make_pass in UNFOLDED])(LinearGelu)
-    assert fold_linear_reshapes(lowered) is lowered
+    assert FoldLinearReshapes()(lowered).same_as(lowered)
     assert LOWERING.index(FoldLinearReshapes) < LOWERING.index(relax.transform.LegalizeOps)
