@@ -406,7 +406,7 @@ def child(name: str) -> dict:
 
     import tir_byoc
     from tir_byoc.frontend import first_line
-    from tir_byoc.relax.convolutions import find_convolutions
+    from tir_byoc.relax import convolutions
 
     row: dict = {"arch": name}
     stage = "config"
@@ -430,8 +430,8 @@ def child(name: str) -> dict:
         row["conv_share"] = conv / (gemm + conv) if gemm + conv else 0.0
         if conv:
             imported, _ = tir_byoc.frontend.import_torch(model.module, model.inputs)
-            convs = find_convolutions(imported)
-            row["convs_left"] = [c.reason for c in convs if c.reason is not None]
+            _, declines = convolutions.find(imported)
+            row["convs_left"] = [c.reason for c in declines]
         row["epilogues_left"] = real_models.epilogues_left_behind(offloaded)
         left = {e.split(":")[0].removesuffix("_packed") for e in row["epilogues_left"]}
         row["why_left"] = sorted({r.reason for r in tir_byoc.explain(lowered) if r.func in left})

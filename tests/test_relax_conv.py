@@ -23,11 +23,7 @@ from tir_byoc.match import scan_function
 from tir_byoc.match.exprs import expr_text
 from tir_byoc.model import LOWERING
 from tir_byoc.relax import convolutions
-from tir_byoc.relax.convolutions import (
-    ConvolutionsAsGemms,
-    convolutions_as_gemms,
-    find_convolutions,
-)
+from tir_byoc.relax.convolutions import ConvolutionsAsGemms
 
 torch = pytest.importorskip("torch")
 
@@ -160,7 +156,7 @@ def test_a_transposed_input_is_copied_once_and_the_gather_reads_along_its_rows()
     built = _build_and_compare(module, x)
     assert len(built.intrinsics) == 1, built.intrinsics
     mod, _ = tir_byoc.frontend.import_torch(module.eval(), (x,))
-    rewritten = convolutions_as_gemms(mod)
+    rewritten = ConvolutionsAsGemms()(mod)
     functions = dict((g.name_hint, f) for g, f in rewritten.functions_items())
     # The transposed input is a function of its own that FuseOps leaves alone; the
     # permute_dims it replaces, used by the convolution alone, is gone.
@@ -202,7 +198,9 @@ class ComputedWeights:
 
 
 def test_a_weight_used_elsewhere_or_computed_from_parameters_is_left_in_place(monkeypatch):
-    rewritten = convolutions_as_gemms(ComputedWeights)
+    sites, declines = convolutions.find(ComputedWeights)
+    assert [site.var.name for site in sites] == ["y", "z"] and declines == ()
+    rewritten = convolutions.rewrite(ComputedWeights, sites)
     relax.analysis.well_formed(rewritten)
     text = rewritten.script()
     assert "R.nn.conv" not in text and text.count("R.multiply") == 2, text
@@ -222,7 +220,9 @@ def test_a_convolution_that_is_not_served_keeps_tvms_code_and_says_why():
     module = _Convs(torch.nn.Conv2d(4, 4, 3, groups=4), torch.nn.ConvTranspose2d(4, 2, 2))
     built = _build_and_compare(module, torch.randn(1, 4, 12, 12))
     mod, _ = tir_byoc.frontend.import_torch(module, (torch.randn(1, 4, 12, 12),))
-    reasons = [c.reason for c in find_convolutions(mod)]
+    sites, declines = convolutions.find(mod)
+    assert sites == ()
+    reasons = [c.reason for c in declines]
     assert reasons == [
         "depthwise (groups = 4, one input channel each): a batched GEMM of one window per "
         "product is slower than TVM's loop",
@@ -298,7 +298,7 @@ class Half:
     ids=["weight and bias as parameters, asymmetric padding", "the conv is also an output"],
 )
 def test_the_rewrite_computes_what_tvms_convolution_computes(mod, in_the_call, left, monkeypatch):
-    rewritten = convolutions_as_gemms(mod)
+    rewritten = ConvolutionsAsGemms()(mod)
     relax.analysis.well_formed(rewritten)
     text = rewritten.script()
     assert "R.nn.conv" not in text and "im2col" in text
@@ -324,8 +324,9 @@ def test_the_rewrite_computes_what_tvms_convolution_computes(mod, in_the_call, l
     ids=["channels last", "float16"],
 )
 def test_anything_else_comes_back_as_it_was_with_its_reason(mod, reason):
-    assert convolutions_as_gemms(mod).same_as(mod)
-    (found,) = find_convolutions(mod)
+    assert ConvolutionsAsGemms()(mod).same_as(mod)
+    sites, (found,) = convolutions.find(mod)
+    assert sites == ()
     assert found.reason == reason
     assert str(found).endswith(f"left to TVM ({reason})")
 
@@ -333,14 +334,16 @@ def test_anything_else_comes_back_as_it_was_with_its_reason(mod, reason):
 def test_columns_larger_than_the_limit_are_left_to_tvm(monkeypatch):
     mod = ParameterWeight
     monkeypatch.setattr(convolutions, "MAX_COLUMNS", 2 * 6 * 3 * 3 - 1)  # one element short
-    assert convolutions_as_gemms(mod).same_as(mod)
-    (found,) = find_convolutions(mod)
+    assert ConvolutionsAsGemms()(mod).same_as(mod)
+    sites, (found,) = convolutions.find(mod)
+    assert sites == ()
     assert found.reason == "its im2col columns would hold 108 elements, more than 107"
 
 
-@pytest.mark.parametrize("entry", [find_convolutions, convolutions_as_gemms])
-def test_anything_but_a_module_is_refused_in_one_line(entry):
+def test_anything_but_a_module_is_refused_in_one_line():
     with pytest.raises(
         TypeError, match=r"^tir_byoc.relax.convolutions: expected a tvm.IRModule, got Function$"
     ):
-        entry(ParameterWeight["main"])
+        convolutions.find(ParameterWeight["main"])
+    with pytest.raises(TypeError, match=r"Expected `RValueRef<ir.IRModule>`"):
+        ConvolutionsAsGemms()(ParameterWeight["main"])

@@ -36,7 +36,7 @@ with the columns, which the library serves as one batched call.  A depthwise con
 input channel per group) is left to TVM: as G products of one window each it ran slower than
 TVM's own loop, and :class:`tir_byoc.schedules.window.SlidingWindow` schedules that loop.
 
-A padded convolution's input is first copied with its zeros (:func:`_padded`), in a function
+A padded convolution's input is first copied with its zeros (:mod:`.im2col`), in a function
 ``FuseOps`` leaves alone, so that the gather copies without a bound check, in vectors: a
 check that differs between the lanes of a vector makes TVM's vectoriser write the whole copy
 lane by lane.  An input that is a transpose moving the last axis (Wav2Vec2's positional
@@ -53,10 +53,11 @@ library call computes them as its epilogue (Whisper's bias and GELU).  With grou
 activations move: the bias would be a (G, O/G) tensor, one row per batch index, which no
 call takes, so it stays TVM code after the product.
 
-Entry point: :func:`ConvolutionsAsGemms`, a module pass before ``LegalizeOps``
-(:data:`tir_byoc.model.LOWERING`), and :func:`find_convolutions`, which says for each
-convolution whether it is served so and, if not, why.  A binding ``out = R.nn.conv1d(x, w)``
-(``conv2d``, ``conv3d``) is rewritten when
+Entry point: :class:`ConvolutionsAsGemms`, a module pass before ``LegalizeOps``
+(:mod:`tir_byoc.relax.pipeline`); :func:`find` gives the convolutions served so
+(:class:`~tir_byoc.relax.im2col.ConvolutionSite`) and those left to TVM, with the reason
+(:class:`Convolution`), and :func:`rewrite` builds them (:mod:`tir_byoc.relax.im2col`).  A
+binding ``out = R.nn.conv1d(x, w)`` (``conv2d``, ``conv3d``) is rewritten when
 
 1. the layouts are the default ones (``NCW``/``NCHW``/``NCDHW`` data and output,
    ``OIW``/``OIHW``/``OIDHW`` kernel), and the groups are not depthwise (:func:`_site`);
@@ -79,11 +80,11 @@ import logging
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import tvm
-from tvm import ir, relax, te, tirx
+from tvm import ir, relax
 
 from .analysis import static_dims, variable_uses
+from .im2col import ConvolutionSite, build
 
 logger = logging.getLogger("tir_byoc")
 
@@ -102,51 +103,22 @@ MAX_COLUMNS = 1 << 28
 
 @dataclass(frozen=True)
 class Convolution:
-    """One convolution of a Relax function: served as a GEMM, or ``reason`` why not."""
+    """A convolution of a Relax function left to TVM, and ``reason`` why it is not a GEMM."""
 
     function: str
     var: str
     op: str
-    reason: str | None = None
+    reason: str
 
     def __str__(self) -> str:
-        where = f"{self.function}: {self.var} = {self.op}"
-        return (
-            f"{where}: a GEMM" if self.reason is None else f"{where}: left to TVM ({self.reason})"
-        )
-
-
-@dataclass(frozen=True)
-class _Site:
-    """What the rewrite of one convolution needs."""
-
-    x: relax.Expr
-    weight: relax.Expr
-    out_dims: tuple[int, ...]  # (B, O, spatial...)
-    kernel: tuple[int, ...]  # the window (KW,), (KH, KW) or (KD, KH, KW)
-    strides: tuple[int, ...]
-    pad_before: tuple[int, ...]
-    pad_after: tuple[int, ...]
-    dilation: tuple[int, ...]
-    groups: int
-    # The bindings that compute the weight from constants alone, in order (see
-    # :func:`_constant_bindings`), folded into one constant by the rewrite.
-    weight_bindings: tuple[tuple[relax.Var, relax.Call], ...] = ()
-    # The elementwise ops after the convolution computed on the GEMM's output instead, each
-    # ("bias", its (1, O, 1...) tensor) or ("unary", its call), and the variables they bound.
-    tail: tuple[tuple[str, object], ...] = ()
-    tail_vars: tuple[relax.Var, ...] = ()
-    # x's binding when x is a permute_dims that moves the last axis ((the permuted tensor,
-    # the axes), see :func:`_transposed_input`), and whether the convolution is its one use.
-    transposed: tuple[relax.Expr, tuple[int, ...]] | None = None
-    transposed_dropped: bool = False
+        return f"{self.function}: {self.var} = {self.op}: left to TVM ({self.reason})"
 
 
 def _ints(values) -> tuple[int, ...]:
     return tuple(int(v) for v in values)
 
 
-def _site(call: relax.Call, out_var) -> _Site | str:
+def _site(function: str, out_var, call: relax.Call) -> ConvolutionSite | str:
     """The rewrite of a conv call, or why there is none (the conditions of the module doc)."""
     data_layout, kernel_layout = _OPS[call.op]
     attrs = call.attrs
@@ -182,8 +154,18 @@ def _site(call: relax.Call, out_var) -> _Site | str:
         return f"its im2col columns would hold {columns} elements, more than {MAX_COLUMNS}"
     dilation = _ints(attrs.dilation)
     after = padding[spatial:] if len(padding) == 2 * spatial else padding[:spatial]
-    return _Site(
-        x, weight, tuple(out_dims), kernel, strides, padding[:spatial], after, dilation, groups
+    return ConvolutionSite(
+        function,
+        out_var,
+        x,
+        weight,
+        tuple(out_dims),
+        kernel,
+        strides,
+        padding[:spatial],
+        after,
+        dilation,
+        groups,
     )
 
 
@@ -204,7 +186,7 @@ _UNARY = frozenset(
 _ADD = ir.Op.get("relax.add")
 
 
-def _tail(site: _Site, var, values: dict, users: dict, uses) -> _Site:
+def _tail(site: ConvolutionSite, var, values: dict, users: dict, uses) -> ConvolutionSite:
     """``site`` with the chain of elementwise ops that follows its convolution (``var``): a
     bias add of a (1, O, 1...) tensor (how torch's ``Conv`` adds its bias) and the
     :data:`_UNARY` ops, each the one use of the value before it, inside the dataflow block."""
@@ -236,7 +218,7 @@ def _tail(site: _Site, var, values: dict, users: dict, uses) -> _Site:
 _PERMUTE_DIMS = ir.Op.get("relax.permute_dims")
 
 
-def _transposed_input(site: _Site, values: dict, uses) -> _Site:
+def _transposed_input(site: ConvolutionSite, values: dict, uses) -> ConvolutionSite:
     """``site`` with its input's permute_dims noted, when x is one that moves the last axis
     (Wav2Vec2's positional convolution takes its (B, T, C) hidden states transposed).
 
@@ -252,36 +234,6 @@ def _transposed_input(site: _Site, values: dict, uses) -> _Site:
     return dataclasses.replace(
         site, transposed=(call.args[0], axes), transposed_dropped=uses[site.x] == 1
     )
-
-
-def _padded(tensor: te.Tensor, site: _Site) -> te.Tensor:
-    """The convolution's input as a copy of its own: ``permute_dims`` applied when the site's
-    input is one (:func:`_transposed_input`), and zero-padded along the spatial axes, so that
-    the gather reads every element it copies, with no bound check (a check that differs
-    between the lanes of a vector makes TVM's vectoriser turn the copy into scalar code)."""
-    axes = site.transposed[1] if site.transposed is not None else tuple(range(len(tensor.shape)))
-    dims = [int(tensor.shape[a]) for a in axes]
-    before = (0, 0, *site.pad_before)
-    shape = [d + b + a for d, b, a in zip(dims, before, (0, 0, *site.pad_after), strict=True)]
-
-    def element(*index):
-        source, inside = [None] * len(axes), []
-        for position, axis in enumerate(axes):
-            at = index[position] - before[position]
-            source[axis] = at
-            if before[position] or shape[position] != dims[position]:
-                inside.append(tirx.all(at >= 0, at < dims[position]))
-        value = tensor[tuple(source)]
-        if not inside:
-            return value
-        return tirx.if_then_else(tirx.all(*inside), value, tirx.const(0.0, tensor.dtype))
-
-    return te.compute(shape, element, name="gather_input")
-
-
-#: The operator pattern ``AnnotateTIROpPattern`` leaves as it finds it and ``FuseOps`` fuses
-#: nothing into or out of (TVM's ``kOpaque``).
-_OPAQUE = 8
 
 
 #: Arguments a computation from constants may take besides constants and its own variables.
@@ -310,174 +262,14 @@ def _constant_bindings(var, values: dict, uses) -> tuple | None:
     return tuple(found) if visit(var) else None
 
 
-def _folded(var, bindings) -> ir.Constant | None:
-    """The value of ``var``, computed by ``bindings`` from constants, as one constant: Relax's
-    ``FoldConstant`` on a function of those bindings alone; None if it does not fold."""
-    builder = relax.BlockBuilder()
-    remap = {}
-
-    def remapped(value):
-        if isinstance(value, relax.Tuple):
-            return relax.Tuple([remapped(field) for field in value.fields])
-        return remap.get(value, value)
-
-    with builder.function("weight", []):
-        with builder.dataflow():
-            for bound, call in bindings:
-                args = [remapped(arg) for arg in call.args]
-                remap[bound] = builder.emit(relax.Call(call.op, args, call.attrs, call.ty_args))
-            out = builder.emit_output(remap[var])
-        builder.emit_func_output(out)
-    folded = relax.transform.FoldConstant()(builder.get())["weight"].body
-    value = folded.body if isinstance(folded, relax.SeqExpr) else folded
-    if isinstance(folded, relax.SeqExpr) and isinstance(value, relax.Var):
-        bound = {b.var: b.value for block in folded.blocks for b in block.bindings}
-        value = bound.get(value, value)
-    return value if isinstance(value, ir.Constant) else None
-
-
-def _gather(x: te.Tensor, site: _Site, channels_first: bool) -> te.Tensor:
-    """The im2col of ``x``, the convolution's input already padded (:func:`_padded`), with the
-    output positions and the kernel window as axes of their own: cols[b, p..., c, r...] =
-    x[b, c, p * stride + r * dilation], or with groups, cols[b, g, p..., c', r...] for input
-    channel c = g * C/G + c'.  With ``channels_first`` the positions come last, cols[b, (g,) c,
-    r..., p...]: the transposed columns, read along the input's rows.  Every index is inside
-    ``x``, so the copy has no bound check."""
-    spatial = len(site.kernel)
-    out_positions = site.out_dims[2:]
-    channels = int(x.shape[1]) // site.groups
-    sizes = [int(d) for d in x.shape[2:]]
-    grouped = site.groups > 1
-
-    def element(b, *axes):
-        g, axes = (axes[0], axes[1:]) if grouped else (0, axes)
-        if channels_first:
-            c, window, positions = axes[0], axes[1 : spatial + 1], axes[spatial + 1 :]
-        else:
-            positions, c, window = axes[:spatial], axes[spatial], axes[spatial + 1 :]
-        index = [
-            p * stride + r * dilation
-            for p, r, stride, dilation in zip(
-                positions, window, site.strides, site.dilation, strict=True
-            )
-        ]
-        return x[(b, g * channels + c if grouped else c, *index)]
-
-    for count, extent, stride, dilation, size in zip(
-        out_positions, site.kernel, site.strides, site.dilation, sizes, strict=True
-    ):
-        if (count - 1) * stride + (extent - 1) * dilation >= size:  # the largest index read
-            raise ValueError(
-                f"tir_byoc.relax.convolutions: a window reads past the padded input ({size} "
-                f"positions for {count} outputs of a {extent}-wide window): expected a convolution "
-                "whose output shape fits its input"
-            )
-
-    groups = (site.groups,) if grouped else ()
-    if channels_first:
-        shape = (x.shape[0], *groups, channels, *site.kernel, *out_positions)
-    else:
-        shape = (x.shape[0], *groups, *out_positions, channels, *site.kernel)
-    return te.compute(shape, element, name="im2col")
-
-
-@relax.expr_functor.mutator
-class _Rewriter(relax.PyExprMutator):
-    """Emits each site's gather, GEMM and (in the first form) transpose back in the
-    convolution's place."""
-
-    def __init__(self, mod: tvm.IRModule, sites: dict):
-        super().__init__(mod)
-        self.mod = mod
-        self.sites = sites
-
-    def transform(self) -> tvm.IRModule:
-        for gvar, sites in self.sites.items():
-            # Each site is emitted where the last op of its chain was bound (every operand of
-            # the chain is bound by then); the convolution and the rest of the chain are not.
-            self.here = {(site.tail_vars or (var,))[-1]: site for var, site in sites.items()}
-            self.dropped = {
-                v
-                for var, site in sites.items()
-                for v in (
-                    var,
-                    *site.tail_vars,
-                    *(b for b, _ in site.weight_bindings),
-                    *((site.x,) if site.transposed_dropped else ()),
-                )
-            }
-            self.builder_.update_func(gvar, self.visit_expr(self.mod[gvar]))
-        return self.builder_.get()
-
-    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
-        site = self.here.get(binding.var)
-        if site is None:
-            if binding.var not in self.dropped:
-                super().visit_var_binding_(binding)
-            return
-        batch, out_channels, *positions = site.out_dims
-        groups, count = site.groups, math.prod(positions)
-        window = math.prod(site.kernel) * int(static_dims(site.x)[1]) // groups
-        # The weight on the left (see the module doc) unless a bias moves into the call; with
-        # groups it never does.
-        left = not any(kind == "bias" for kind, _ in site.tail)
-        source = self.visit_expr(site.x)
-        if site.transposed is not None or any(site.pad_before) or any(site.pad_after):
-            source = self.builder_.emit_te(
-                lambda t: _padded(t, site),
-                self.visit_expr(site.transposed[0]) if site.transposed is not None else source,
-                primfunc_name_hint="gather_input",
-                primfunc_attrs={"op_pattern": _OPAQUE},
-            )
-        gathered = self.builder_.emit_te(
-            lambda x: _gather(x, site, channels_first=left), source, primfunc_name_hint="im2col"
-        )
-        if left:  # (G, O/G, window) or (O, window) by (B, (G,) window, positions) columns
-            grouping = (groups,) if groups > 1 else ()
-            cols = relax.op.reshape(gathered, (batch, *grouping, window, count))
-            cols = self.builder_.emit(cols, "cols")
-            rows = (groups, out_channels // groups) if groups > 1 else (out_channels,)
-            operands = (self._flat(site.weight, (*rows, window)), cols)
-        else:  # (B, positions, window) columns by the (window, O) weight
-            cols = self.builder_.emit(relax.op.reshape(gathered, (batch, count, window)), "cols")
-            operands = (
-                cols,
-                relax.op.permute_dims(self._flat(site.weight, (out_channels, window))),
-            )
-        product = self.builder_.emit(relax.op.matmul(*operands), "conv_gemm")
-        for kind, operand in site.tail:
-            if kind == "bias":
-                bias = self._flat(operand, (out_channels,))
-                product = self.builder_.emit(relax.op.add(product, bias), "conv_bias")
-            else:
-                unary = relax.Call(operand.op, [product], operand.attrs)
-                product = self.builder_.emit(unary, "conv_act")
-        if left:  # (B, (G,) O', positions): the convolution's layout already
-            out = relax.op.reshape(product, site.out_dims)
-        else:  # (B, positions, O) -> (B, O, positions)
-            unflat = self.builder_.emit(
-                relax.op.reshape(product, (batch, *positions, out_channels)), "conv_rows"
-            )
-            spatial = len(positions)
-            out = relax.op.permute_dims(unflat, [0, spatial + 1, *range(1, spatial + 1)])
-        self.set_var_remap(binding.var, self.builder_.emit(out))
-
-    def _flat(self, tensor, shape):
-        """``tensor`` (a weight or a bias) reshaped to ``shape``: a new constant for a constant,
-        else an ``R.reshape`` (run on every call)."""
-        if isinstance(tensor, ir.Constant):
-            flat = tensor.value.numpy().reshape(shape)
-            return relax.const(np.ascontiguousarray(flat), "float32")
-        return self.builder_.emit(relax.op.reshape(self.visit_expr(tensor), shape), "conv_flat")
-
-
-def _scan(mod: tvm.IRModule):
-    """({gvar: {var: _Site}}, [Convolution]) over the Relax functions of ``mod``."""
+def find(mod: tvm.IRModule) -> tuple[tuple[ConvolutionSite, ...], tuple[Convolution, ...]]:
+    """``(sites, declines)``: the convolutions of ``mod``'s Relax functions that :func:`rewrite`
+    serves as GEMMs, and those it leaves to TVM with the reason, each in binding order."""
     if not isinstance(mod, tvm.IRModule):
         raise TypeError(
             f"tir_byoc.relax.convolutions: expected a tvm.IRModule, got {type(mod).__name__}"
         )
-    sites, found = {}, []
+    sites, declines = [], []
     for gvar, func in mod.functions_items():
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
             continue
@@ -497,52 +289,39 @@ def _scan(mod: tvm.IRModule):
                 if call.op in _TRANSPOSED:
                     site = "a transposed convolution; im2col serves conv1d, conv2d and conv3d"
                 else:
-                    site = _site(call, var)
-                if isinstance(site, _Site) and not isinstance(var, relax.DataflowVar):
+                    site = _site(gvar.name_hint, var, call)
+                if isinstance(site, ConvolutionSite) and not isinstance(var, relax.DataflowVar):
                     site = "its result is not a variable of a dataflow block"
-                reason = site if isinstance(site, str) else None
-                found.append(Convolution(gvar.name_hint, var.name, call.op.name, reason))
-                if reason is None:
-                    site = _tail(site, var, values, users, uses)
-                    site = _transposed_input(site, values, uses)
-                    if isinstance(site.weight, relax.Var):
-                        bindings = _constant_bindings(site.weight, values, uses)
-                        if bindings:
-                            site = dataclasses.replace(site, weight_bindings=bindings)
-                    sites.setdefault(gvar, {})[var] = site
-    return sites, found
+                if isinstance(site, str):
+                    declines.append(Convolution(gvar.name_hint, var.name, call.op.name, site))
+                    continue
+                site = _tail(site, var, values, users, uses)
+                site = _transposed_input(site, values, uses)
+                if isinstance(site.weight, relax.Var):
+                    bindings = _constant_bindings(site.weight, values, uses)
+                    if bindings:
+                        site = dataclasses.replace(site, weight_bindings=bindings)
+                sites.append(site)
+    return tuple(sites), tuple(declines)
 
 
-def find_convolutions(mod: tvm.IRModule) -> tuple[Convolution, ...]:
-    """Every convolution of ``mod``'s Relax functions: served as a GEMM, or why not."""
-    return tuple(_scan(mod)[1])
+def rewrite(mod: tvm.IRModule, sites: tuple[ConvolutionSite, ...]) -> tvm.IRModule:
+    """``mod`` with each convolution of ``sites`` computed as im2col and a GEMM (see the module
+    docstring; :func:`tir_byoc.relax.im2col.build`); ``mod`` itself when there is none.  ``mod``
+    is never modified."""
+    return build(mod, sites)
 
 
-def convolutions_as_gemms(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with each qualifying convolution computed as im2col and a GEMM (see the module
-    docstring); ``mod`` itself when there is none.  ``mod`` is never modified."""
-    sites, found = _scan(mod)
-    for conv in found:
-        if conv.reason is not None:
+@tvm.transform.module_pass(opt_level=0, name="tir_byoc.ConvolutionsAsGemms")
+class ConvolutionsAsGemms:
+    """Each convolution of one group computed as im2col and a GEMM: :func:`find` (the
+    convolutions left to TVM logged with the reason), then :func:`rewrite`."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        sites, declines = find(mod)
+        for conv in declines:
             logger.info("%s", conv)
-    if not sites:
-        return mod
-    for by_var in sites.values():
-        for var, site in by_var.items():
-            if site.weight_bindings:
-                weight = _folded(site.weight, site.weight_bindings)
-                folded = {"weight": weight} if weight is not None else {"weight_bindings": ()}
-                by_var[var] = dataclasses.replace(site, **folded)
-    return _Rewriter(mod, sites).transform()
+        return rewrite(mod, sites)
 
 
-def ConvolutionsAsGemms() -> tvm.transform.Pass:
-    """:func:`convolutions_as_gemms` as a module pass."""
-    return tvm.transform.module_pass(
-        lambda mod, _ctx: convolutions_as_gemms(mod),
-        opt_level=0,
-        name="tir_byoc.ConvolutionsAsGemms",
-    )
-
-
-__all__ = ["Convolution", "ConvolutionsAsGemms", "convolutions_as_gemms", "find_convolutions"]
+__all__ = ["Convolution", "ConvolutionSite", "ConvolutionsAsGemms", "find", "rewrite"]
