@@ -21,7 +21,8 @@ import tir_byoc
 from tir_byoc import model as model_module
 from tir_byoc.meta_schedule import load_report
 from tir_byoc.model import LOWERING
-from tir_byoc.relax.fuse_rows import FuseIntoRows, fuse_into_rows
+from tir_byoc.relax import fuse_rows
+from tir_byoc.relax.fuse_rows import FuseIntoRows
 
 # fmt: off
 
@@ -169,8 +170,13 @@ def test_a_producer_that_does_not_qualify_stays_apart(module):
 def test_a_module_without_a_merge_comes_back_as_it_was():
     passes = [p() for p in LOWERING[: LOWERING.index(FuseIntoRows)]]
     grouped = tvm.transform.Sequential(passes)(ReluIntoMatmul)
-    assert fuse_into_rows(grouped).same_as(grouped)
-    merged = fuse_into_rows(tvm.transform.Sequential(passes)(RmsNorm))
+    assert fuse_rows.find(grouped) == ((), ())
+    assert FuseIntoRows()(grouped).same_as(grouped)
+    grouped = tvm.transform.Sequential(passes)(RmsNorm)
+    (site,), declines = fuse_rows.find(grouped)
+    assert (len(site.producers), declines) == (1, ())  # the power, into the mean and rsqrt
+    merged = FuseIntoRows()(grouped)
+    tvm.ir.assert_structural_equal(merged, fuse_rows.rewrite(grouped, (site,)))
     relax.analysis.well_formed(merged)  # raises on an ill-formed module
     assert len([f for _, f in merged.functions_items() if isinstance(f, relax.Function)]) == 2
 

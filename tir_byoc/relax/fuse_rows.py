@@ -11,8 +11,9 @@ which writes a whole tensor that the reduction then reads back:
   the softmax;
 - BERT's post-norm: the residual ``add``, then ``layer_norm``.
 
-Entry point: :func:`FuseIntoRows`, a module pass between ``FuseOps`` and ``FuseTIR``
-(:data:`tir_byoc.model.LOWERING`).  For a binding ``c = C(..., p, ...)`` of a dataflow block,
+Entry point: :class:`FuseIntoRows`, a module pass between ``FuseOps`` and ``FuseTIR``
+(:mod:`tir_byoc.relax.pipeline`); :func:`find` lists the merges it makes (:class:`RowMerge`)
+and :func:`rewrite` makes them.  For a binding ``c = C(..., p, ...)`` of a dataflow block,
 where C is a group ``FuseOps`` made (a Relax function with ``Primitive``), it merges the binding
 ``p = P(...)`` into C's group when
 
@@ -50,31 +51,59 @@ _CALL_TIR = ir.Op.get("relax.call_tir")
 _INJECTIVE = 2
 
 
-def fuse_into_rows(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with each producer merged into its row reduction (see the module docstring);
-    ``mod`` itself when there is none.  ``mod`` is never modified.
+@dataclass(frozen=True)
+class RowMerge:
+    """The producers merged into the row reduction bound to ``consumer`` in ``function``.
+
+    ``producers`` holds, in the order they merge, each producer's variable and the index of
+    the argument it is among the consumer's arguments at that point (a merged group takes the
+    producer's arguments first, then the consumer's others).
+    """
+
+    function: str
+    consumer: relax.Var
+    producers: tuple[tuple[relax.Var, int], ...]
+
+
+def find(mod: tvm.IRModule) -> tuple[tuple[RowMerge, ...], tuple]:
+    """``(sites, declines)``: the merges :func:`rewrite` makes in ``mod``'s Relax functions, in
+    binding order; a producer that does not merge stays where ``FuseOps`` put it, so there are
+    no declines.
 
     One pass over each dataflow block: a consumer takes its producers one after another (a
-    merged group's new arguments are candidates too), and the module is rebuilt once, at the
-    end, so the cost grows with the module's size, not with its size times its merges.
+    merged group's new arguments are candidates too), so the cost grows with the module's size,
+    not with its size times its merges.
     """
+    finder = _Finder(mod)
+    sites = []
+    for gvar, func in mod.functions_items():
+        if isinstance(func, relax.Function) and not _is_group(func):
+            sites += finder.function(gvar.name_hint, func)
+    return tuple(sites), ()
+
+
+def rewrite(mod: tvm.IRModule, sites: tuple[RowMerge, ...]) -> tvm.IRModule:
+    """``mod`` with the merges of ``sites`` made; ``mod`` itself when there is none.  ``mod`` is
+    never modified.  The module is rebuilt once, at the end."""
+    if not sites:
+        return mod
     merger = _Merger(mod)
     rewritten = {}
     for gvar, func in mod.functions_items():
-        if isinstance(func, relax.Function) and not _is_group(func):
-            new_func = merger.function(func)
-            if new_func is not None:
-                rewritten[gvar] = new_func
-    if not rewritten:
-        return mod
+        own = [site for site in sites if site.function == gvar.name_hint]
+        if own:
+            rewritten[gvar] = merger.function(func, own)
     return merger.module(rewritten)
 
 
-def FuseIntoRows() -> tvm.transform.Pass:
-    """:func:`fuse_into_rows` as a module pass (for ``tvm.transform.Sequential``)."""
-    return tvm.transform.module_pass(
-        lambda mod, _ctx: fuse_into_rows(mod), opt_level=0, name="tir_byoc.FuseIntoRows"
-    )
+@tvm.transform.module_pass(opt_level=0, name="tir_byoc.FuseIntoRows")
+class FuseIntoRows:
+    """Each elementwise producer fused into the row reduction that alone reads it: :func:`find`,
+    then :func:`rewrite`."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        sites, _ = find(mod)
+        return rewrite(mod, sites)
 
 
 # --------------------------------------------------------------------------------------
@@ -114,44 +143,20 @@ def _same_tensor_type(a: relax.Expr, b: relax.Expr) -> bool:
     return dims is not None and dims == static_dims(b) and a.ty.dtype == b.ty.dtype
 
 
-# --------------------------------------------------------------------------------------
-# The merge
-# --------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Merged:
-    """A group made by merging, not yet in the module: its function, arguments and name."""
-
-    group: relax.Function
-    args: list[relax.Expr]
-    name: str
-
-
-class _Merger:
-    """Merges producers into row reductions, function by function, then rebuilds the module."""
+class _Finder:
+    """Decides, function by function, which producers merge into which row reductions."""
 
     def __init__(self, mod: tvm.IRModule):
         self.mod = mod
-        self.builder = relax.BlockBuilder(mod)
-        self.taken = {g.name_hint for g in mod.get_global_vars()}
-        self.absorbed: set[ir.GlobalVar] = set()  # groups merged away, dropped if no longer called
         self._funcs: dict[ir.GlobalVar, list[tirx.PrimFunc] | None] = {}
         self._reduces: dict[ir.GlobalVar, bool] = {}
 
     # What a binding's value runs ------------------------------------------------------
 
-    def _callee(self, call: relax.Call) -> ir.GlobalVar | None:
-        if call.op.same_as(_CALL_TIR):
-            if len(call.args) != 2 or not isinstance(call.args[1], relax.Tuple):
-                return None  # symbolic shapes passed as tir_vars, or a tuple from elsewhere
-            return call.args[0]
-        return call.op if isinstance(call.op, ir.GlobalVar) else None
-
     def prim_funcs(self, call: relax.Call) -> list[tirx.PrimFunc] | None:
         """The PrimFuncs a call runs: one ``call_tir``'s, or every ``call_tir``'s of the group
         it calls; None for anything else."""
-        callee = self._callee(call)
+        callee = _callee(call)
         if callee is None:
             return None
         if callee not in self._funcs:
@@ -159,14 +164,14 @@ class _Merger:
         return self._funcs[callee]
 
     def reduces_rows(self, value) -> bool:
-        if isinstance(value, _Merged):
+        if isinstance(value, _Planned):
             return True  # a row reduction with producers merged in
         if not isinstance(value, relax.Call):
             return False
         funcs = self.prim_funcs(value)
         if funcs is None:
             return False
-        callee = self._callee(value)
+        callee = _callee(value)
         if callee not in self._reduces:
             self._reduces[callee] = _reduces_rows(funcs)
         return self._reduces[callee]
@@ -179,47 +184,32 @@ class _Merger:
 
     # One function -----------------------------------------------------------------------
 
-    def function(self, func: relax.Function) -> relax.Function | None:
-        """``func`` with its producers merged, or None if there is nothing to merge."""
+    def function(self, name: str, func: relax.Function) -> list[RowMerge]:
+        """The merges of ``func`` (named ``name``), consumer by consumer in binding order."""
         if not isinstance(func.body, relax.SeqExpr):
-            return None
+            return []
         uses = None
-        blocks = list(func.body.blocks)
-        changed = False
-        for b, block in enumerate(blocks):
+        sites = []
+        for block in func.body.blocks:
             if not isinstance(block, relax.DataflowBlock):
                 continue
             values = [binding.value for binding in block.bindings]
             position = {binding.var: i for i, binding in enumerate(block.bindings)}
-            merged_away = set()
             for c, binding in enumerate(block.bindings):
                 if not self.reduces_rows(values[c]):
                     continue
                 uses = uses if uses is not None else variable_uses(func)
+                producers = []
                 while (found := self._producer(values, position, binding.var, uses)) is not None:
                     p, arg_index = found
-                    values[c] = self._merge(values[p], values[c], arg_index, uses)
-                    merged_away.add(p)
-            if not merged_away:
-                continue
-            bindings = []
-            for i, binding in enumerate(block.bindings):
-                if i in merged_away:
-                    continue
-                if isinstance(values[i], _Merged):
-                    binding = relax.VarBinding(binding.var, self._add(values[i]))
-                bindings.append(binding)
-            blocks[b] = relax.DataflowBlock(bindings)
-            changed = True
-        if not changed:
-            return None
-        return relax.Function(
-            func.params,
-            relax.SeqExpr(blocks, func.body.body),
-            func.ret_ty,
-            func.is_pure,
-            func.attrs,
-        )
+                    shared, kept = _merged_arguments(values[p], values[c], arg_index)
+                    for arg in shared.values():
+                        uses[arg] -= 1  # passed once now
+                    values[c] = _Planned(_arguments(values[p]) + kept)
+                    producers.append((block.bindings[p].var, arg_index))
+                if producers:
+                    sites.append(RowMerge(name, binding.var, tuple(producers)))
+        return sites
 
     def _producer(self, values, position, result: relax.Var, uses) -> tuple[int, int] | None:
         """The first argument of the consumer bound to ``result`` that may merge into it:
@@ -233,7 +223,88 @@ class _Merger:
                 return p, arg_index
         return None
 
-    def _merge(self, producer: relax.Call, consumer, arg_index: int, uses) -> _Merged:
+
+# --------------------------------------------------------------------------------------
+# The merge
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Planned:
+    """A consumer :class:`_Finder` has merged producers into: the arguments it then takes."""
+
+    args: list[relax.Expr]
+
+
+@dataclass
+class _Merged:
+    """A group made by merging, not yet in the module: its function, arguments and name."""
+
+    group: relax.Function
+    args: list[relax.Expr]
+    name: str
+
+
+def _merged_arguments(producer, consumer, arg_index: int) -> tuple[dict[int, relax.Var], list]:
+    """How the consumer's arguments fare when ``producer`` merges in as argument ``arg_index``:
+    ``({j: arg}, kept)``, the arguments the producer also takes (the same Relax variable
+    passed to both, by the consumer's index; they are passed once from then on), and the
+    consumer's arguments the merged group still takes, in order."""
+    p_args, c_args = _arguments(producer), _arguments(consumer)
+    shared, kept = {}, []
+    for j, arg in enumerate(c_args):
+        if j == arg_index:
+            continue
+        if isinstance(arg, relax.Var) and any(p_arg.same_as(arg) for p_arg in p_args):
+            shared[j] = arg
+        else:
+            kept.append(arg)
+    return shared, kept
+
+
+class _Merger:
+    """Makes the merges :func:`find` found, function by function, then rebuilds the module."""
+
+    def __init__(self, mod: tvm.IRModule):
+        self.mod = mod
+        self.builder = relax.BlockBuilder(mod)
+        self.taken = {g.name_hint for g in mod.get_global_vars()}
+        self.absorbed: set[ir.GlobalVar] = set()  # groups merged away, dropped if no longer called
+
+    def function(self, func: relax.Function, sites: list[RowMerge]) -> relax.Function:
+        """``func`` with the merges of ``sites`` made."""
+        merges = {site.consumer: site.producers for site in sites}
+        blocks = list(func.body.blocks)
+        for b, block in enumerate(blocks):
+            if not isinstance(block, relax.DataflowBlock):
+                continue
+            values = [binding.value for binding in block.bindings]
+            position = {binding.var: i for i, binding in enumerate(block.bindings)}
+            merged_away = set()
+            for c, binding in enumerate(block.bindings):
+                for producer, arg_index in merges.get(binding.var, ()):
+                    p = position[producer]
+                    values[c] = self._merge(values[p], values[c], arg_index)
+                    merged_away.add(p)
+            if not merged_away:
+                continue
+            bindings = []
+            for i, binding in enumerate(block.bindings):
+                if i in merged_away:
+                    continue
+                if isinstance(values[i], _Merged):
+                    binding = relax.VarBinding(binding.var, self._add(values[i]))
+                bindings.append(binding)
+            blocks[b] = relax.DataflowBlock(bindings)
+        return relax.Function(
+            func.params,
+            relax.SeqExpr(blocks, func.body.body),
+            func.ret_ty,
+            func.is_pure,
+            func.attrs,
+        )
+
+    def _merge(self, producer: relax.Call, consumer, arg_index: int) -> _Merged:
         """One group computing ``producer``'s bindings, then ``consumer``'s reading them."""
         p_group, c_group = self._group(producer), self._group(consumer)
         p_args, c_args = _arguments(producer), _arguments(consumer)
@@ -241,15 +312,11 @@ class _Merger:
 
         # The consumer's parameter for `p` becomes the producer's result; a parameter the
         # producer also takes (the same Relax variable passed to both) becomes the producer's.
+        shared, _ = _merged_arguments(producer, consumer, arg_index)
         binds = {c_group.params[arg_index]: p_group.body.body}
-        for j, arg in enumerate(c_args):
-            if j == arg_index or not isinstance(arg, relax.Var):
-                continue
-            for i, p_arg in enumerate(p_args):
-                if p_arg.same_as(arg):
-                    binds[c_group.params[j]] = p_group.params[i]
-                    uses[arg] -= 1  # passed once now
-                    break
+        for j, arg in shared.items():
+            i = next(i for i, p_arg in enumerate(p_args) if p_arg.same_as(arg))
+            binds[c_group.params[j]] = p_group.params[i]
         kept = [j for j in range(len(c_args)) if c_group.params[j] not in binds]
         c_bound = c_group.bind_params(binds)
         (c_block,) = c_bound.body.blocks
@@ -319,6 +386,14 @@ class _Merger:
         return tvm.IRModule(functions, attrs=new_mod.attrs, global_infos=new_mod.global_infos)
 
 
+def _callee(call: relax.Call) -> ir.GlobalVar | None:
+    if call.op.same_as(_CALL_TIR):
+        if len(call.args) != 2 or not isinstance(call.args[1], relax.Tuple):
+            return None  # symbolic shapes passed as tir_vars, or a tuple from elsewhere
+        return call.args[0]
+    return call.op if isinstance(call.op, ir.GlobalVar) else None
+
+
 def _prim_funcs_of(mod: tvm.IRModule, callee: ir.GlobalVar, is_call_tir: bool):
     if is_call_tir:
         func = mod[callee]
@@ -338,7 +413,7 @@ def _prim_funcs_of(mod: tvm.IRModule, callee: ir.GlobalVar, is_call_tir: bool):
 
 
 def _arguments(value) -> list[relax.Expr]:
-    if isinstance(value, _Merged):
+    if isinstance(value, _Merged | _Planned):
         return list(value.args)
     return list(value.args[1].fields) if value.op.same_as(_CALL_TIR) else list(value.args)
 
@@ -352,4 +427,4 @@ def _called(mod: tvm.IRModule) -> set[ir.GlobalVar]:
     return found
 
 
-__all__ = ["FuseIntoRows", "fuse_into_rows"]
+__all__ = ["FuseIntoRows", "RowMerge", "find", "rewrite"]
