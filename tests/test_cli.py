@@ -456,7 +456,7 @@ def test_an_internal_error_is_one_line_without_debug(capsys, monkeypatch):
     def broken(*_args, **_kwargs):
         raise RuntimeError("something inside broke\nsecond line")
 
-    monkeypatch.setattr(cli, "plan", broken)
+    monkeypatch.setattr(cli, "offload_plan", broken)
     status, out, err = run(capsys, "scan", MLP)
     assert status == 1 and out == ""
     assert err == (

@@ -121,3 +121,17 @@ def test_explain_reads_only_the_scan_so_it_chooses_nothing(monkeypatch):
     assert chosen == []
     with pytest.raises(ValueError, match=r"\$TIR_BYOC_BACKENDS: expected backend names"):
         tir_byoc.scan(_module())
+
+
+def test_a_plan_is_a_view_and_the_offload_plans_the_module_it_folds():
+    from tir_byoc.offload import offload_plan
+
+    mod = lowered_mlp()
+    planned = tir_byoc.plan(mod)
+    assert planned.module.same_as(mod) and planned.declines == ()  # nothing rewritten
+    assert sorted(c.pattern for c in planned.choices) == ["matmul_bias", "matmul_bias_relu"]
+    # What scan, explain and offload read: the plan of the module with the copies folded.
+    folded = offload_plan(mod)
+    assert not folded.module.same_as(mod)
+    assert [c.pattern for c in folded.choices] == [c.pattern for c in tir_byoc.scan(mod)]
+    assert sorted(c.pattern for c in folded.choices) == ["dense_bias", "dense_bias_relu"]

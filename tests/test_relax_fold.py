@@ -17,25 +17,33 @@ import tir_byoc
 from tir_byoc import cli
 from tir_byoc.demo import lowered_mlp, mlp_reference, mlp_weights
 from tir_byoc.registry import Registry
-from tir_byoc.relax.weight_copies import (
-    CopyMap,
-    Refusal,
-    copy_map,
-    fold_weight_copies,
-    read_through_copy,
-)
+from tir_byoc.relax import weight_copies
+from tir_byoc.relax.copy_map import CopyMap, copy_map, read_through_copy
+from tir_byoc.relax.weight_copies import Refusal
 
 pytestmark = pytest.mark.usefixtures("reference_backend")
 
 
 def planner(registry=tir_byoc.registry.REGISTRY):
-    """A ``plan_function`` for :func:`fold_weight_copies`: each PrimFunc planned alone."""
+    """A ``plan_function`` for :func:`weight_copies.find`: each PrimFunc planned alone."""
 
     def plan_function(name, func):
         (function,) = tir_byoc.plan(func, registry=registry).functions
         return function
 
     return plan_function
+
+
+def fold(mod, plan_function):
+    """The fold's two steps: the module :func:`weight_copies.rewrite` returns, the folds
+    :func:`weight_copies.find` found, and its refusals."""
+    folds, refusals = weight_copies.find(mod, plan_function)
+    return weight_copies.rewrite(mod, folds), folds, refusals
+
+
+def _folded(folds) -> tuple[tuple[str, int], ...]:
+    """(callee, parameter) of each fold."""
+    return tuple((f.callee, arg) for f in folds for arg in f.args)
 
 
 # --------------------------------------------------------------------------------------
@@ -450,17 +458,20 @@ def test_demo_mlp_before_and_after():
 
 
 def test_report_names_the_folds():
-    _, report = fold_weight_copies(lowered_mlp(), planner())
-    assert report.folded == (("fused_matmul1_add1", 1), ("fused_matmul_add_relu", 1))
-    assert report.dropped == 2
-    assert report.refusals == ()
+    mod = lowered_mlp()
+    after, folds, refusals = fold(mod, planner())
+    assert _folded(folds) == (("fused_matmul1_add1", 1), ("fused_matmul_add_relu", 1))
+    # Both copies dropped.
+    assert (_calls_of(mod, "transpose"), _calls_of(mod, "transpose1")) == (1, 1)
+    assert (_calls_of(after, "transpose"), _calls_of(after, "transpose1")) == (0, 0)
+    assert refusals == ()
 
 
 def test_nothing_changes_when_no_intrinsic_would_serve():
     mod = lowered_mlp()
-    folded, report = fold_weight_copies(mod, planner(Registry()))
+    folded, _, refusals = fold(mod, planner(Registry()))
     assert folded is mod
-    assert [str(r) for r in report.refusals] == [
+    assert [str(r) for r in refusals] == [
         "fused_matmul1_add1: block matmul reads permute_dims1, a copy that transpose1 makes on "
         "every call of forward; not folded: reading the tensor copied, fused_matmul1_add1 "
         "matches dense_bias, but no intrinsic serves it: no intrinsic registered for dense_bias",
@@ -469,7 +480,7 @@ def test_nothing_changes_when_no_intrinsic_would_serve():
         "matches dense_bias_relu, but no intrinsic serves it: no intrinsic registered for "
         "dense_bias_relu",
     ]
-    assert [r.nearest for r in report.refusals] == ["dense_bias", "dense_bias_relu"]
+    assert [r.nearest for r in refusals] == ["dense_bias", "dense_bias_relu"]
 
 
 # --------------------------------------------------------------------------------------
@@ -606,8 +617,8 @@ def test_weight_copies_fold_into_the_gemm(producer, pattern, intrinsic):
 
 def test_copy_used_elsewhere_is_kept_and_the_gemm_still_folds():
     mod = _linear([transpose_broadcast], return_copy=True)
-    after, report = fold_weight_copies(mod, planner())
-    assert (report.folded, report.dropped, report.refusals) == ((("gemm", 1),), 0, ())
+    after, folds, refusals = fold(mod, planner())
+    assert (_folded(folds), refusals) == ((("gemm", 1),), ())
     assert _calls_of(after, "copy0") == 1
     assert intrinsics_fired(tir_byoc.offload(mod)["gemm"]) == ["ref.dense_bias"]
     arrays = _inputs(mod)
@@ -618,8 +629,8 @@ def test_copy_used_elsewhere_is_kept_and_the_gemm_still_folds():
 @pytest.mark.parametrize("producer", [broadcast_scaled, broadcast_slice])
 def test_producer_that_is_not_a_copy_is_left_alone(producer):
     mod = _linear([producer])
-    folded, report = fold_weight_copies(mod, planner())
-    assert folded is mod and report == type(report)()
+    folded, folds, refusals = fold(mod, planner())
+    assert folded is mod and (folds, refusals) == ((), ())
     after = tir_byoc.offload(mod)
     assert _calls_of(after, "copy0") == 1
     assert intrinsics_fired(after["gemm"]) == ["ref.bmm_matmul_bias"]
@@ -629,9 +640,9 @@ def test_producer_that_is_not_a_copy_is_left_alone(producer):
 
 def test_callee_that_writes_the_copy_is_left_alone():
     mod = _linear([transpose_broadcast], bmm_scales_weight)
-    folded, report = fold_weight_copies(mod, planner())
+    folded, _, refusals = fold(mod, planner())
     assert folded is mod
-    (refusal,) = report.refusals
+    (refusal,) = refusals
     assert refusal == Refusal(
         "gemm",
         ("matmul",),
@@ -655,11 +666,9 @@ def test_callee_that_writes_the_copy_is_left_alone():
 
 def test_copy_also_read_outside_the_gemm_is_left_alone():
     mod = _linear([transpose_broadcast], bmm_reads_weight_in_epilogue)
-    folded, report = fold_weight_copies(mod, planner())
+    folded, _, refusals = fold(mod, planner())
     assert folded is mod
-    assert [r.why for r in report.refusals] == [
-        "W is also used by block T_add, not only read by GEMMs"
-    ]
+    assert [r.why for r in refusals] == ["W is also used by block T_add, not only read by GEMMs"]
     arrays = _inputs(mod)
     np.testing.assert_allclose(
         _run(tir_byoc.offload(mod), arrays)[0], _run(mod, arrays)[0], rtol=1e-5, atol=1e-5
@@ -668,9 +677,9 @@ def test_copy_also_read_outside_the_gemm_is_left_alone():
 
 def test_copies_made_by_different_maps_are_refused():
     mod = _linear([transpose_broadcast, broadcast_only])
-    folded, report = fold_weight_copies(mod, planner())
+    folded, _, refusals = fold(mod, planner())
     assert folded is mod
-    assert [(r.producer, r.why) for r in report.refusals] == [
+    assert [(r.producer, r.why) for r in refusals] == [
         (
             producer,
             "the calls of gemm pass copies made by different maps (T[e0, e1, e2] = W[e1, e2]; "
@@ -682,9 +691,9 @@ def test_copies_made_by_different_maps_are_refused():
 
 def test_no_intrinsic_leaves_the_broadcast_with_the_pattern_it_would_have_been():
     mod = _linear([transpose_broadcast])
-    folded, report = fold_weight_copies(mod, planner(Registry()))
+    folded, _, refusals = fold(mod, planner(Registry()))
     assert folded is mod
-    (refusal,) = report.refusals
+    (refusal,) = refusals
     assert refusal.nearest == "batch_dense_bias"
     assert refusal.why.startswith("reading the tensor copied, gemm matches batch_dense_bias, but")
 
@@ -777,9 +786,9 @@ def test_transpose_used_elsewhere_is_kept_and_the_matmul_still_folds():
 
 
 def test_callee_also_called_untransposed_is_left_alone():
-    folded, report = fold_weight_copies(AlsoCalledUntransposed, planner())
+    folded, _, refusals = fold(AlsoCalledUntransposed, planner())
     assert folded is AlsoCalledUntransposed
-    (refusal,) = report.refusals
+    (refusal,) = refusals
     assert refusal.why == "matmul is also called with an argument 1 that is not such a copy"
     after = tir_byoc.offload(AlsoCalledUntransposed)
     assert intrinsics_fired(after["matmul"]) == ["ref.matmul"]
@@ -852,11 +861,9 @@ def _two_blocks() -> tvm.IRModule:
 def test_source_out_of_scope_at_the_call_is_refused():
     mod = _two_blocks()
     assert len(mod["forward"].body.blocks) == 3
-    folded, report = fold_weight_copies(mod, planner())
+    folded, _, refusals = fold(mod, planner())
     assert folded is mod
-    assert [r.why for r in report.refusals] == [
-        "lv is a dataflow variable of another block than the call"
-    ]
+    assert [r.why for r in refusals] == ["lv is a dataflow variable of another block than the call"]
     x, w = _inputs(mod)
     (y,) = _run(tir_byoc.offload(mod), [x, w])
     np.testing.assert_allclose(y, x @ (2 * w).T, rtol=1e-5, atol=1e-5)

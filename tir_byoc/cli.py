@@ -36,8 +36,8 @@ from .cli_output import (
     rejection_record,
 )
 from .match import is_s_tir
-from .offload import apply
-from .planning import Choice, Plan, plan
+from .offload import apply, offload_plan
+from .planning import Choice, Plan
 from .registry import REGISTRY, backend_order
 from .rewrite import RewriteError
 from .toolchain import ToolchainError
@@ -127,7 +127,7 @@ def _function_label(definition: Definition, func: str, qualify: bool) -> str:
 
 def _plans(definitions, args) -> list[tuple[Definition, Plan]]:
     """One plan per definition: the single scan of its functions that a command reads."""
-    return [(d, plan(d.module, backends=args.backends)) for d in definitions]
+    return [(d, offload_plan(d.module, backends=args.backends)) for d in definitions]
 
 
 def _scan_rows(plans, args) -> list[tuple[Definition, Choice]]:
@@ -191,7 +191,7 @@ def cmd_explain(args, out: Output) -> int:
     rows = [
         (definition, rejection)
         for definition in definitions
-        for rejection in plan(definition.module).rejections
+        for rejection in offload_plan(definition.module).rejections
         if args.func is None or rejection.func == args.func
     ]
     if args.json:

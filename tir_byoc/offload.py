@@ -3,11 +3,17 @@
 Entry points: :func:`scan` (what would be offloaded, with the intrinsic chosen or the reason
 none was), :func:`explain` (blocks that looked like candidates and why they were refused, and
 weight copies that still feed a GEMM and why they were not folded), :func:`offload` and its
-module-pass form :class:`Offload`.  Each computes one plan
-(:func:`tir_byoc.planning.plan`) and reads it; :func:`offload` then hands the planned matches to
-:func:`tir_byoc.rewrite.rewrite_function`.
+module-pass form :class:`Offload`.  Each computes one plan, :func:`offload_plan`, and reads it;
+:func:`offload` then hands the planned matches to :func:`tir_byoc.rewrite.rewrite_function`
+(:func:`apply`).
 
-All three accept an ``IRModule`` (TIR-only or Relax with PrimFuncs) or a single ``PrimFunc``.
+The offload runs in this order (:mod:`tir_byoc.relax.pipeline` places it in the whole
+pipeline): for a Relax module, the weight copies folded into the GEMMs that read them
+(:mod:`tir_byoc.relax.weight_copies`, each callee judged by the plan it would get); the plan of
+the module that leaves (:func:`tir_byoc.planning.plan`, a view); the rewrite of each planned
+match; for a Relax module, its constant weights packed (:mod:`tir_byoc.packing`).
+
+All of them accept an ``IRModule`` (TIR-only or Relax with PrimFuncs) or a single ``PrimFunc``.
 """
 
 from __future__ import annotations
@@ -21,12 +27,53 @@ from tvm import relax
 from . import toolchain
 from .match import Rejection
 from .packing import pack_constant_weights
-from .planning import Choice, plan
+from .planning import Choice, Plan, Planner, as_module
 from .registry import REGISTRY, Registry
+from .relax import weight_copies
 from .relax.weight_copies import Refusal
 from .rewrite import rewrite_function
 
 logger = logging.getLogger("tir_byoc")
+
+
+def offload_plan(
+    mod_or_func,
+    *,
+    backends: Iterable[str] | str | None = None,
+    registry: Registry = REGISTRY,
+    fold_transposes: bool = True,
+) -> Plan:
+    """The plan of what :func:`offload` rewrites: :func:`tir_byoc.plan` of the module it
+    rewrites.
+
+    For a Relax module (with ``fold_transposes``), that is the module with its weight copies
+    folded (:func:`tir_byoc.relax.weight_copies.find`, then ``rewrite``), each callee judged by
+    the plan of this call's :class:`~tir_byoc.planning.Planner`, which then plans the folded
+    module: no function is scanned twice.  The copies left are the plan's
+    :attr:`~tir_byoc.planning.Plan.declines`.  ``mod_or_func`` is not modified.
+
+    Parameters
+    ----------
+    mod_or_func, backends, registry, fold_transposes
+        As for :func:`offload`.
+
+    Returns
+    -------
+    Plan
+    """
+    mod, wrapped = as_module(mod_or_func)
+    planner = Planner(backends, registry)
+    refusals = ()
+    if (
+        fold_transposes
+        and not wrapped
+        and any(isinstance(f, relax.Function) for f in mod.functions.values())
+    ):
+        folds, refusals = weight_copies.find(mod, planner.plan_function)
+        for refusal in refusals:
+            logger.info("%s", refusal)
+        mod = weight_copies.rewrite(mod, folds)
+    return planner.plan(mod, wrapped, refusals)
 
 
 def scan(
@@ -58,7 +105,7 @@ def scan(
         One per match, in module order: the match's fields (``pattern``, ``blocks``, ...)
         with ``intrinsic`` set, or ``intrinsic=None`` and ``reason``.
     """
-    return plan(
+    return offload_plan(
         mod_or_func, backends=backends, registry=registry, fold_transposes=fold_transposes
     ).choices
 
@@ -77,7 +124,7 @@ def explain(mod_or_func) -> list[Rejection | Refusal]:
         Each names the function, the blocks, the nearest pattern and the first failed
         condition.
     """
-    return plan(mod_or_func).rejections
+    return offload_plan(mod_or_func).rejections
 
 
 def offload(
@@ -119,7 +166,7 @@ def offload(
     tvm.IRModule or tvm.tirx.PrimFunc
         The same kind as the input.  Unmatched blocks and functions are kept as they were.
     """
-    planned = plan(
+    planned = offload_plan(
         mod_or_func, backends=backends, registry=registry, fold_transposes=fold_transposes
     )
     return apply(planned, strict=strict, pack_weights=pack_weights)
@@ -169,7 +216,7 @@ class Offload:
 
     Parameters
     ----------
-    backends, strict, registry, fold_transposes
+    backends, strict, registry, fold_transposes, pack_weights
         As for :func:`offload`.
     """
 
@@ -179,11 +226,13 @@ class Offload:
         strict: bool = False,
         registry: Registry = REGISTRY,
         fold_transposes: bool = True,
+        pack_weights: bool = True,
     ):
         self.backends = backends
         self.strict = strict
         self.registry = registry
         self.fold_transposes = fold_transposes
+        self.pack_weights = pack_weights
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         return offload(
@@ -192,4 +241,5 @@ class Offload:
             strict=self.strict,
             registry=self.registry,
             fold_transposes=self.fold_transposes,
+            pack_weights=self.pack_weights,
         )

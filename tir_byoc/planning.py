@@ -7,29 +7,29 @@ and chooses an intrinsic per match (:func:`tir_byoc.registry.choose`); the resul
 the command line and the MetaSchedule rule and postproc read plans too, so no call scans a
 function twice.
 
+A plan is a view: it never rewrites the module it is given.  The one rewrite that needs plans
+before the offload, the fold of weight copies in a Relax module
+(:mod:`tir_byoc.relax.weight_copies`), is run by :func:`tir_byoc.offload.offload_plan` with a
+:class:`Planner`'s :meth:`~Planner.plan_function`, and the module it leaves is then planned by
+the same :class:`Planner`, so that no function is scanned twice.
+
 Who calls whom: ``plan`` -> ``match.scan_function`` (the matcher), ``registry.choose`` (the
-choice), ``toolchain.unavailable`` (whether a backend can be built), and for Relax modules
-``relax.weight_copies.fold_weight_copies``, which plans each callee it rewrites through this
-planner, so that planning is kept and reused.
+choice), ``toolchain.unavailable`` (whether a backend can be built).
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import tvm
-from tvm import relax, tirx
+from tvm import tirx
 
 from . import toolchain
 from .match import FunctionScan, Match, Rejection, scan_function
 from .patterns import GEMM_ENTRY
 from .registry import REGISTRY, Choice, Intrinsic, Registry, backend_order, choose
-from .relax.weight_copies import FoldReport, Refusal, fold_weight_copies
-
-logger = logging.getLogger("tir_byoc")
 
 
 @dataclass(frozen=True)
@@ -57,31 +57,34 @@ class Plan:
     Attributes
     ----------
     module : tvm.IRModule
-        The module planned: the input, with weight copies folded for Relax modules.
+        The module planned, as it was given (a PrimFunc wrapped into a module).
     functions : tuple of FunctionPlan
         One per PrimFunc, in module order.
     registry : Registry
         Where the chosen intrinsics are registered.
     wrapped : bool
         The input was a single PrimFunc (wrapped into ``module``).
-    folds : FoldReport
-        What the fold of weight copies did and refused (Relax modules).
+    declines : tuple
+        What a rewrite run before planning declined, each read like a
+        :class:`~tir_byoc.match.Rejection`: the weight copies that
+        :func:`tir_byoc.offload.offload_plan` did not fold
+        (:class:`~tir_byoc.relax.weight_copies.Refusal`).
     """
 
     module: tvm.IRModule
     functions: tuple[FunctionPlan, ...]
     registry: Registry
     wrapped: bool = False
-    folds: FoldReport = field(default_factory=FoldReport)
+    declines: tuple = ()
 
     @property
     def choices(self) -> list[Choice]:
         return [c for f in self.functions for c in f.choices]
 
     @property
-    def rejections(self) -> list[Rejection | Refusal]:
-        """The matcher's refusals, the ends of chains no intrinsic takes whole, then the copies
-        the fold kept, each with its reason.
+    def rejections(self) -> list:
+        """The matcher's refusals, the ends of chains no intrinsic takes whole, then
+        :attr:`declines`, each with its reason.
 
         Only a function with an epilogue beyond bias and relu asks for its choices, so
         explaining a module of bias and relu chains resolves no backend (a choice's
@@ -91,7 +94,7 @@ class Plan:
         for function in self.functions:
             if any(m.shorter and m.pattern_entry == GEMM_ENTRY for m in function.scan.matches):
                 refused += [cut_rejection(c) for c in function.choices if c.cut_from is not None]
-        return refused + list(self.folds.refusals)
+        return refused + list(self.declines)
 
     def offloaded(self, function: FunctionPlan) -> Iterator[tuple[Match, Intrinsic]]:
         """The matches of ``function`` that have an intrinsic, with that intrinsic."""
@@ -130,8 +133,12 @@ def as_module(mod_or_func) -> tuple[tvm.IRModule, bool]:
     )
 
 
-class _Planner:
-    """Scans each (name, function) once and chooses intrinsics for its matches."""
+class Planner:
+    """Scans each (name, function) once and chooses intrinsics for its matches.
+
+    One planner serves every plan of one call, so that a function planned twice (a callee the
+    fold of weight copies judged, then the module it left) is scanned once.
+    """
 
     def __init__(self, backends, registry: Registry):
         self.registry = registry
@@ -160,25 +167,19 @@ class _Planner:
             self._scans[key] = scan_function(gvar.name_hint, func)
         return FunctionPlan(gvar, func, self._scans[key], lambda: self._choose(key))
 
-    def module(self, mod: tvm.IRModule) -> tuple[FunctionPlan, ...]:
-        return tuple(
+    def plan_function(self, name: str, func: tirx.PrimFunc) -> FunctionPlan:
+        """The plan of the PrimFunc ``func`` named ``name`` (what the fold of weight copies
+        judges a rewritten callee by)."""
+        return self.function(tvm.ir.GlobalVar(name), func)
+
+    def plan(self, mod: tvm.IRModule, wrapped: bool = False, declines: tuple = ()) -> Plan:
+        """The plan of every PrimFunc of ``mod``, in module order."""
+        functions = tuple(
             self.function(gvar, func)
             for gvar, func in mod.functions_items()
             if isinstance(func, tirx.PrimFunc)
         )
-
-    def fold_copies(self, mod: tvm.IRModule) -> tuple[tvm.IRModule, FoldReport]:
-        """Relax modules: GEMMs on a transposed or broadcast weight read the weight itself."""
-        if not any(isinstance(f, relax.Function) for f in mod.functions.values()):
-            return mod, FoldReport()
-
-        def plan_function(name: str, func: tirx.PrimFunc) -> FunctionPlan:
-            return self.function(tvm.ir.GlobalVar(name), func)
-
-        folded, report = fold_weight_copies(mod, plan_function)
-        for refusal in report.refusals:
-            logger.info("%s", refusal)
-        return folded, report
+        return Plan(mod, functions, self.registry, wrapped, tuple(declines))
 
 
 def plan(
@@ -186,34 +187,27 @@ def plan(
     *,
     backends: Iterable[str] | str | None = None,
     registry: Registry = REGISTRY,
-    fold_transposes: bool = True,
 ) -> Plan:
     """Scan every PrimFunc of ``mod_or_func`` once and choose an intrinsic per match.
 
     Parameters
     ----------
     mod_or_func : tvm.IRModule or tvm.tirx.PrimFunc
-        TIR or Relax module, or one PrimFunc.  Not modified.
+        TIR or Relax module, or one PrimFunc.  Not modified, and planned as it is: the
+        plan of what :func:`tir_byoc.offload` rewrites in a Relax module, after it folds the
+        weight copies, is :func:`tir_byoc.offload.offload_plan`'s.
     backends : str or iterable of str, optional
         Backends allowed, most preferred first (default: ``$TIR_BYOC_BACKENDS``, else all by
         intrinsic priority).
     registry : Registry, optional
         Where intrinsics are looked up.
-    fold_transposes : bool
-        Relax modules: plan a GEMM whose weight is a copy of another tensor (a ``transpose``,
-        a ``broadcast_to``, or both) as a GEMM on that tensor, and drop the copy when nothing
-        else uses it (see :mod:`tir_byoc.relax.weight_copies`).
 
     Returns
     -------
     Plan
     """
     mod, wrapped = as_module(mod_or_func)
-    planner = _Planner(backends, registry)
-    folds = FoldReport()
-    if fold_transposes and not wrapped:
-        mod, folds = planner.fold_copies(mod)
-    return Plan(mod, planner.module(mod), registry, wrapped, folds)
+    return Planner(backends, registry).plan(mod, wrapped)
 
 
-__all__ = ["Choice", "FunctionPlan", "Plan", "as_module", "plan"]
+__all__ = ["Choice", "FunctionPlan", "Plan", "Planner", "as_module", "plan"]

@@ -29,7 +29,7 @@ from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 
 from .. import toolchain
 from ..frontend import first_line
-from ..offload import apply
+from ..offload import apply, offload_plan
 from ..packing import PackedVariant, PackReport, install_packed, packed_variant
 from ..registry import REGISTRY, Registry
 from ..rewrite import RewriteError, intrinsic_calls, rewrite_function
@@ -766,9 +766,7 @@ def _fold_weight_copies(mod: tvm.IRModule, options: TuneOptions) -> tvm.IRModule
     folds them), and the copies no longer called removed, so that they are not tuned."""
     from tvm import relax
 
-    from ..planning import plan
-
-    folded = plan(mod, backends=options.backends, registry=options.registry).module
+    folded = offload_plan(mod, backends=options.backends, registry=options.registry).module
     if folded.same_as(mod):
         return mod
     entries = [g.name_hint for g, f in folded.functions_items() if isinstance(f, relax.Function)]
