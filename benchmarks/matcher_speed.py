@@ -27,8 +27,8 @@ from tvm.relax.frontend import nn
 import tir_byoc
 from tir_byoc.demo import lowered_mlp
 from tir_byoc.match import scan_function
-from tir_byoc.model import LOWERING
 from tir_byoc.patterns import PATTERNS
+from tir_byoc.relax import pipeline
 
 #: The real models (names of :func:`models.build`) and how they are built: layers, batch,
 #: sequence length.
@@ -70,7 +70,7 @@ def lowered_torch(name: str) -> tvm.IRModule:
 
     model, x = build(name, **REAL_SHAPE)
     mod, _ = import_torch(model, (x,))
-    return tvm.transform.Sequential([make_pass() for make_pass in LOWERING])(mod)
+    return pipeline.lower(mod)
 
 
 #: Layer counts of the BERT-like model the Relax passes are timed on (linear: the same ms per
@@ -79,9 +79,9 @@ PASS_LAYERS = (2, 12, 24)
 
 
 def time_relax_passes(name: str = "bert", repeats: int = 3) -> dict[int, dict[str, float]]:
-    """Layers -> {pass: ms} for each pass of :data:`LOWERING` before ``FuseTIR`` (tir_byoc's
-    own Relax passes and, beside them, TVM's), each on the module the passes before it made,
-    medians of ``repeats`` runs."""
+    """Layers -> {pass: ms} for each pass of :func:`tir_byoc.relax.pipeline.lowering_passes`
+    before ``FuseTIR`` (tir_byoc's own Relax passes and, beside them, TVM's), each on the module
+    the passes before it made, medians of ``repeats`` runs."""
     from models import build
 
     from tir_byoc.frontend import import_torch
@@ -91,7 +91,7 @@ def time_relax_passes(name: str = "bert", repeats: int = 3) -> dict[int, dict[st
         model, x = build(name, layers=layers, batch=1, sequence=REAL_SHAPE["sequence"])
         mod, _ = import_torch(model, (x,))
         times[layers] = {}
-        for make_pass in LOWERING[:-1]:
+        for make_pass in pipeline.lowering_passes()[:-1]:
             runs = []
             for _ in range(repeats):
                 start = time.perf_counter()

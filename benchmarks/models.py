@@ -36,7 +36,7 @@ where each was tuned and how long it took; delete the directory to tune again); 
 :mod:`tir_byoc.relax.convolutions`) and ``tir_byoc-<backend>`` (one backend only:
 ``tir_byoc-onednn`` beside the default, which gives fp32 to MKL).
 
-Each tir_byoc column's time is also split by its profile (:meth:`tir_byoc.model.Model.profile`)
+Each tir_byoc column's time is also split by its profile (:meth:`tir_byoc.Model.profile`)
 into the PrimFuncs that call an intrinsic ("library": the GEMMs with their epilogues) and the
 rest ("TVM code"); ``torch / library`` is the most that build could gain over torch eager with
 the rest taking no time at all.  The ONNX Runtime column is split likewise by ORT's own
@@ -240,11 +240,13 @@ def column(name: str, model, x, threads: int, args):
         trials = 0 if tuning else args.tune_trials
     if plain:  # read by the backends' pack functions while this build packs, and only then
         os.environ.update(dict.fromkeys(PACK_SETTINGS, "plain"))
-    lowering = tir_byoc.model.LOWERING
+    from tir_byoc.relax import pipeline
+
+    lowering = pipeline.BEFORE_LEGALIZE
     if name == NATIVE_CONV_COLUMN:
         from tir_byoc.relax.convolutions import ConvolutionsAsGemms
 
-        tir_byoc.model.LOWERING = tuple(p for p in lowering if p is not ConvolutionsAsGemms)
+        pipeline.BEFORE_LEGALIZE = tuple(p for p in lowering if p is not ConvolutionsAsGemms)
     start = time.perf_counter()
     try:
         built = tir_byoc.build_model(
@@ -256,7 +258,7 @@ def column(name: str, model, x, threads: int, args):
             work_dir=work_dir,
         )
     finally:
-        tir_byoc.model.LOWERING = lowering
+        pipeline.BEFORE_LEGALIZE = lowering
         if plain:
             for setting in PACK_SETTINGS:
                 del os.environ[setting]

@@ -144,7 +144,7 @@ def lowered(make_output, shape) -> tirx.PrimFunc:
     from tvm import relax
     from tvm.script import relax as R
 
-    from tir_byoc.model import LOWERING
+    from tir_byoc.relax import pipeline
 
     x = relax.Var("x", R.Tensor(shape, "float32"))
     builder = relax.BlockBuilder()
@@ -152,7 +152,7 @@ def lowered(make_output, shape) -> tirx.PrimFunc:
         with builder.dataflow():
             out = builder.emit_output(make_output(x))
         builder.emit_func_output(out)
-    mod = tvm.transform.Sequential([make_pass() for make_pass in LOWERING])(builder.get())
+    mod = pipeline.lower(builder.get())
     (func,) = [f for g, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]
     return func.with_attr("global_symbol", "main")
 

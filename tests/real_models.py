@@ -423,15 +423,15 @@ def lower(model: RealModel) -> tvm.IRModule:
     The import is :func:`tir_byoc.build_model`'s (:func:`tir_byoc.frontend.import_torch`:
     ``torch.export``, then ``from_exported_program`` with integer true divisions cast to
     float first, which TVM 0.27 would import as integer divisions).  The lowering is
-    :func:`tir_byoc.build_model`'s, :data:`tir_byoc.model.LOWERING`: the
+    :func:`tir_byoc.build_model`'s, :func:`tir_byoc.relax.pipeline.lower`: the
     reshapes around each Linear folded (:mod:`tir_byoc.relax.linear_reshapes`), so that an
     activation or a residual add after a projection fuses into its GEMM's PrimFunc, then
     ``LegalizeOps``, ``AnnotateTIROpPattern``, ``FuseOps``, ``FuseTIR``.
     """
-    from tir_byoc.model import LOWERING
+    from tir_byoc.relax import pipeline
 
     mod, _ = tir_byoc.frontend.import_torch(model.module, model.inputs)
-    return tvm.transform.Sequential([make_pass() for make_pass in LOWERING])(mod)
+    return pipeline.lower(mod)
 
 
 @dataclass(frozen=True)

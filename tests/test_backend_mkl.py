@@ -31,9 +31,9 @@ from tvm.script import relax as R
 import tir_byoc
 from tir_byoc import toolchain
 from tir_byoc.backends import mkl
-from tir_byoc.model import LOWERING
 from tir_byoc.packing import PACK_CHOOSE, PACK_CHOOSE_ANY_M
 from tir_byoc.registry import BackendUnavailable
+from tir_byoc.relax import pipeline
 from tir_byoc.signature import PACKED_WEIGHT_FLAG, DtypeSignature
 
 F32 = DtypeSignature.parse("float32").code
@@ -221,7 +221,7 @@ def test_a_relax_model_packs_its_constant_weight_and_computes_the_same(monkeypat
         builder.emit_func_output(out)
     import tvm
 
-    lowered = tvm.transform.Sequential([p() for p in LOWERING])(builder.get())
+    lowered = pipeline.lower(builder.get())
     packed = tir_byoc.offload(lowered, backends="mkl")
     script = packed.script(show_meta=False)
     assert "tir_byoc_mkl_gemm" in script and "_packed" in script

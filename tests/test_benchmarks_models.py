@@ -257,11 +257,12 @@ def test_the_native_conv_column_builds_without_the_convolution_rewrite(models, m
     import torch
 
     import tir_byoc
+    from tir_byoc.relax import pipeline
 
     seen = []
 
     def build_model(model, inputs, **options):
-        seen.append((tir_byoc.model.LOWERING, options["backends"]))
+        seen.append((pipeline.BEFORE_LEGALIZE, options["backends"]))
         return lambda x: x
 
     monkeypatch.setattr(tir_byoc, "build_model", build_model)
@@ -273,4 +274,4 @@ def test_the_native_conv_column_builds_without_the_convolution_rewrite(models, m
     assert "ConvolutionsAsGemms" in names
     assert [p.__name__ for p in native] == [n for n in names if n != "ConvolutionsAsGemms"]
     assert backends is None  # not a backend column
-    assert tir_byoc.model.LOWERING == default  # restored
+    assert pipeline.BEFORE_LEGALIZE == default  # restored

@@ -17,7 +17,7 @@ from tvm.script import relax as R
 from tir_byoc import meta_schedule as tms
 from tir_byoc import toolchain
 from tir_byoc.meta_schedule import measure as measuring
-from tir_byoc.model import LOWERING
+from tir_byoc.relax import pipeline
 from tir_byoc.rewrite import intrinsic_calls
 
 pytestmark = pytest.mark.skipif(
@@ -51,7 +51,7 @@ def _lowered():
             whole = builder.emit(R.nn.gelu(R.add(whole, relax.const(BIAS))))
             out = builder.emit_output(relax.Tuple([tail, whole]))
         builder.emit_func_output(out)
-    return tvm.transform.Sequential([p() for p in LOWERING])(builder.get())
+    return pipeline.lower(builder.get())
 
 
 def _expected():

@@ -24,7 +24,7 @@ from tvm.script import tirx as T
 
 import tir_byoc
 from tir_byoc import toolchain
-from tir_byoc.model import LOWERING
+from tir_byoc.relax import pipeline
 from tir_byoc.signature import PACKED_WEIGHT_FLAG
 
 pytestmark = pytest.mark.skipif(
@@ -67,7 +67,7 @@ def _lowered(weights, m=M):
                 outputs.append(builder.emit(R.nn.gelu(R.add(R.matmul(x, w), relax.const(BIAS)))))
             out = builder.emit_output(relax.Tuple(outputs) if len(outputs) > 1 else outputs[0])
         builder.emit_func_output(out)
-    return tvm.transform.Sequential([p() for p in LOWERING])(builder.get())
+    return pipeline.lower(builder.get())
 
 
 def _run(mod, *arrays):

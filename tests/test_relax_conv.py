@@ -11,23 +11,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import tvm
 from byoc_testing import relax_inputs
 from tvm import relax, tirx
 from tvm.script import ir as I
 from tvm.script import relax as R
 
 import tir_byoc
-from tir_byoc import model as model_module
 from tir_byoc.match import scan_function
 from tir_byoc.match.exprs import expr_text
-from tir_byoc.model import LOWERING
-from tir_byoc.relax import convolutions
+from tir_byoc.relax import convolutions, pipeline
 from tir_byoc.relax.convolutions import ConvolutionsAsGemms
 
 torch = pytest.importorskip("torch")
 
-WITHOUT_REWRITE = tuple(p for p in LOWERING if p is not ConvolutionsAsGemms)
+WITHOUT_REWRITE = tuple(p for p in pipeline.BEFORE_LEGALIZE if p is not ConvolutionsAsGemms)
 
 
 class _Convs(torch.nn.Module):
@@ -126,7 +123,7 @@ def test_a_grouped_convolution_is_one_batched_call(bias):
     # TVM code, after the transpose back; without a bias the GELU runs in the call.
     assert ("gelu" in left) == bias and ("add" in left) == bias, left
     mod, _ = tir_byoc.frontend.import_torch(module, (torch.randn(2, 16, 24),))
-    lowered = tvm.transform.Sequential([make_pass() for make_pass in LOWERING])(mod)
+    lowered = pipeline.lower(mod)
     functions = lowered.functions_items()
     (match,) = [m for g, f in functions if isinstance(f, tirx.PrimFunc) for m in _matches(g, f)]
     assert match.pattern == ("bmm_matmul" if bias else "bmm_matmul_gelu"), match.pattern
@@ -162,7 +159,7 @@ def test_a_transposed_input_is_copied_once_and_the_gather_reads_along_its_rows()
     # permute_dims it replaces, used by the convolution alone, is gone.
     assert int(functions["gather_input"].attrs["op_pattern"]) == 8
     assert "permute_dims(x" not in functions["main"].script()
-    lowered = tvm.transform.Sequential([make_pass() for make_pass in LOWERING])(mod)
+    lowered = pipeline.lower(mod)
     names = [g.name_hint for g, f in lowered.functions_items() if isinstance(f, tirx.PrimFunc)]
     gathers = [name for name in names if "im2col" in name]
     assert gathers and not [name for name in gathers if "transpose" in name], names
@@ -206,7 +203,7 @@ def test_a_weight_used_elsewhere_or_computed_from_parameters_is_left_in_place(mo
     assert "R.nn.conv" not in text and text.count("R.multiply") == 2, text
     inputs = relax_inputs(ComputedWeights)
     got = tir_byoc.build_model(ComputedWeights)(*inputs)
-    monkeypatch.setattr(model_module, "LOWERING", WITHOUT_REWRITE)
+    monkeypatch.setattr(pipeline, "BEFORE_LEGALIZE", WITHOUT_REWRITE)
     before = tir_byoc.build_model(ComputedWeights)(*inputs)
     for new, old in zip(got, before, strict=True):
         np.testing.assert_allclose(new, old, rtol=1e-5, atol=1e-5)
@@ -230,7 +227,7 @@ def test_a_convolution_that_is_not_served_keeps_tvms_code_and_says_why():
     ]
     assert not built.intrinsics
     # After lowering, the matcher's reason for the convolution's block points back here.
-    lowered = tvm.transform.Sequential([make_pass() for make_pass in LOWERING])(mod)
+    lowered = pipeline.lower(mod)
     (depthwise,) = [r for r in tir_byoc.explain(lowered) if "group_conv2d" in r.blocks[0]]
     assert depthwise.reason.endswith(
         "as a convolution does: tir_byoc serves a convolution before lowering, as a GEMM, and "
@@ -308,7 +305,7 @@ def test_the_rewrite_computes_what_tvms_convolution_computes(mod, in_the_call, l
     assert call.removesuffix("_packed").endswith(in_the_call or "matmul"), call
     assert any(left in name for name in built.rules)  # a second use keeps its op out
     got = built(*inputs)
-    monkeypatch.setattr(model_module, "LOWERING", WITHOUT_REWRITE)
+    monkeypatch.setattr(pipeline, "BEFORE_LEGALIZE", WITHOUT_REWRITE)
     before = tir_byoc.build_model(mod)(*inputs)
     got, before = (v if isinstance(v, list | tuple) else [v] for v in (got, before))
     for new, old in zip(got, before, strict=True):

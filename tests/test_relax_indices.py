@@ -16,8 +16,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 import tir_byoc
-from tir_byoc.model import LOWERING
-from tir_byoc.relax import wrap_indices
+from tir_byoc.relax import pipeline, wrap_indices
 from tir_byoc.relax.slice_splits import SliceSplits
 from tir_byoc.relax.wrap_indices import WrapIndices
 
@@ -136,8 +135,9 @@ def test_gathers_with_nothing_to_wrap_come_back_as_they_were():
 
 
 def test_the_lowering_wraps_before_it_reads_takes_as_slices():
-    assert LOWERING.index(WrapIndices) < LOWERING.index(SliceSplits)
-    assert LOWERING.index(WrapIndices) < LOWERING.index(relax.transform.LegalizeOps)
+    passes = pipeline.lowering_passes()
+    assert passes.index(WrapIndices) < passes.index(SliceSplits)
+    assert passes.index(WrapIndices) < passes.index(relax.transform.LegalizeOps)
 
 
 @I.ir_module

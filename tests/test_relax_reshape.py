@@ -16,8 +16,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
 
-from tir_byoc.model import LOWERING
-from tir_byoc.relax import linear_reshapes
+from tir_byoc.relax import linear_reshapes, pipeline
 from tir_byoc.relax.linear_reshapes import FoldLinearReshapes, LinearReshape, NotFolded
 
 # fmt: off
@@ -441,7 +440,7 @@ def _run(mod: tvm.IRModule, inputs) -> list[np.ndarray]:
 
 
 #: The lowering without the fold.
-UNFOLDED = tuple(p for p in LOWERING if p is not FoldLinearReshapes)
+UNFOLDED = tuple(p for p in pipeline.lowering_passes() if p is not FoldLinearReshapes)
 
 
 def _lowered_functions(mod: tvm.IRModule) -> set[str]:
@@ -529,4 +528,5 @@ def test_the_pass_is_idempotent_and_leaves_lowered_modules_alone():
     assert FoldLinearReshapes()(once).same_as(once)
     lowered = tvm.transform.Sequential([make_pass() for make_pass in UNFOLDED])(LinearGelu)
     assert FoldLinearReshapes()(lowered).same_as(lowered)
-    assert LOWERING.index(FoldLinearReshapes) < LOWERING.index(relax.transform.LegalizeOps)
+    passes = pipeline.lowering_passes()
+    assert passes.index(FoldLinearReshapes) < passes.index(relax.transform.LegalizeOps)

@@ -18,10 +18,8 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 import tir_byoc
-from tir_byoc import model as model_module
 from tir_byoc.meta_schedule import load_report
-from tir_byoc.model import LOWERING
-from tir_byoc.relax import fuse_rows
+from tir_byoc.relax import fuse_rows, pipeline
 from tir_byoc.relax.fuse_rows import FuseIntoRows
 
 # fmt: off
@@ -121,10 +119,11 @@ class RowMeans:
 
 # fmt: on
 
-WITHOUT_MERGE = tuple(p for p in LOWERING if p is not FuseIntoRows)
+PASSES = pipeline.lowering_passes()
+WITHOUT_MERGE = tuple(p for p in PASSES if p is not FuseIntoRows)
 
 
-def _prim_funcs(mod: tvm.IRModule, passes=LOWERING) -> list[str]:
+def _prim_funcs(mod: tvm.IRModule, passes=PASSES) -> list[str]:
     lowered = tvm.transform.Sequential([p() for p in passes])(mod)
     return sorted(g.name_hint for g, f in lowered.functions_items() if isinstance(f, tirx.PrimFunc))
 
@@ -151,7 +150,9 @@ def test_a_producer_fuses_into_its_row_reduction_and_computes_the_same(module, m
     assert built.rules[merged] == "VectorRows"
     inputs = relax_inputs(module)
     got = _flat(built(*inputs))
-    monkeypatch.setattr(model_module, "LOWERING", WITHOUT_MERGE)
+    monkeypatch.setattr(
+        pipeline, "LOWERING", tuple(p for p in pipeline.LOWERING if p is not FuseIntoRows)
+    )
     apart = tir_byoc.build_model(module)
     assert merged not in apart.schedules
     for a, b in zip(got, _flat(apart(*inputs))):
@@ -168,7 +169,7 @@ def test_a_producer_that_does_not_qualify_stays_apart(module):
 
 
 def test_a_module_without_a_merge_comes_back_as_it_was():
-    passes = [p() for p in LOWERING[: LOWERING.index(FuseIntoRows)]]
+    passes = [p() for p in PASSES[: PASSES.index(FuseIntoRows)]]
     grouped = tvm.transform.Sequential(passes)(ReluIntoMatmul)
     assert fuse_rows.find(grouped) == ((), ())
     assert FuseIntoRows()(grouped).same_as(grouped)

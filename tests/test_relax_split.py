@@ -17,9 +17,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 import tir_byoc
-from tir_byoc import model as model_module
-from tir_byoc.model import LOWERING
-from tir_byoc.relax import slice_splits
+from tir_byoc.relax import pipeline, slice_splits
 from tir_byoc.relax.slice_splits import SliceSplits
 
 # fmt: off
@@ -160,7 +158,7 @@ class ReshapeNotASplit:
 
 # fmt: on
 
-WITHOUT_REWRITE = tuple(p for p in LOWERING if p is not SliceSplits)
+WITHOUT_REWRITE = tuple(p for p in pipeline.BEFORE_LEGALIZE if p is not SliceSplits)
 
 
 @pytest.mark.parametrize(
@@ -186,7 +184,7 @@ def test_each_part_is_a_slice_and_holds_the_same_values(module, parts, left, mon
 
     inputs = relax_inputs(module)
     got = tir_byoc.build_model(module)(*inputs)
-    monkeypatch.setattr(model_module, "LOWERING", WITHOUT_REWRITE)
+    monkeypatch.setattr(pipeline, "BEFORE_LEGALIZE", WITHOUT_REWRITE)
     before = tir_byoc.build_model(module)(*inputs)
     got, before = (v if isinstance(v, list | tuple) else [v] for v in (got, before))
     for new, old in zip(got, before, strict=True):
@@ -221,4 +219,5 @@ def test_anything_else_comes_back_as_it_was(module):
 
 
 def test_the_lowering_slices_before_the_operators_become_tir():
-    assert LOWERING.index(SliceSplits) < LOWERING.index(relax.transform.LegalizeOps)
+    passes = pipeline.lowering_passes()
+    assert passes.index(SliceSplits) < passes.index(relax.transform.LegalizeOps)

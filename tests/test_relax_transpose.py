@@ -16,9 +16,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 import tir_byoc
-from tir_byoc import model as model_module
-from tir_byoc.model import LOWERING
-from tir_byoc.relax import untranspose
+from tir_byoc.relax import pipeline, untranspose
 from tir_byoc.relax.untranspose import UntransposeBatchMatmuls
 
 # fmt: off
@@ -160,7 +158,7 @@ class FourDimensional:
 
 # fmt: on
 
-WITHOUT_REWRITE = tuple(p for p in LOWERING if p is not UntransposeBatchMatmuls)
+WITHOUT_REWRITE = tuple(p for p in pipeline.BEFORE_LEGALIZE if p is not UntransposeBatchMatmuls)
 
 
 @pytest.mark.parametrize(
@@ -183,7 +181,7 @@ def test_the_product_reads_k_untransposed_and_computes_the_same(module, scale, m
     assert intrinsics["NT_matmul"] and all(i.endswith("bmm_dense") for i in intrinsics["NT_matmul"])
     inputs = relax_inputs(module)
     got = built(*inputs)
-    monkeypatch.setattr(model_module, "LOWERING", WITHOUT_REWRITE)
+    monkeypatch.setattr(pipeline, "BEFORE_LEGALIZE", WITHOUT_REWRITE)
     before = tir_byoc.build_model(module)
     assert "NT_matmul" not in before.intrinsics
     np.testing.assert_allclose(got, before(*inputs), rtol=1e-5, atol=1e-5)

@@ -314,7 +314,7 @@ def _rms_norm(rows: int, width: int = 768) -> tirx.PrimFunc:
     from tvm import relax
     from tvm.script import relax as R
 
-    from tir_byoc.model import LOWERING
+    from tir_byoc.relax import pipeline
 
     x = relax.Var("x", R.Tensor((1, rows, width), "float32"))
     square = relax.Var("square", R.Tensor((1, rows, width), "float32"))
@@ -326,7 +326,7 @@ def _rms_norm(rows: int, width: int = 768) -> tirx.PrimFunc:
             scale = builder.emit(R.rsqrt(R.add(mean, R.const(1e-6, "float32"))))
             out = builder.emit_output(R.multiply(weight, R.multiply(x, scale)))
         builder.emit_func_output(out)
-    mod = tvm.transform.Sequential([make_pass() for make_pass in LOWERING])(builder.get())
+    mod = pipeline.lower(builder.get())
     (func,) = [f for g, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]
     assert [p.name for p in func.params][:3] == ["square", "x", "weight"]
     return func.with_attr("global_symbol", "main")

@@ -5,7 +5,9 @@ Entry point: :func:`build_model`, which returns a :class:`Model`.  It takes
 - a torch ``nn.Module`` with example inputs: ``torch.export`` under ``no_grad``, then
   ``from_exported_program`` (:mod:`tir_byoc.frontend`, which also reports the known frontend
   problems in one line saying what to change);
-- a Relax ``IRModule``: the standard lowering, :data:`LOWERING`, then :func:`tir_byoc.offload`;
+- a Relax ``IRModule``: the stages of :mod:`tir_byoc.relax.pipeline`, in their order (the
+  lowering, :func:`tir_byoc.offload`, dead code eliminated, the default schedule, TVM's
+  Relax build pipeline);
 - a TIR ``IRModule`` or a ``PrimFunc``: :func:`tir_byoc.offload`.
 
 What tir_byoc leaves to TVM gets the default CPU schedule of :mod:`tir_byoc.schedules`
@@ -41,44 +43,17 @@ from tvm.target import codegen
 from . import frontend, schedules
 from .export import export_library
 from .offload import offload as offload_module
-from .relax.convolutions import ConvolutionsAsGemms
-from .relax.fuse_rows import FuseIntoRows
-from .relax.linear_reshapes import FoldLinearReshapes
-from .relax.slice_splits import SliceSplits
-from .relax.untranspose import UntransposeBatchMatmuls
-from .relax.wrap_indices import WrapIndices
-from .rewrite import calls_in_parallel_loops, intrinsic_calls
+from .relax import pipeline
+from .rewrite import intrinsic_calls
 from .tensors import from_tvm, kept_outputs, to_tvm
 
 logger = logging.getLogger("tir_byoc")
 
-#: The standard Relax lowering, in order: negative gather indices read as torch reads them
-#: (TVM 0.27's import reads them out of bounds), each convolution of one group as im2col and a
-#: GEMM, the reshapes around each Linear on an N-D activation folded away (so its activation or
-#: residual add fuses with the GEMM), a packed q/k/v split read as slices, attention's
-#: ``q @ k^T`` on K as it is, operators to TIR, fused into PrimFuncs, each elementwise op
-#: before a row reduction fused into it.
-LOWERING = (
-    WrapIndices,
-    ConvolutionsAsGemms,
-    FoldLinearReshapes,
-    SliceSplits,
-    UntransposeBatchMatmuls,
-    relax.transform.LegalizeOps,
-    relax.transform.AnnotateTIROpPattern,
-    relax.transform.FuseOps,
-    FuseIntoRows,
-    relax.transform.FuseTIR,
-)
 #: How a PrimFunc of a built model runs (:attr:`Model.schedules`): it calls an intrinsic, a
 #: default rule scheduled it (dlight's or :mod:`tir_byoc.schedules`'), or it runs as TVM wrote it.
 OFFLOADED, DLIGHT, UNSCHEDULED = "tir_byoc", "dlight", "unscheduled"
 
 _VM_CREATION = threading.Lock()
-
-
-def _is_relax(func) -> bool:
-    return isinstance(func, relax.Function)
 
 
 def host_target() -> tvm.target.Target:
@@ -221,34 +196,24 @@ def build_model(
         mod = model
     is_relax = kind != "tir"
     entry = _entry(mod, relax.Function if is_relax else tirx.PrimFunc, entry)
-    # Step 2. The standard lowering (Relax), then the offload.
+    # Step 2. The pipeline's stages in order (tir_byoc.relax.pipeline): the lowering (Relax),
+    # the offload or tuning, dead code eliminated (Relax: the weight copies folded away).
     tuned = tune_trials != 0 or work_dir is not None
     if is_relax:
-        mod = tvm.transform.Sequential([p() for p in LOWERING])(mod)
+        mod = pipeline.lower(mod)
     signature = TirSignature.of(mod[entry]) if not is_relax else None
     if tuned:
         mod = _tune(mod, resolved, is_relax, tune_trials, work_dir, offload, backends, tune_options)
     elif offload:
         mod = offload_module(mod, backends=backends)
     if is_relax:
-        # The weight copies the offload folded away are no longer called: not built at all.
-        relax_functions = [g.name_hint for g, f in mod.functions_items() if _is_relax(f)]
-        mod = relax.transform.DeadCodeElimination(relax_functions)(mod)
+        mod = pipeline.after_offload(mod)
     # Step 3. The default CPU schedule for the rest, function by function.
-    report = schedules.default_schedule(mod, resolved, scheduled_by="MetaSchedule")
+    report = pipeline.schedule(mod, resolved)
     mod = report.module
-    for gvar, func in mod.functions_items():
-        if isinstance(func, tirx.PrimFunc) and (blocks := calls_in_parallel_loops(func)):
-            raise ValueError(
-                f"tir_byoc.build_model: {gvar.name_hint} calls an intrinsic from inside a "
-                f"parallel loop (block {blocks[0]}); expected every offloaded block outside "
-                "parallel loops, as the offload leaves it (the intrinsics share their work "
-                "among TVM's threads themselves)"
-            )
     # Step 4. The Relax build pipeline (as tvm.compile would run it), then the build.
     if is_relax:
-        with resolved:
-            mod = relax.get_pipeline("default")(mod)
+        mod = pipeline.build(mod, resolved)
         executable = frontend.compile_module(mod, resolved, relax_pipeline=None)
     else:
         executable = frontend.compile_module(mod, resolved)
@@ -584,7 +549,6 @@ def _conforms(shape: tuple, dtype: str, expected_shape, expected_dtype: str) -> 
 
 __all__ = [
     "DLIGHT",
-    "LOWERING",
     "OFFLOADED",
     "UNSCHEDULED",
     "Model",

@@ -29,9 +29,10 @@ from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 
 from .. import toolchain
 from ..frontend import first_line
-from ..offload import apply, offload_plan
+from ..offload import apply
 from ..packing import PackedVariant, PackReport, install_packed, packed_variant
 from ..registry import REGISTRY, Registry
+from ..relax import pipeline
 from ..rewrite import RewriteError, intrinsic_calls, rewrite_function
 from ..schedules import RULE_ATTR, first_rule, vector_math
 from .features import cost_model
@@ -744,7 +745,8 @@ def _tune_module(mod, target, work_dir, max_trials_global, options: TuneOptions)
 
     is_relax = any(isinstance(f, relax.Function) for f in mod.functions.values())
     if is_relax and options.fold_transposes and options.offload != "never":
-        mod = _fold_weight_copies(mod, options)
+        # As the offload folds them; the copies left uncalled are not tuned.
+        mod = pipeline.fold_weight_copies(mod, backends=options.backends, registry=options.registry)
     primfuncs = {
         gvar.name_hint: func
         for gvar, func in mod.functions_items()
@@ -759,15 +761,3 @@ def _tune_module(mod, target, work_dir, max_trials_global, options: TuneOptions)
     if packs is not None:
         result = install_packed(result, packs.chosen, packs.report)
     return result
-
-
-def _fold_weight_copies(mod: tvm.IRModule, options: TuneOptions) -> tvm.IRModule:
-    """``mod`` with GEMMs on copied weights reading the weights (as :func:`tir_byoc.offload`
-    folds them), and the copies no longer called removed, so that they are not tuned."""
-    from tvm import relax
-
-    folded = offload_plan(mod, backends=options.backends, registry=options.registry).module
-    if folded.same_as(mod):
-        return mod
-    entries = [g.name_hint for g, f in folded.functions_items() if isinstance(f, relax.Function)]
-    return relax.transform.DeadCodeElimination(entries)(folded)
