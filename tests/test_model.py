@@ -20,7 +20,7 @@ from test_rewrite import two_layers
 from tvm import relax
 
 import tir_byoc
-from tir_byoc import demo, model
+from tir_byoc import built_model, demo
 from tir_byoc.rewrite import intrinsic_calls
 
 FP32 = {"rtol": 1e-4, "atol": 1e-5}
@@ -41,15 +41,15 @@ def test_an_mlp_equals_torch_called_with_torch_or_numpy():
     }
     # The weight transposes the offload folded away are not built at all.
     assert dict(built.model.schedules) == {
-        "fused_matmul_add_relu": model.OFFLOADED,
-        "fused_matmul1_add1": model.OFFLOADED,
+        "fused_matmul_add_relu": built_model.OFFLOADED,
+        "fused_matmul1_add1": built_model.OFFLOADED,
     }
 
 
 def test_without_offload_nothing_calls_an_intrinsic_and_the_result_is_the_same():
     built = built_models.mlp_native()
     assert dict(built.model.intrinsics) == {}
-    assert model.OFFLOADED not in built.model.schedules.values()
+    assert built_model.OFFLOADED not in built.model.schedules.values()
     np.testing.assert_allclose(built.model(built.inputs[0]).numpy(), built.expected, **FP32)
 
 
@@ -76,10 +76,10 @@ def test_a_transformer_encoder_layer_equals_torch_and_the_rest_gets_dlight():
         "ref.gemm",
     }
     assert set(built.model.intrinsics) == {
-        name for name, way in built.model.schedules.items() if way == model.OFFLOADED
+        name for name, way in built.model.schedules.items() if way == built_model.OFFLOADED
     }
     # ...the softmax and the layer norms get dlight's Reduction rule.
-    dlight_scheduled = [n for n, s in built.model.schedules.items() if s == model.DLIGHT]
+    dlight_scheduled = [n for n, s in built.model.schedules.items() if s == built_model.DLIGHT]
     assert any("softmax" in n for n in dlight_scheduled)
     assert any("layer_norm" in n for n in dlight_scheduled)
     assert dict(built.model.dlight_failures) == {}
@@ -124,7 +124,7 @@ def test_a_failing_dlight_rule_leaves_its_function_unscheduled_and_is_recorded(m
         "transpose": "RuntimeError: rule broke",
         "transpose1": "RuntimeError: rule broke",
     }
-    assert set(built.schedules.values()) == {model.UNSCHEDULED}
+    assert set(built.schedules.values()) == {built_model.UNSCHEDULED}
     rng = np.random.default_rng(1)
     x = rng.standard_normal((demo.BATCH, demo.IN_FEATURES)).astype("float32")
     params = demo.mlp_weights(rng)

@@ -17,6 +17,9 @@ build_model(model, example_inputs)
                      a torch model, Relax or TIR module lowered, offloaded, scheduled and built
 profile(model, *inputs)
                      each PrimFunc's time, calls and share in a built model
+relax.get_pipeline("tir_byoc")
+                     the whole Relax pipeline as one pass, for ``tvm.compile(mod, target,
+                     relax_pipeline=...)``: registered with TVM on import (``tir_byoc.relax``)
 """
 
 from . import threads as _threads
@@ -26,14 +29,15 @@ from . import threads as _threads
 _threads.configure_openmp_early()
 
 from . import backends as _bundled_backends  # noqa: F401  (registers the bundled intrinsics)
+from .built_model import Model, profile
 from .export import export_library
 from .frontend import UnsupportedModel
 from .match import FunctionScan, Match, Rejection
-from .model import Model, build_model
+from .model import build_model
 from .offload import Offload, explain, offload, scan
 from .patterns import PATTERNS, Pattern, describe
 from .planning import Plan, plan
-from .profiling import FunctionTime, Profile, profile
+from .profiling import FunctionTime, Profile
 from .registry import (
     REGISTRY,
     Backend,

@@ -1,8 +1,12 @@
 """Where a built model's time goes: each PrimFunc's time, call count and share.
 
-Entry point: :func:`profile` (also :meth:`tir_byoc.Model.profile`), which returns a
+Entry point: :func:`time_calls`, which :func:`tir_byoc.profile` and
+:meth:`tir_byoc.Model.profile` call (:mod:`tir_byoc.built_model`), and which returns a
 :class:`Profile`: one :class:`FunctionTime` record per PrimFunc the entry calls, a text table
 (:meth:`Profile.table`) and, when matplotlib is installed, a bar chart (:meth:`Profile.chart`).
+This module does not import the model's: it reads what a built model offers (its executable,
+entry, VM and the way each PrimFunc runs, :data:`OFFLOADED`, :data:`DLIGHT` or
+:data:`UNSCHEDULED`).
 
 TVM 0.27's Relax VM has no profiler; it has ``VirtualMachine.set_instrument``, a callback the VM
 calls before and after each call it makes (PrimFuncs and its own builtins: allocation, shape
@@ -42,8 +46,10 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
-from .model import DLIGHT, OFFLOADED, UNSCHEDULED, Model
-
+#: How a PrimFunc of a built model runs (:attr:`tir_byoc.Model.schedules`): it calls an
+#: intrinsic, a default rule scheduled it (dlight's or :mod:`tir_byoc.schedules`'), or it runs as
+#: TVM wrote it.
+OFFLOADED, DLIGHT, UNSCHEDULED = "tir_byoc", "dlight", "unscheduled"
 #: How the table names each way a PrimFunc runs.
 CODE_LABELS = {OFFLOADED: "tir_byoc", DLIGHT: "TVM, scheduled", UNSCHEDULED: "TVM, unscheduled"}
 
@@ -277,7 +283,7 @@ def _median_ms(samples_ns) -> float:
     return statistics.median(samples_ns) / 1e6
 
 
-def _relax_profile(model: Model, tensors, repeat: int, warmup: int) -> Profile:
+def _relax_profile(model, tensors, repeat: int, warmup: int) -> Profile:
     plain = model.vm()
     recorder = _Recorder()
     instrumented = relax.VirtualMachine(model.executable, tvm.cpu())
@@ -342,7 +348,7 @@ def _relax_profile(model: Model, tensors, repeat: int, warmup: int) -> Profile:
     )
 
 
-def _tir_profile(model: Model, tensors, repeat: int, warmup: int) -> Profile:
+def _tir_profile(model, tensors, repeat: int, warmup: int) -> Profile:
     timer = model.executable.mod.time_evaluator(model.entry, tvm.cpu(), number=1, repeat=repeat)
     for _ in range(warmup):
         model.executable[model.entry](*tensors)
@@ -359,15 +365,15 @@ def _tir_profile(model: Model, tensors, repeat: int, warmup: int) -> Profile:
     return Profile((record,), repeat, run_ms, run_ms)
 
 
-def profile(model: Model, *inputs, repeat: int = 20, warmup: int = 10) -> Profile:
+def time_calls(model, tensors, repeat: int, warmup: int) -> Profile:
     """Time each PrimFunc one run of ``model`` calls, and count its calls.
 
     Parameters
     ----------
-    model : Model
+    model : tir_byoc.Model
         What :func:`tir_byoc.build_model` returned.
-    *inputs : numpy.ndarray or torch.Tensor
-        The inputs, as for calling the model.
+    tensors : list of tvm.runtime.Tensor
+        The inputs, as :meth:`tir_byoc.Model.arguments` gives them.
     repeat : int
         Runs measured (each with and without the instrument); figures are their medians.
     warmup : int
@@ -377,19 +383,9 @@ def profile(model: Model, *inputs, repeat: int = 20, warmup: int = 10) -> Profil
     -------
     Profile
     """
-    if not isinstance(model, Model):
-        raise ValueError(
-            f"tir_byoc.profile: expected a tir_byoc.Model (from build_model), got "
-            f"{type(model).__name__}"
-        )
-    if repeat < 1 or warmup < 0:
-        raise ValueError(
-            f"tir_byoc.profile: expected repeat >= 1, warmup >= 0, got {repeat}, {warmup}"
-        )
-    tensors = model.arguments(inputs)
     if model.is_relax:
         return _relax_profile(model, tensors, repeat, warmup)
     return _tir_profile(model, tensors, repeat, warmup)
 
 
-__all__ = ["FunctionTime", "Profile", "profile"]
+__all__ = ["DLIGHT", "OFFLOADED", "UNSCHEDULED", "FunctionTime", "Profile", "time_calls"]
