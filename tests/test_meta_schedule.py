@@ -309,23 +309,23 @@ def test_an_offload_record_that_no_longer_offloads_leaves_the_native_one(tmp_pat
     # A database tuned where a backend served the chain, replayed where none does: the
     # offloaded record, though faster, cannot be rebuilt as measured, so the native record
     # is built, with why.
-    from tir_byoc.meta_schedule import tune as tune_module
+    from tir_byoc.meta_schedule import decide, search
 
-    replay = tune_module._replay
+    replay = decide.replay_best
 
     def replay_without_the_backend(database, func, *args):
         if str(func["main"].attrs[tms.VARIANT_ATTR]) == "offload":
             raise RuntimeError("the best record of main does not offload any more: gone")
         return replay(database, func, *args)
 
-    best_ms = tune_module._best_ms
+    best_ms = search.best_ms
 
     def offload_measured_faster(database, task, target):
         measured = best_ms(database, task, target)
         return measured if task.variant != "offload" or measured is None else 1e-6
 
-    monkeypatch.setattr(tune_module, "_replay", replay_without_the_backend)
-    monkeypatch.setattr(tune_module, "_best_ms", offload_measured_faster)
+    monkeypatch.setattr(decide, "replay_best", replay_without_the_backend)
+    monkeypatch.setattr(search, "best_ms", offload_measured_faster)
     tuned = tms.tune_tir(
         dense_relu_exp,
         TARGET,
@@ -361,9 +361,9 @@ def test_a_native_variant_far_behind_gets_no_more_trials_and_the_rest_gets_the_b
     # measures (the decision, not the timing, is under test): after its first round of two
     # trials (first_round_trials, below a search iteration's four) it stops, the wholly
     # offloaded variant too, and the other trials go to exp_only.
-    from tir_byoc.meta_schedule import tune as tune_module
+    from tir_byoc.meta_schedule import search
 
-    best_ms = tune_module._best_ms
+    best_ms = search.best_ms
 
     def native_far_behind(database, task, target):
         measured = best_ms(database, task, target)
@@ -371,7 +371,7 @@ def test_a_native_variant_far_behind_gets_no_more_trials_and_the_rest_gets_the_b
             return measured
         return 10.0 if task.variant == "native" else 1.0
 
-    monkeypatch.setattr(tune_module, "_best_ms", native_far_behind)
+    monkeypatch.setattr(search, "best_ms", native_far_behind)
     module = tvm.IRModule(
         {
             "large_dense": large_dense.with_attr("global_symbol", "large_dense"),
@@ -580,7 +580,7 @@ def test_a_function_left_to_tvm_keeps_the_default_rule_schedule_if_it_measures_f
 ):
     # The measurement is replaced (the decision, not the timing, is under test): the best
     # record and the rule's schedule come in one batch, the record first.
-    from tir_byoc.meta_schedule import tune as tune_module
+    from tir_byoc.meta_schedule import decide
 
     batches = []
 
@@ -588,7 +588,7 @@ def test_a_function_left_to_tvm_keeps_the_default_rule_schedule_if_it_measures_f
         batches.append(funcs)
         return [(2.0, ""), (1.0, "")] if faster == "rule" else [(1.0, ""), (2.0, "")]
 
-    monkeypatch.setattr(tune_module, "measure", measured)
+    monkeypatch.setattr(decide, "measure", measured)
     tuned = tms.tune_tir(as_module(exp_only), TARGET, str(tmp_path), 2, **EXP_OPTIONS)
     report = tms.load_report(tmp_path)["main"]
     ((record, rule),) = batches
@@ -621,7 +621,7 @@ def test_a_function_left_to_tvm_keeps_the_default_rule_schedule_if_it_measures_f
     tvm.compile(tuned, TARGET)["main"](tvm.runtime.tensor(data), out)
     np.testing.assert_allclose(out.numpy(), np.exp(data), rtol=1e-5)
     # A rebuild from the database takes the tuning run's choice again, measuring nothing.
-    monkeypatch.setattr(tune_module, "measure", None)
+    monkeypatch.setattr(decide, "measure", None)
     rebuilt = tms.tune_tir(as_module(exp_only), TARGET, str(tmp_path), 0, **EXP_OPTIONS)
     tvm.ir.assert_structural_equal(rebuilt, tuned)
 
@@ -674,12 +674,12 @@ def test_a_report_line_compares_the_packed_offload_and_gives_the_plain_time_besi
 
 
 def test_default_rules_false_measures_no_rule_schedule(tmp_path, monkeypatch):
-    from tir_byoc.meta_schedule import tune as tune_module
+    from tir_byoc.meta_schedule import decide
 
     def measured(*args):
         raise AssertionError("measured with default_rules=False")
 
-    monkeypatch.setattr(tune_module, "measure", measured)
+    monkeypatch.setattr(decide, "measure", measured)
     tuned = tms.tune_tir(
         as_module(exp_only), TARGET, str(tmp_path), 2, default_rules=False, **EXP_OPTIONS
     )

@@ -24,8 +24,14 @@ function and its rewrite):
   :data:`REPORT_FILE`.
 - ``options.py``: ``TuneOptions``, the ``**options`` of :func:`tune_tir` checked once.
 - ``tasks.py``: which functions become which tuning tasks (:data:`VARIANT_ATTR`).
-- ``tune.py``: :func:`tune_tir` and :func:`tune_relax` (options -> tasks -> one search over
-  the space -> the faster variant per function -> the report) and :func:`apply_record`.
+- ``records.py``: :func:`apply_record`, a best record replayed with its chains offloaded.
+- ``search.py``: every task tuned in one search over the space (a first round for the
+  functions tuned in both variants).
+- ``decide.py``: per function, the faster variant's best record (offloaded ones measured again
+  with their constant weights packed), and a function left to TVM measured against the default
+  rules' schedule.
+- ``tune.py``: :func:`tune_tir` and :func:`tune_relax` (options -> tasks -> the search -> the
+  decision per function -> the report).
 
 How a matched chain travels through the search:
 
@@ -62,13 +68,14 @@ How a matched chain travels through the search:
 
 from .postproc import OffloadPostproc
 from .progress import Progress
+from .records import apply_record
 from .report import REPORT_FILE, FunctionReport, TuningReport, load_report
 from .rule import CHOICE_ATTR, MODES, OffloadRule, recorded_choice
 from .rule import CUSTOM_RULE as CUSTOM_RULE
 from .rule import KEEP_LOOP_ATTR as KEEP_LOOP_ATTR
 from .space import candidate_builder, offload_space
 from .tasks import VARIANT_ATTR
-from .tune import apply_record, tune_relax, tune_tir
+from .tune import tune_relax, tune_tir
 
 # The public API.  CUSTOM_RULE and KEEP_LOOP_ATTR, the annotations the rule puts on an offloaded
 # chain, are reachable here (as they were) without being part of it.
