@@ -7,8 +7,8 @@ That module parses about 500 TVMScript functions (every target's tensor intrinsi
 TVMScript's ``T.prim_func`` starts each parse with ``inspect.stack()``.  For every frame of the
 stack, ``inspect`` looks up the frame's module; for a file that is no module's (the import
 machinery's frozen frames, ``<string>``, ``<ast>``: about 20,000 lookups during this import) it
-scans all of ``sys.modules``, each time.  Measured on the 2-vCPU AMD EPYC VM: 58 s for the
-import alone, 95 s in a process that has loaded torch and transformers.
+scans all of ``sys.modules``, each time: about a minute for the import alone, and longer in a
+process that has loaded torch and transformers (more modules to scan).
 
 TVMScript reads two things from those frames: the frames themselves (their locals, for the
 closure variables of the parsed function) and the source line of the decorator's caller (a

@@ -95,7 +95,7 @@ def build_candidate(mod: tvm.IRModule, target, _params=None):
     """``f_build`` of :func:`candidate_builder`: MetaSchedule's default build, minus one import.
 
     The default imports ``tvm.s_tir.tensor_intrin`` in every builder process, which takes
-    10-30 s on a loaded 2-core machine; candidates of :func:`offload_space` on llvm are never
+    tens of seconds; candidates of :func:`offload_space` on llvm are never
     tensorized, so the registrations it makes are not needed.
     """
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock

@@ -2,9 +2,9 @@
 
 TVM lowers a convolution to one loop nest that reduces over the input channels and the kernel
 window, a nest no pattern of the family is, and its default CPU schedule runs it far from a
-GEMM's speed (Whisper's first two convolutions, 80 x 3000 -> 384 channels: about 1.9 s a run
-on a 2-vCPU AMD EPYC, against about 40 ms in torch).  Every output of a convolution with one
-group is a dot product of the weight's row for its channel with the input window it sees, so ::
+GEMM's speed (Whisper's first two convolutions, 80 x 3000 -> 384 channels, ran about fifty times
+slower than in torch).  Every output of a convolution with one group is a dot product of the
+weight's row for its channel with the input window it sees, so ::
 
     cols[b, p, (c, r...)] = x[b, c, p * stride + r * dilation - pad]   (0 outside x)
     y[b, p, o]            = sum over (c, r...) of cols[b, p, (c, r...)] * w[o, (c, r...)]
@@ -25,9 +25,9 @@ takes the same product the other way round, the weight on the left::
     out[b, o, p]           = sum over (c, r...) of w[o, (c, r...)] * colsT[b, (c, r...), p]
 
 which is already the convolution's layout: no transpose back, and the gather reads along the
-input's rows (Wav2Vec2's feature encoder, 512 channels over 8,207 positions: 254 -> 215 ms of
-PrimFuncs a run at one thread on the Intel Xeon VM, the transposes gone, the first gather
-16 -> 5 ms).  Its bias would be a vector indexed by the GEMM's row, which no call takes.
+input's rows (in Wav2Vec2's feature encoder, 512 channels over 8,207 positions, the transposes
+are gone and the first gather takes a third of its time in the first form).  Its bias would be
+a vector indexed by the GEMM's row, which no call takes.
 
 With G groups, output channel o = g * O/G + o' sees only the input channels c = g * C/G + c':
 the gather puts the group first, ``colsT[b, g, (c', r...), p]``, and ``out[b, g, o', p]`` is
@@ -42,8 +42,8 @@ check that differs between the lanes of a vector makes TVM's vectoriser write th
 lane by lane.  An input that is a transpose moving the last axis (Wav2Vec2's positional
 convolution reads its (B, T, C) hidden states as (B, C, T)) is copied so too, transposed
 (:func:`_transposed_input`): fused into the gather, the transpose would have it read the
-input across its rows.  Wav2Vec2-base's positional gather, 12.7 million columns: 14.9 -> 8.2
-ms at one thread (Intel Xeon VM), the copy 0.2 ms.
+input across its rows (Wav2Vec2-base's positional gather, 12.7 million columns, takes about
+half the time so, the copy a small part of it).
 
 The elementwise ops that follow the convolution, each the only use of the value before it,
 move into the call: a bias of shape (1, O, 1...) (how torch's ``Conv`` adds its bias) becomes
@@ -143,7 +143,7 @@ def _site(function: str, out_var, call: relax.Call) -> ConvolutionSite | str:
     if groups > 1 and w_dims[1] == 1:
         # One input channel per group: G products of (positions x window) by (window x O/G),
         # which ran slower as a batched call than TVM's own loop (ConvNeXt's 7 x 7 over 96
-        # channels of 56 x 56: 52 against 29 ms on a 2-vCPU AMD EPYC).
+        # channels of 56 x 56 took nearly twice TVM's time).
         return (
             f"depthwise (groups = {groups}, one input channel each): a batched GEMM of one "
             "window per product is slower than TVM's loop"
