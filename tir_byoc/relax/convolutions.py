@@ -94,7 +94,7 @@ _CONVS = {
     "relax.nn.conv3d": ("NCDHW", "OIDHW"),
 }
 _OPS = {ir.Op.get(name): layouts for name, layouts in _CONVS.items()}
-#: Convolutions :func:`find_convolutions` reports but im2col does not serve.
+#: Convolutions :func:`find` reports but im2col does not serve.
 _TRANSPOSED = frozenset(ir.Op.get(f"relax.nn.conv{d}d_transpose") for d in (1, 2, 3))
 
 #: The most elements the gathered columns of one convolution may hold (1 GiB of float32).

@@ -7,7 +7,7 @@ and both read ``x[-2]`` as the element 2 before the start of the axis: memory th
 tensor's, so the model's output is garbage that changes from run to run, and TVM only logs a
 warning.  The indices a model reaches with are no concern of the GEMM offload, but a
 :func:`tir_byoc.build_model` result that differs from the model is the worst outcome this
-project has, so the lowering (:data:`tir_byoc.model.LOWERING`) reads them as torch does.
+project has, so the lowering (:mod:`tir_byoc.relax.pipeline`) reads them as torch does.
 
 Entry point: :class:`WrapIndices`, a module pass before ``LegalizeOps``
 (:mod:`tir_byoc.relax.pipeline`); :func:`find` lists the gathers it changes (:class:`Gather`)
