@@ -1,8 +1,12 @@
 """BERT-like and GPT-2-like models as plain C: made, run in a fresh process, compared with
 torch and the Relax VM; the BERT one also cross-compiled for aarch64 and run under qemu."""
 
+import functools
 import re
 import shutil
+import subprocess
+import tempfile
+from pathlib import Path
 
 import aot_harness as harness
 import aot_models
@@ -107,13 +111,27 @@ def test_reshapes_are_views_of_their_source(built):
     assert len({id(v.buffer) for v in views}) >= 2
 
 
+#: What installs the second architecture's tools on Debian.
+CROSS_PACKAGES = "apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user"
+
+
+@functools.cache
 def _cross_tools() -> str | None:
+    """Why the aarch64 C compiler or qemu cannot build and run a C program here, or None."""
     missing = [tool for tool in (CROSS_CC, QEMU) if shutil.which(tool) is None]
     if missing:
-        return (
-            f"{' and '.join(missing)} not installed (apt-get install gcc-aarch64-linux-gnu "
-            "qemu-user)"
-        )
+        return f"{' and '.join(missing)} not installed ({CROSS_PACKAGES})"
+    with tempfile.TemporaryDirectory() as folder:
+        source, program = Path(folder) / "probe.c", Path(folder) / "probe"
+        source.write_text('#include <stdio.h>\nint main(void) { return puts("") < 0; }\n')
+        for command in (
+            [CROSS_CC, str(source), "-o", str(program)],
+            [QEMU, "-L", AARCH64_SYSROOT, str(program)],
+        ):
+            result = subprocess.run(command, capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+                return f"{command[0]} failed on a probe ({detail}; {CROSS_PACKAGES})"
     return None
 
 
