@@ -54,6 +54,12 @@ def math_ops(a: T.Buffer((64,), "float32"), b: T.Buffer((64,), "float32")):
 
 
 @T.prim_func
+def masks(a: T.Buffer((8,), "int32"), b: T.Buffer((8,), "int32")):
+    for i in range(8):
+        b[i] = T.Select(T.bitwise_not(a[i] > 2), T.bitwise_not(a[i]), a[i])
+
+
+@T.prim_func
 def vectors(a: T.Buffer((4,), "float32"), b: T.Buffer((4,), "float32")):
     b[T.Ramp(0, 1, 4)] = a[T.Ramp(0, 1, 4)] + T.Broadcast(T.float32(1), 4)
 
@@ -127,6 +133,14 @@ def test_math_is_libm_and_agrees_with_the_vm(tmp_path):
     a = np.linspace(-3, 3, 64, dtype="float32")
     (b,), _ = harness.run(artifact, harness.make(artifact), [a])
     np.testing.assert_allclose(b, artifact.model(a), rtol=1e-6, atol=1e-6)
+
+
+def test_bitwise_not_is_logical_on_bool_and_bitwise_on_ints(tmp_path):
+    artifact = aot.build(masks, out_dir=tmp_path / "masks", name="masks")
+    a = np.arange(-3, 5, dtype="int32")
+    (b,), _ = harness.run(artifact, harness.make(artifact), [a])
+    np.testing.assert_array_equal(b, np.where(a > 2, a, ~a))
+    np.testing.assert_array_equal(b, artifact.model(a))
 
 
 @pytest.mark.parametrize(

@@ -212,6 +212,11 @@ class ExpressionPrinter:
     def _expr_Not(self, node):
         return f"(!{self.expr(node.a)})"
 
+    def _expr_BitwiseNot(self, node):
+        # On bool, C's ~ would turn true (1) into -2, which is true again.
+        operator = "!" if self._dtype(node) == "bool" else "~"
+        return f"({operator}{self.expr(node.a)})"
+
     def _expr_Select(self, node):
         condition = self.expr(node.condition)
         return f"({condition} ? {self.expr(node.true_value)} : {self.expr(node.false_value)})"
@@ -255,7 +260,8 @@ class ExpressionPrinter:
         if name in _CLASSIFY:
             return f"{_CLASSIFY[name]}({self.expr(args[0])})"
         if name == "tirx.bitwise_not":
-            return f"(~{self.expr(args[0])})"
+            operator = "!" if self._dtype(node) == "bool" else "~"
+            return f"({operator}{self.expr(args[0])})"
         short = name.split(".")[-1]
         if short in _MATH:
             return self._math(node, short, args)
