@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test install clean bench bench-matcher bench-threads bench-bridge bench-models \
-	bench-epilogue bench-zoo bench-serving
+	bench-epilogue bench-zoo bench-serving bench-aot
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,10 @@ bench-epilogue: $(STAMP)
 # BENCH_ARGS=--overhead times a small model's per-call overhead instead.
 bench-serving: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/serving.py $(BENCH_ARGS)
+
+# A model as plain C (tir_byoc.aot) against the Relax VM build and torch eager, at one thread.
+bench-aot: $(BENCH_STAMP)
+	$(BIN)/python benchmarks/aot.py $(BENCH_ARGS)
 
 # 28 transformers architectures through build_model: agreement, GEMM FLOPs offloaded, gaps.
 bench-zoo: $(STAMP)
