@@ -17,7 +17,7 @@ from tvm import relax
 from tvm.relax.frontend import nn
 from tvm.s_tir import dlight
 
-from . import offload, scan
+from .offload import offload, scan
 
 BATCH, IN_FEATURES, HIDDEN, OUT_FEATURES = 64, 800, 500, 10
 

@@ -22,7 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import REGISTRY, Model, build_model
+from ..built_model import Model
+from ..model import build_model
+from ..registry import REGISTRY
 from . import artifact
 from .c_spelling import Names, identifier
 from .entry import EntryLayout, entry_source, kernels_header, public_header
