@@ -262,7 +262,9 @@ def test_a_torch_linear_then_hardswish_offloads_the_hardswish_and_agrees_with_to
         np.testing.assert_allclose(model(x).numpy(), expected, rtol=1e-5, atol=1e-5)
         # One PrimFunc is left, and it calls the library once: the bias and the hardswish run
         # inside the call, no PrimFunc of TVM's computes them.
-        assert dict(model.schedules) == dict.fromkeys(model.intrinsics, tir_byoc.model.OFFLOADED)
+        assert dict(model.schedules) == dict.fromkeys(
+            model.intrinsics, tir_byoc.built_model.OFFLOADED
+        )
         (name,) = model.intrinsics
         assert intrinsic_calls(model.module[name]) == {f"{backend}.gemm": 1}
         blocks = []
