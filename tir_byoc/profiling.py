@@ -17,15 +17,12 @@ alternating with as many runs on a plain VM (Python's garbage collector off duri
 than guessed: :attr:`Profile.overhead_us` is the difference of
 the two medians per instrumented call.
 
-Measured on the 2-vCPU AMD EPYC VM this project runs on (the BERT-like model of the README,
-194-230 calls per run, 1 thread), the instrument costs about 4 µs per call (the Python callback,
-twice, with the call's arguments wrapped; 8-10 µs while other jobs loaded the machine), so an
-instrumented run takes ~0.8 ms longer than a plain one.  Part of that falls inside the timed
-intervals: the cheapest builtin call, which does nearly nothing, measures 0.6 µs
-(:attr:`Profile.floor_us`), and the PrimFuncs' times summed exceed a whole plain run (builtins
-included) by 1.3 µs per PrimFunc call (0.30 against 0.24 ms, 49 calls, for the offloaded
-BERT-like model).  A PrimFunc measured at
-a few µs per call is therefore largely instrument; compare :attr:`Profile.total_ms` with
+The instrument costs a few microseconds per call (the Python callback, twice, with the call's
+arguments wrapped), and part of that falls inside the timed intervals: the cheapest builtin
+call, which does nearly nothing, measures :attr:`Profile.floor_us`, and the PrimFuncs' times
+summed exceed a whole plain run by about that much per PrimFunc call (docs/model-flow.md has
+the figures).  A PrimFunc measured at a few microseconds per call is therefore largely
+instrument; compare :attr:`Profile.total_ms` with
 :attr:`Profile.run_ms` before reading much into small rows.  Warm-up matters here: the first
 runs of a process were up to 2x slower, hence ``warmup=10``.
 

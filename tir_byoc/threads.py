@@ -155,10 +155,8 @@ def configure_openmp_early() -> dict[str, str]:
 
     The spin of :func:`configure` for OpenMP, set earlier: that one runs when the oneDNN
     backend is located, after ``import tvm`` has loaded libgomp whenever PyTorch is installed,
-    so it could never apply there.  Measured on the 2-vCPU Xeon VM (2 threads, one process
-    each way): a TransformerEncoder at batch 8 ran in 93 ms with it against 131 ms without,
-    a LLaMA-like model at batch 8 in 84 against 97 ms; a rerun of the encoder on a slower
-    evening, 119-122 against 130 ms.  Nothing is set when libgomp is
+    so it could never apply there (docs/backends.md, Threads, has what it saves at two
+    threads).  Nothing is set when libgomp is
     loaded already, when the user chose (``GOMP_SPINCOUNT``, ``OMP_WAIT_POLICY``), or under
     ``TIR_BYOC_THREAD_DEFAULTS=0``.
 
@@ -181,15 +179,14 @@ def configure_tvm() -> dict[str, str]:
 
     TVM's pool reads ``TVM_THREAD_POOL_SPIN_COUNT`` once, when it starts (the first parallel
     loop of a process), so a value :func:`configure` sets when a library is located after that
-    is never read.  Measured on the 2-vCPU VM: a BERT-like model (2 layers of BERT-base, 128
-    tokens, 2 threads) whose TVM pool had started before oneDNN was located (another TVM model
-    had run first) took 69-88 ms per run against 34-50 ms for the same build otherwise: the
-    pool's workers kept spinning (TVM's default: 300,000 yields) on the core oneDNN's next
-    call needed.  The value is the short spin, also when libgomp is loaded already (PyTorch
-    imported first): only the oneDNN backend's calls run on libgomp's pool, and locating it
-    (:func:`configure` for OpenMP) sets ``0`` then, before the model's first run starts the
-    pool.  Setting ``0`` here instead cost the default backend (MKL, on TVM's pool) 8 % on a
-    BERT-like model at two threads (11.27 against 10.34 ms, batch 1).
+    is never read.  A model whose TVM pool had started before oneDNN was located (another TVM
+    model had run first) ran about twice as long: the pool's workers kept spinning (TVM's
+    default: 300,000 yields) on the core oneDNN's next call needed.  The value is the short
+    spin, also when libgomp is loaded already (PyTorch imported first): only the oneDNN
+    backend's calls run on libgomp's pool, and locating it (:func:`configure` for OpenMP) sets
+    ``0`` then, before the model's first run starts the pool.  Setting ``0`` here instead slowed
+    the default backend (MKL, on TVM's pool), whose workers then wake late for every call
+    (docs/backends.md, Threads, has both measurements).
 
     Returns
     -------

@@ -8,7 +8,7 @@ spatial axes, the rows; at least one block reduces; the last block is spatial) a
 the same way: the rows fused into one parallel loop, every block computed inside it, the
 spatial blocks vectorised.  dlight then reduces each row serially: one chain of dependent
 ``maxss`` or ``addss`` per row, 128 to 768 long in a transformer, which took most of a
-softmax's time (5.7 ms of BERT's batch-8 softmax, on the Intel Xeon VM).  Here a reduction
+softmax's time (docs/model-flow.md has the measurement).  Here a reduction
 over one trailing axis is first split into ``lanes`` partial results (``rfactor``), kept in one
 vector register and combined at the end of the row.  When ``lanes`` does not divide the row
 (Wav2Vec2's GroupNorm over 8,207 positions), the last, partial vector of each row is added lane

@@ -3,8 +3,8 @@ vector registers.
 
 LLVM turns ``T.erf`` into one call of libm's ``erff`` per vector lane, as it does ``T.exp``
 (:mod:`.vector_exp`).  An erf that is no GEMM's epilogue stays TVM code: Wav2Vec2's first
-layer is a GroupNorm and an exact GELU over 512 x 8,207 values, where those calls took 76 of
-the function's 87 ms (one thread, Intel Xeon VM).
+layer is a GroupNorm and an exact GELU over 512 x 8,207 values, where those calls took most
+of the function's time (benchmarks/HISTORY.md has the measurement).
 
 Entry point: :func:`erf_float32` (the expression); :func:`tir_byoc.schedules.vector_math.expand`
 puts it in place of every float32 ``erf`` call.

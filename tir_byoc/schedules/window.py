@@ -6,8 +6,8 @@ Entry point: :class:`SlidingWindow`, a dlight rule (``None`` when it does not ap
 Each output element of such a block sums a few products, one per tap of its window, and the
 taps of neighbouring outputs are neighbouring inputs: ``out[c, y, x] += in[c, y + r, x + s] *
 w[c, r, s]``.  The row rules reduce each element's taps in vector lanes, a strided gather of
-49 values for a 7 x 7 window; ConvNeXt-T's first depthwise convolution ran so at about
-1 GFLOP/s (27 ms at one thread on the Intel Xeon VM).  Here the window's loops go outside the
+49 values for a 7 x 7 window, far below the vector units' rate on a depthwise convolution
+(docs/model-flow.md has the measurement).  Here the window's loops go outside the
 output's last axis, which is vectorised: each step multiplies one tap by a vector of
 consecutive inputs and adds it to a vector of outputs, and a row of the output stays in cache
 for the whole window.  Every output element still adds its products in the order TVM wrote
