@@ -231,7 +231,7 @@ def test_a_convolution_that_is_not_served_keeps_tvms_code_and_says_why():
     (depthwise,) = [r for r in tir_byoc.explain(lowered) if "group_conv2d" in r.blocks[0]]
     assert depthwise.reason.endswith(
         "as a convolution does: tir_byoc serves a convolution before lowering, as a GEMM, and "
-        "tir_byoc.relax_conv.find_convolutions(mod) says why this one is not"
+        "tir_byoc.relax.convolutions.find(mod) says why this one is not"
     ), depthwise.reason
 
 

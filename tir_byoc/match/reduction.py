@@ -167,7 +167,7 @@ def analyze_reduction(
             reason += (
                 ". It reads an input at an output position plus a window offset, as a "
                 "convolution does: tir_byoc serves a convolution before lowering, as a GEMM, "
-                "and tir_byoc.relax_conv.find_convolutions(mod) says why this one is not"
+                "and tir_byoc.relax.convolutions.find(mod) says why this one is not"
             )
         raise Refused(reason)
     if len(spatial) < 2:

@@ -7,7 +7,7 @@ must pass before a kernel may replace it (with :func:`.extents.check_shape`; :cl
 proving extents equal is :mod:`.extents`'s, imported here for the modules that read it here).
 
 Used by the matcher's analyses (:mod:`.reduction`, :mod:`.epilogue`, :mod:`.chain`) and by
-:mod:`tir_byoc.relax_fold`, which reads the same facts to prove a weight copy.
+:mod:`tir_byoc.relax.copy_map`, which reads the same facts to prove a weight copy.
 """
 
 from __future__ import annotations
