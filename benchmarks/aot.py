@@ -44,7 +44,8 @@ for _variable in ("OMP_NUM_THREADS", "TVM_NUM_THREADS", "MKL_NUM_THREADS", "OPEN
     os.environ[_variable] = "1"  # before TVM, torch and the libraries read them
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests" / "aot"))  # the models the AOT tests build
+# The models the AOT tests build, and the real-model tests' transformers they take.
+sys.path[:0] = [str(HERE.parent / "tests" / "aot"), str(HERE.parent / "tests")]
 
 import aot_models  # noqa: E402
 import numpy as np  # noqa: E402
@@ -73,7 +74,7 @@ _VM_PROCESS = textwrap.dedent(
 _TORCH_PROCESS = textwrap.dedent(
     """
     import sys
-    sys.path.insert(0, sys.argv[1])
+    sys.path[:0] = sys.argv[1].split(":")
     import torch, aot_models
     torch.set_num_threads(1)
     model = aot_models.MODELS[sys.argv[2]]()
@@ -180,7 +181,7 @@ def measure(name: str, args, work: Path) -> dict:
     # Step 3. Sizes and peak memory, each way in a process of its own.
     library = built.export_library(work / f"{name}_vm.so")
     np.savez(io / "inputs.npz", **{f"input{i}": x for i, x in enumerate(inputs)})
-    tests = str(HERE.parent / "tests" / "aot")
+    tests = ":".join((str(HERE.parent / "tests" / "aot"), str(HERE.parent / "tests")))
     vm_command = [sys.executable, "-c", _VM_PROCESS, str(library), str(io / "inputs.npz")]
     torch_command = [sys.executable, "-c", _TORCH_PROCESS, tests, name]
     rss = {
