@@ -65,7 +65,7 @@ def _from_torch(tensor, index: int, copy: bool) -> tvm.runtime.Tensor:
     # Step 1. Dense, on the CPU, without autograd or lazy conjugate/negative bits.
     tensor = tensor.detach()
     if tensor.layout != torch.strided:
-        if not tensor.is_sparse and tensor.layout not in _sparse_layouts(torch):
+        if tensor.layout not in _sparse_layouts(torch):
             raise ValueError(
                 f"tir_byoc.Model: input {index} has layout {tensor.layout}; expected a dense "
                 "(torch.strided) or sparse tensor"
