@@ -56,8 +56,9 @@ call takes, so it stays TVM code after the product.
 Entry point: :class:`ConvolutionsAsGemms`, a module pass before ``LegalizeOps``
 (:mod:`tir_byoc.relax.pipeline`); :func:`find` gives the convolutions served so
 (:class:`~tir_byoc.relax.im2col.ConvolutionSite`) and those left to TVM, with the reason
-(:class:`Convolution`), and :func:`rewrite` builds them (:mod:`tir_byoc.relax.im2col`).  A
-binding ``out = R.nn.conv1d(x, w)`` (``conv2d``, ``conv3d``) is rewritten when
+(:class:`~tir_byoc.decline.Decline`, its ``nearest`` the operator), and :func:`rewrite` builds
+them (:mod:`tir_byoc.relax.im2col`).  A binding ``out = R.nn.conv1d(x, w)`` (``conv2d``,
+``conv3d``) is rewritten when
 
 1. the layouts are the default ones (``NCW``/``NCHW``/``NCDHW`` data and output,
    ``OIW``/``OIHW``/``OIDHW`` kernel), and the groups are not depthwise (:func:`_site`);
@@ -78,11 +79,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from dataclasses import dataclass
 
 import tvm
 from tvm import ir, relax
 
+from ..decline import CONVOLUTION, Decline
 from .analysis import static_dims, variable_uses
 from .im2col import ConvolutionSite, build
 
@@ -99,19 +100,6 @@ _TRANSPOSED = frozenset(ir.Op.get(f"relax.nn.conv{d}d_transpose") for d in (1, 2
 
 #: The most elements the gathered columns of one convolution may hold (1 GiB of float32).
 MAX_COLUMNS = 1 << 28
-
-
-@dataclass(frozen=True)
-class Convolution:
-    """A convolution of a Relax function left to TVM, and ``reason`` why it is not a GEMM."""
-
-    function: str
-    var: str
-    op: str
-    reason: str
-
-    def __str__(self) -> str:
-        return f"{self.function}: {self.var} = {self.op}: left to TVM ({self.reason})"
 
 
 def _ints(values) -> tuple[int, ...]:
@@ -262,7 +250,7 @@ def _constant_bindings(var, values: dict, uses) -> tuple | None:
     return tuple(found) if visit(var) else None
 
 
-def find(mod: tvm.IRModule) -> tuple[tuple[ConvolutionSite, ...], tuple[Convolution, ...]]:
+def find(mod: tvm.IRModule) -> tuple[tuple[ConvolutionSite, ...], tuple[Decline, ...]]:
     """``(sites, declines)``: the convolutions of ``mod``'s Relax functions that :func:`rewrite`
     serves as GEMMs, and those it leaves to TVM with the reason, each in binding order."""
     if not isinstance(mod, tvm.IRModule):
@@ -293,7 +281,9 @@ def find(mod: tvm.IRModule) -> tuple[tuple[ConvolutionSite, ...], tuple[Convolut
                 if isinstance(site, ConvolutionSite) and not isinstance(var, relax.DataflowVar):
                     site = "its result is not a variable of a dataflow block"
                 if isinstance(site, str):
-                    declines.append(Convolution(gvar.name_hint, var.name, call.op.name, site))
+                    declines.append(
+                        Decline(gvar.name_hint, (var.name,), CONVOLUTION, site, call.op.name)
+                    )
                     continue
                 site = _tail(site, var, values, users, uses)
                 site = _transposed_input(site, values, uses)
@@ -324,4 +314,4 @@ class ConvolutionsAsGemms:
         return rewrite(mod, sites)
 
 
-__all__ = ["Convolution", "ConvolutionSite", "ConvolutionsAsGemms", "find", "rewrite"]
+__all__ = ["ConvolutionSite", "ConvolutionsAsGemms", "find", "rewrite"]
