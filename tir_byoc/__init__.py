@@ -30,9 +30,10 @@ _threads.configure_openmp_early()
 
 from . import backends as _bundled_backends  # noqa: F401  (registers the bundled intrinsics)
 from .built_model import Model, profile
+from .decline import Decline
 from .export import export_library
 from .frontend import UnsupportedModel
-from .match import FunctionScan, Match, Rejection
+from .match import FunctionScan, Match
 from .model import build_model
 from .offload import Offload, explain, offload, scan
 from .patterns import PATTERNS, Pattern, describe
@@ -61,6 +62,7 @@ __all__ = [
     "Backend",
     "BackendUnavailable",
     "Choice",
+    "Decline",
     "DtypeSignature",
     "FunctionScan",
     "FunctionTime",
@@ -73,7 +75,6 @@ __all__ = [
     "Plan",
     "Profile",
     "Registry",
-    "Rejection",
     "RewriteError",
     "ToolchainError",
     "UnsupportedModel",

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from tvm import tirx
 
 from . import toolchain
-from .match import Rejection
+from .decline import Decline
 from .registry import REGISTRY, Choice
 from .tvmscript import Definition
 
@@ -149,7 +149,7 @@ def match_record(definition: Definition, match: Choice) -> dict:
     }
 
 
-def rejection_record(definition: Definition, rejection: Rejection) -> dict:
+def rejection_record(definition: Definition, rejection: Decline) -> dict:
     """The ``--json`` object of ``explain`` for one refused candidate."""
     return {
         "schema_version": SCHEMA_VERSION,

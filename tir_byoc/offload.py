@@ -25,12 +25,11 @@ import tvm
 from tvm import relax
 
 from . import toolchain
-from .match import Rejection
+from .decline import Decline
 from .packing import pack_constant_weights
 from .planning import Choice, Plan, Planner, as_module
 from .registry import REGISTRY, Registry
 from .relax import weight_copies
-from .relax.weight_copies import Refusal
 from .rewrite import rewrite_function
 
 logger = logging.getLogger("tir_byoc")
@@ -110,7 +109,7 @@ def scan(
     ).choices
 
 
-def explain(mod_or_func) -> list[Rejection | Refusal]:
+def explain(mod_or_func) -> list[Decline]:
     """Blocks that looked like part of a chain but were not matched, with the reason.
 
     For a Relax module, the blocks are those of the module :func:`offload` rewrites (weight
@@ -120,9 +119,9 @@ def explain(mod_or_func) -> list[Rejection | Refusal]:
 
     Returns
     -------
-    list of Rejection or Refusal
-        Each names the function, the blocks, the nearest pattern and the first failed
-        condition.
+    list of Decline
+        Each names the function, the blocks, the kind of site, the nearest pattern and the
+        first failed condition.
     """
     return offload_plan(mod_or_func).rejections
 

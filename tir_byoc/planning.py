@@ -27,7 +27,8 @@ import tvm
 from tvm import tirx
 
 from . import toolchain
-from .match import FunctionScan, Match, Rejection, scan_function
+from .decline import GEMM_CHAIN, Decline
+from .match import FunctionScan, Match, scan_function
 from .patterns import GEMM_ENTRY
 from .registry import REGISTRY, Choice, Intrinsic, Registry, backend_order, choose
 
@@ -64,27 +65,26 @@ class Plan:
         Where the chosen intrinsics are registered.
     wrapped : bool
         The input was a single PrimFunc (wrapped into ``module``).
-    declines : tuple
-        What a rewrite run before planning declined, each read like a
-        :class:`~tir_byoc.match.Rejection`: the weight copies that
-        :func:`tir_byoc.offload.offload_plan` did not fold
-        (:class:`~tir_byoc.relax.weight_copies.Refusal`).
+    declines : tuple of Decline
+        What a rewrite run before planning declined: the weight copies that
+        :func:`tir_byoc.offload.offload_plan` did not fold (kind
+        :data:`~tir_byoc.decline.WEIGHT_COPY`).
     """
 
     module: tvm.IRModule
     functions: tuple[FunctionPlan, ...]
     registry: Registry
     wrapped: bool = False
-    declines: tuple = ()
+    declines: tuple[Decline, ...] = ()
 
     @property
     def choices(self) -> list[Choice]:
         return [c for f in self.functions for c in f.choices]
 
     @property
-    def rejections(self) -> list:
+    def rejections(self) -> list[Decline]:
         """The matcher's refusals, the ends of chains no intrinsic takes whole, then
-        :attr:`declines`, each with its reason.
+        :attr:`declines`, each a :class:`~tir_byoc.decline.Decline` with its reason.
 
         Only a function with an epilogue beyond bias and relu asks for its choices, so
         explaining a module of bias and relu chains resolves no backend (a choice's
@@ -108,7 +108,7 @@ class Plan:
         return {self.registry[c.intrinsic].backend for c in self.choices if c.intrinsic}
 
 
-def cut_rejection(choice: Choice) -> Rejection:
+def cut_rejection(choice: Choice) -> Decline:
     """The blocks of a chain that stay TVM code because no intrinsic takes the whole chain."""
     whole, served = choice.cut_from, choice.match
     left = tuple(b for b in whole.blocks if b not in served.blocks)
@@ -116,7 +116,7 @@ def cut_rejection(choice: Choice) -> Rejection:
         f"no intrinsic takes {whole.pattern} whole ({choice.reason}), so {choice.intrinsic} "
         f"serves its prefix {served.pattern} and these blocks stay TVM code"
     )
-    return Rejection(whole.func, left, whole.pattern, reason)
+    return Decline(whole.func, left, GEMM_CHAIN, reason, whole.pattern)
 
 
 def as_module(mod_or_func) -> tuple[tvm.IRModule, bool]:

@@ -1,8 +1,8 @@
 """The matcher: find GEMM + epilogue chains in S-TIR PrimFuncs, by semantics.
 
 Entry point: :func:`scan_function`, which returns a :class:`FunctionScan` holding one
-:class:`Match` per chain found and one :class:`Rejection` per block that looked like part of
-a chain but was refused, with the reason.
+:class:`Match` per chain found and one :class:`~tir_byoc.decline.Decline` per block that looked
+like part of a chain but was refused, with the reason.
 
 A chain is a reduction block computing ``Y[..., i, j] = sum_k X[..., i, k] * W[..., ., .]``
 followed by zero or more elementwise blocks, linked through intermediate buffers that
@@ -26,13 +26,13 @@ One idea per module, each calling only those listed after it:
 - :mod:`.batch`: the batch dims of a GEMM;
 - :mod:`.stir`: S-TIR facts (loop nests, buffer uses, binding and compactness);
 - :mod:`.extents`: extents proven equal, and shapes the loops cover;
-- :mod:`.records`: Match, Rejection, FunctionScan;
+- :mod:`.records`: Match, FunctionScan;
 - :mod:`.exprs`: reading expressions, and the words reports use for them;
 - :mod:`.traversal`: structural walks and mutations without the FFI wrappers' per-call setup.
 """
 
 from ..patterns import PATTERNS
-from .records import RELU_KEEPS_NAN, RELU_NAN_TO_ZERO, FunctionScan, Match, Rejection
+from .records import RELU_KEEPS_NAN, RELU_NAN_TO_ZERO, FunctionScan, Match
 from .scan import scan_function
 from .stir import is_s_tir
 
@@ -42,7 +42,6 @@ __all__ = [
     "RELU_NAN_TO_ZERO",
     "FunctionScan",
     "Match",
-    "Rejection",
     "is_s_tir",
     "scan_function",
 ]

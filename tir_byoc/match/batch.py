@@ -2,7 +2,7 @@
 
 Entry point: :func:`batch_of`, which reads each operand's element stride along each batch
 iterator of the output (:func:`operand_strides`) and merges the dims into the
-:class:`~.records.Batch` the call takes, or raises :class:`~.records.Refused`.  Called by
+:class:`~.records.Batch` the call takes, or raises :class:`~tir_byoc.decline.Declined`.  Called by
 :mod:`.reduction`; reads :mod:`.exprs` and :mod:`.extents`.
 """
 
@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from tvm import tirx
 
+from ..decline import Declined
 from .exprs import const_value, dtype_of, expr_text, is_var, is_zero
 from .extents import Extents
-from .records import Batch, Refused
+from .records import Batch
 from .traversal import elements
 
 
@@ -52,21 +53,21 @@ def operand_strides(load, batch_vars, dims, extents: Extents, what: str) -> list
     for axis, index in enumerate(leading):
         if is_zero(index):
             if not extents.equal(shape[axis], 1):
-                raise Refused(
+                raise Declined(
                     f"{what} {buf.name} is read only at 0 on axis {axis} of extent "
                     f"{expr_text(shape[axis])}: a partial batch range, not a broadcast"
                 )
             continue
         position = next((p for p, v in enumerate(batch_vars) if is_var(index, v)), None)
         if position is None:
-            raise Refused(
+            raise Declined(
                 f"{what} {buf.name} is indexed by {expr_text(index)} on axis {axis}, which is "
                 "not a batch iterator of the output"
             )
         if position in found:
-            raise Refused(f"{what} {buf.name} is indexed twice by batch iterator {index.name}")
+            raise Declined(f"{what} {buf.name} is indexed twice by batch iterator {index.name}")
         if not extents.equal(shape[axis], dims[position]):
-            raise Refused(
+            raise Declined(
                 f"batch iterator {index.name} runs over {expr_text(dims[position])} of "
                 f"{expr_text(shape[axis])} (axis {axis} of {what} {buf.name}): a partial batch "
                 "range"
@@ -94,7 +95,7 @@ def batch_of(batch_iters, x, w, mk, extents: Extents) -> Batch:
         if extents.equal(count, 1):
             continue
         if is_zero(x_stride) and is_zero(w_stride):
-            raise Refused(
+            raise Declined(
                 f"batch iterator {var.name} of the output indexes neither operand: every batch "
                 "would hold the same product"
             )
@@ -112,7 +113,7 @@ def batch_of(batch_iters, x, w, mk, extents: Extents) -> Batch:
     if len(counts) == 1 and is_zero(ws[0]) and extents.equal(xs[0], _times(m, k)):
         return Batch("leading", counts, xs, ws, dims)
     if len(counts) > 2:
-        raise Refused(
+        raise Declined(
             f"the batch dims {'x'.join(expr_text(d) for d in dims)} index the operands in "
             f"{len(counts)} different ways; the batched call takes at most two"
         )

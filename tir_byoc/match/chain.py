@@ -19,11 +19,12 @@ from dataclasses import dataclass
 
 from tvm import ir, tirx
 
+from ..decline import GEMM_CHAIN, Decline, Declined
 from ..epilogues import OPS, epilogue_error
 from ..patterns import pattern_for
 from .epilogue import EpilogueParser, read_elementwise
 from .explain import STATEMENT_WORDS
-from .records import RELU_KEEPS_NAN, RELU_NAN_TO_ZERO, Match, Refused, Rejection, Step
+from .records import RELU_KEEPS_NAN, RELU_NAN_TO_ZERO, Match, Step
 from .reduction import Reduction
 from .stir import FunctionIndex, Nest, buffers_used, is_spatial
 from .traversal import elements, mutate
@@ -44,7 +45,7 @@ class Cut:
 def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func_name):
     """Grow a chain from a reduction (and its init block, if separate) through epilogue blocks.
 
-    Returns the Match, the Rejections of epilogue-like blocks that could not join it, and the
+    Returns the Match, the Declines of epilogue-like blocks that could not join it, and the
     positions of the nests it covers.
     """
     members = list(positions)
@@ -57,7 +58,7 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
     read = {core.x, core.w} | ({core.bias} if core.bias is not None else set())
     values: dict = {}  # buffer's handle -> its value, an expression of the product core.out[axes]
     axes, parser = None, None
-    parse_refusals = []  # (position, Refused) of each block whose value is no epilogue
+    parse_refusals = []  # (position, Declined) of each block whose value is no epilogue
     compose_refusal = None
     # Step 1. Compose the elementwise blocks that follow, noting each cut.
     while len(members) - len(positions) < MAX_EPILOGUE_BLOCKS:
@@ -71,11 +72,11 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
             axes = axes or block.axes
             value, loads = compose(block, axes, values, live)
             if block.out in read or block.out in loads:
-                raise Refused(
+                raise Declined(
                     f"block {block.nest.name} writes {block.out.name}, which the chain also "
                     "reads (aliasing)"
                 )
-        except Refused as refused:
+        except Declined as refused:
             spatial = [u for u in users if u >= 0 and is_spatial(index.nests[u].block)]
             compose_refusal = (refused, sorted(spatial))
             break
@@ -93,8 +94,8 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
             steps = base + parser.parse(value)
             ops = tuple(s.op for s in steps)
             if pattern_for(core.layout, ops, core.form) is None:
-                raise Refused(epilogue_error(ops), op=ops[-1])
-        except Refused as refused:
+                raise Declined(epilogue_error(ops), op=ops[-1])
+        except Declined as refused:
             parse_refusals.append((position, refused))
             continue
         cuts.append(Cut(len(members), block.out, steps))
@@ -106,7 +107,7 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
         if reason is None:
             valid.append(cut)
         elif not valid and cut_refused is None:
-            cut_refused = (cut, Refused(reason))
+            cut_refused = (cut, Declined(reason))
     best = valid[0]
     shorter = tuple(
         make_match(cut, members, chain_written, core, index, func_name) for cut in valid[1:]
@@ -128,11 +129,11 @@ def extend_chain(positions, core: Reduction, index: FunctionIndex, extents, func
         ops = tuple(s.op for s in best.steps)
         attempted = pattern_for(core.layout, (*ops, refused.op), core.form) if refused.op else None
         nearest = (attempted or pattern_for(core.layout, ops, core.form)).name
-        rejections.append(Rejection(func_name, names, nearest, refused.reason))
+        rejections.append(Decline(func_name, names, GEMM_CHAIN, refused.reason, nearest))
     return match, rejections, members[: best.count]
 
 
-def _telling(parse_refusals, cut_refused, members, end) -> Refused | None:
+def _telling(parse_refusals, cut_refused, members, end) -> Declined | None:
     """The refusal that says best why the members after ``end`` are no part of the chain.
 
     The furthest of the near misses (a refusal naming the op it came close to: a gelu spread
@@ -160,7 +161,7 @@ def compose(block, axes, values, live):
     rename = {var.__chandle__(): axis for var, axis in zip(block.axes, axes)}
     chain = {buffer.__chandle__() for buffer in live}
     others = set()
-    # A Refused raised inside the FFI mutator would come back as a RuntimeError: the first
+    # A Declined raised inside the FFI mutator would come back as a RuntimeError: the first
     # misplaced read is noted, and refused after it.
     misread = []
 
@@ -194,7 +195,7 @@ def compose(block, axes, values, live):
 
     value = mutate(block.value, [(ir.TensorLoad, on_load), (tirx.Var, on_var)])
     if misread:
-        raise Refused(
+        raise Declined(
             f"block {block.nest.name} reads {misread[0].name} at other indices than its own "
             "axes, so it is not elementwise over the chain"
         )
@@ -283,14 +284,14 @@ def next_user(last: Nest, current, consumers, written, read, index: FunctionInde
             what = f"block {between.name}"
         if touched:
             names = ", ".join(sorted(v.name for v in touched))
-            raise Refused(
+            raise Declined(
                 f"{what} between block {last.name} and the next use of {current.name} "
                 f"touches {names}, which the chain reads or writes, so the chain ends at "
                 f"block {last.name}"
             )
     targets = [index.nests[c].name for c in consumers if c >= 0]
     named = f"block {targets[0]}" if targets else f"the next use of {current.name}"
-    raise Refused(
+    raise Declined(
         f"{named} does not follow block {last.name} in the same statement list, so the chain "
         "ends before it"
     )

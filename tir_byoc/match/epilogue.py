@@ -4,7 +4,7 @@ Entry points: :func:`read_elementwise`, the checks an elementwise block must pas
 chain, and :class:`EpilogueParser`, which reads one expression of the product ``Y[..., i, j]``
 (the chain's blocks composed into one by :mod:`.chain`, so an op spread over several blocks,
 such as gelu's five, is one expression) into a tuple of :class:`~.records.Step` or raises
-:class:`~.records.Refused` saying what differs.  Reads :mod:`.stir`, :mod:`.exprs` and
+:class:`~tir_byoc.decline.Declined` saying what differs.  Reads :mod:`.stir`, :mod:`.exprs` and
 :func:`.reduction.bias_vector`.
 
 The ops are recognised two ways: the ones whose records say ``template`` (the formulas of
@@ -23,10 +23,11 @@ from dataclasses import dataclass
 import tvm_ffi
 from tvm import ir, tirx
 
+from ..decline import Declined
 from ..epilogues import OPS, RELU_KEEP_NAN_CODE
 from .exprs import const_value, dtype_of, expr_text, index_text, is_var, is_zero, operation_text
 from .extents import Extents, check_shape, dim_names
-from .records import Refused, Step
+from .records import Step
 from .reduction import Reduction, bias_vector
 from .stir import DATA_PAR, Nest, check_binding, check_covers, compact_global
 from .templates import TEMPLATES_BY_ROOT, VALUE, constants_of, root_operation, unify
@@ -44,14 +45,14 @@ class Elementwise:
 
 
 def read_elementwise(nest: Nest, chain: Reduction, extents: Extents) -> Elementwise:
-    """Check that ``nest`` is elementwise over the chain's output shape; Refused if not."""
+    """Check that ``nest`` is elementwise over the chain's output shape; Declined if not."""
     block = nest.block
     iterators = nest.iterators
     if any(it.iter_type != DATA_PAR for it in iterators) or block.init is not None:
-        raise Refused(f"block {block.name_hint} is a reduction, not an elementwise epilogue")
+        raise Declined(f"block {block.name_hint} is a reduction, not an elementwise epilogue")
     shape = chain.out_shape
     if len(iterators) != len(shape):
-        raise Refused(
+        raise Declined(
             f"block {block.name_hint} has {len(iterators)} axes, expected {len(shape)} "
             f"(the axes of {chain.out.name})"
         )
@@ -65,14 +66,16 @@ def read_elementwise(nest: Nest, chain: Reduction, extents: Extents) -> Elementw
         or not all(e.__chandle__() in variables for e in indices)
         or len(set(indices)) != len(indices)
     ):
-        raise Refused(f"output {out.name} is not indexed by the block's iterators, one per axis")
+        raise Declined(f"output {out.name} is not indexed by the block's iterators, one per axis")
     check_shape(out, shape, dim_names(len(shape)), extents)
     check_covers(nest, indices, shape, extents)
     if dtype_of(out) != chain.dtype.out:
-        raise Refused(f"output {out.name} is {dtype_of(out)}, the chain computes {chain.dtype.out}")
+        raise Declined(
+            f"output {out.name} is {dtype_of(out)}, the chain computes {chain.dtype.out}"
+        )
     reason = compact_global(out)
     if reason:
-        raise Refused(reason)
+        raise Declined(reason)
     return Elementwise(nest, out, store.value, indices)
 
 
@@ -110,7 +113,7 @@ class EpilogueParser:
         self._contains: dict[int, tuple] = {}
 
     def parse(self, expr) -> tuple[Step, ...]:
-        """The steps ``expr`` applies to ``source[axes]``; Refused saying what differs."""
+        """The steps ``expr`` applies to ``source[axes]``; Declined saying what differs."""
         handle = expr.__chandle__()
         known = self._parsed.get(handle)
         if known is None:
@@ -118,10 +121,10 @@ class EpilogueParser:
                 known = (expr, self._parse(expr))
                 # Every parse ends at a read of source inside expr.
                 self._contains[handle] = (expr, True)
-            except Refused as refused:
+            except Declined as refused:
                 known = (expr, refused)
             self._parsed[handle] = known
-        if isinstance(known[1], Refused):
+        if isinstance(known[1], Declined):
             raise known[1]
         return known[1]
 
@@ -133,7 +136,7 @@ class EpilogueParser:
             ):
                 return ()
             names = ", ".join(v.name for v in self.axes)
-            raise Refused(
+            raise Declined(
                 f"reads {self.source.name}{index_text(expr)}, not "
                 f"{self.source.name}[{names}] (indices are mixed up)"
             )
@@ -150,8 +153,10 @@ class EpilogueParser:
         refusal = NOT_IN_FAMILY.get(root)
         if refusal is not None:
             reason, op = refusal
-            raise Refused(reason.format(dtype=dtype_of(expr)), op=op)
-        raise Refused(f"computes {operation_text(expr)}, which is not an epilogue op of the family")
+            raise Declined(reason.format(dtype=dtype_of(expr)), op=op)
+        raise Declined(
+            f"computes {operation_text(expr)}, which is not an epilogue op of the family"
+        )
 
     def contains_source(self, expr) -> bool:
         handle = expr.__chandle__()
@@ -180,12 +185,12 @@ class EpilogueParser:
         return "other"
 
     def _split(self, expr, what):
-        """(value, other) for a binary node with the value on one side only; else Refused."""
+        """(value, other) for a binary node with the value on one side only; else Declined."""
         a_has, b_has = self.contains_source(expr.a), self.contains_source(expr.b)
         if a_has and b_has:
-            raise Refused(f"{what} the value by a computed value of itself")
+            raise Declined(f"{what} the value by a computed value of itself")
         if not (a_has or b_has):
-            raise Refused(f"{what} values that do not depend on {self.source.name}")
+            raise Declined(f"{what} values that do not depend on {self.source.name}")
         return (expr.a, expr.b) if a_has else (expr.b, expr.a)
 
     def _vector(self, load, op: str, role: str) -> Step:
@@ -194,8 +199,8 @@ class EpilogueParser:
             vector = bias_vector(
                 load, self.vi, self.vj, self.chain.n, self.chain.dtype.out, self.extents, role
             )
-        except Refused as refused:
-            raise Refused(refused.reason, op=op) from None
+        except Declined as refused:
+            raise Declined(refused.reason, op=op) from None
         return Step(op, OPS[op].code, (), vector)
 
     def _add(self, expr):
@@ -207,22 +212,22 @@ class EpilogueParser:
             return value, Step("add", OPS["add"].code, (), self._full(other, "adds"))
         what = const_value(other)
         what = f"the constant {what}" if what is not None else expr_text(other)
-        raise Refused(
+        raise Declined(
             f"adds {what}, not a bias vector b[j] or a tensor of the output's shape", op="bias"
         )
 
     def _full(self, load, verb) -> ir.Var:
-        """The buffer of a residual or gate read ``R[axes]``, checked; else Refused."""
+        """The buffer of a residual or gate read ``R[axes]``, checked; else Declined."""
         buf = load.source
         shape = self.chain.out_shape
         check_shape(buf, shape, dim_names(len(shape)), self.extents)
         if dtype_of(buf) != self.chain.dtype.out:
-            raise Refused(
+            raise Declined(
                 f"{verb} {buf.name}, which is {dtype_of(buf)}, expected {self.chain.dtype.out}"
             )
         reason = compact_global(buf)
         if reason:
-            raise Refused(reason)
+            raise Declined(reason)
         return buf
 
     def _mul(self, expr):
@@ -234,7 +239,7 @@ class EpilogueParser:
             return value, Step("scale", OPS["scale"].code, (self._scalar(other),))
         if kind == "vector":
             return value, self._vector(other, "channel_scale", "layer scale")
-        raise Refused(
+        raise Declined(
             f"multiplies by {expr_text(other)}: neither a constant, a scalar, an (N,) vector nor "
             "a tensor of the output's shape",
             op="scale",
@@ -242,9 +247,9 @@ class EpilogueParser:
 
     def _div(self, expr):
         if self.contains_source(expr.b) or not self.contains_source(expr.a):
-            raise Refused("divides by the value, not the value by a constant", op="scale")
+            raise Declined("divides by the value, not the value by a constant", op="scale")
         if self._operand(expr.b) != "scalar":
-            raise Refused(
+            raise Declined(
                 f"divides by {expr_text(expr.b)}, not by a constant or a scalar", op="scale"
             )
         return expr.a, Step("div", OPS["div"].code, (self._scalar(expr.b),))
@@ -254,9 +259,9 @@ class EpilogueParser:
         if value is not None:
             return float(value)
         if dtype_of(expr) != self.chain.dtype.out:
-            raise Refused(f"scales by {expr_text(expr)}, which is {dtype_of(expr)}", op="scale")
+            raise Declined(f"scales by {expr_text(expr)}, which is {dtype_of(expr)}", op="scale")
         if expr.source not in self.params:
-            raise Refused(
+            raise Declined(
                 f"scales by {expr.source.name}{index_text(expr)}, not a parameter", op="scale"
             )
         return expr
@@ -275,11 +280,11 @@ class EpilogueParser:
                 leaky = self._leaky_max(value, bound)
                 if leaky is not None:
                     return leaky
-                raise Refused(
+                raise Declined(
                     f"max() against {expr_text(bound)}, not against a constant", op="relu"
                 )
             if threshold != 0:
-                raise Refused(
+                raise Declined(
                     f"max() against {threshold} alone: a relu needs 0, a clip needs both bounds",
                     op="relu",
                 )
@@ -289,7 +294,7 @@ class EpilogueParser:
             leaky = self._leaky_max(expr.a, expr.b) or self._leaky_max(expr.b, expr.a)
             if leaky is not None:
                 return leaky
-        raise Refused("max() of two computed values that is not a leaky relu", op="relu")
+        raise Declined("max() of two computed values that is not a leaky relu", op="relu")
 
     def _min(self, expr):
         for value, bound, value_first in ((expr.a, expr.b, True), (expr.b, expr.a, False)):
@@ -301,7 +306,7 @@ class EpilogueParser:
                 clip = self._clip(expr, value, bound, value_first)
                 if clip is not None:
                     return clip
-        raise Refused(
+        raise Declined(
             "min() without a max() against a constant: a clip needs both bounds", op="clip"
         )
 
@@ -319,7 +324,7 @@ class EpilogueParser:
             outer_c, inner_c = float(const_value(outer_bound)), float(const_value(bound))
             lo, hi = (outer_c, inner_c) if outer_fn is tir_max else (inner_c, outer_c)
             if lo > hi:
-                raise Refused(f"clip bounds are swapped: lower {lo} > upper {hi}", op="clip")
+                raise Declined(f"clip bounds are swapped: lower {lo} > upper {hi}", op="clip")
             # What a NaN becomes, computed the way this spelling computes it.
             nan = inner_fn(math.nan, inner_c) if value_first else inner_fn(inner_c, math.nan)
             nan = outer_fn(nan, outer_c) if inner_first else outer_fn(outer_c, nan)
@@ -337,7 +342,7 @@ class EpilogueParser:
 
     def _leaky(self, slope, spelled) -> Step:
         if not 0 <= slope <= 1:
-            raise Refused(
+            raise Declined(
                 f"leaky relu slope {slope} is outside [0, 1]: {spelled} is not a leaky relu then",
                 op="leaky_relu",
             )
@@ -360,7 +365,7 @@ class EpilogueParser:
                 continue
             if not is_relu_condition(cond, kept, keep_when):
                 if is_zero(low) or self._leaky_max(kept, low) is not None:
-                    raise Refused(
+                    raise Declined(
                         f"{spelled} condition {cond} does not compare the value with 0",
                         op="relu",
                     )
@@ -371,7 +376,7 @@ class EpilogueParser:
             leaky = self._leaky_max(kept, low)
             if leaky is not None:
                 return kept, self._leaky(leaky[1].constants[0], spelled)
-        raise Refused(
+        raise Declined(
             f"{spelled} does not choose between the value and 0 (a relu) or a * value "
             "(a leaky relu) by the value's sign",
             op="relu",
@@ -395,7 +400,7 @@ def is_relu_condition(cond, value, keep_when) -> bool:
 IF_THEN_ELSE = "prim.if_then_else"
 
 #: The rules, by root operation: ``rule(parser, expr)`` returns (the value the op applies to,
-#: its Step), None when it does not apply, or raises Refused saying what differs.
+#: its Step), None when it does not apply, or raises Declined saying what differs.
 RULES = {
     tirx.Add: (EpilogueParser._add,),
     tirx.Mul: (EpilogueParser._mul,),

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
-from .records import Rejection
+from ..decline import GEMM_CHAIN, Decline
 from .reduction import looks_like_gemm, multiplies_elements
 from .stir import FunctionIndex, is_spatial
 from .traversal import contains
 
 
 def stranded_epilogues(start: int, index: FunctionIndex, func_name: str):
-    """Elementwise blocks downstream of a refused reduction: (position, Rejection) pairs."""
+    """Elementwise blocks downstream of a refused reduction: (position, Decline) pairs."""
     rejections, seen = [], {start}
     pending = [start]
     while pending:
@@ -35,7 +35,7 @@ def stranded_epilogues(start: int, index: FunctionIndex, func_name: str):
                 "offloaded"
             )
             target = index.nests[owner].name
-            rejections.append((owner, Rejection(func_name, (target,), None, reason)))
+            rejections.append((owner, Decline(func_name, (target,), GEMM_CHAIN, reason)))
     return rejections
 
 
@@ -46,7 +46,7 @@ STATEMENT_WORDS = {
 }
 
 
-def unreadable_candidates(index: FunctionIndex, func_name: str) -> list[Rejection]:
+def unreadable_candidates(index: FunctionIndex, func_name: str) -> list[Decline]:
     """Multiply-reduce blocks whose body is not one store (an if, several statements, ...)."""
     rejections = []
     for block in index.inner_blocks:
@@ -60,15 +60,15 @@ def unreadable_candidates(index: FunctionIndex, func_name: str) -> list[Rejectio
             f"the body of block {block.name_hint} is {body}, not a single store "
             "Y[i, j] = Y[i, j] + X[i, k] * W[.., ..]"
         )
-        rejections.append(Rejection(func_name, (block.name_hint,), "dense", reason))
+        rejections.append(Decline(func_name, (block.name_hint,), GEMM_CHAIN, reason, "dense"))
     return rejections
 
 
-def unread_loop_nests(index: FunctionIndex, func_name: str) -> list[Rejection]:
+def unread_loop_nests(index: FunctionIndex, func_name: str) -> list[Decline]:
     """Multiply-reduce nests of plain loops with a loop over another dtype than int32 or
     int64 (a ``range(T.uint32(M))``): not lifted into blocks, so never analysed."""
     return [
-        Rejection(func_name, (nest.name,), "dense", nest.reason)
+        Decline(func_name, (nest.name,), GEMM_CHAIN, nest.reason, "dense")
         for nest in index.unread
         if nest.reduces and multiplies_elements(nest.update)
     ]

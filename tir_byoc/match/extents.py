@@ -13,8 +13,8 @@ import functools
 
 from tvm import sym, tirx
 
+from ..decline import Declined
 from .exprs import CONSTANT_TYPES, const_value, dtype_of, expr_text, last_index, shape_of
-from .records import Refused
 
 
 class Extents:
@@ -64,11 +64,11 @@ def dim_names(rank: int) -> tuple[str, ...]:
 def check_shape(buf, dims, names, extents: Extents, what="output"):
     shape = extents.shape(buf)
     if len(shape) != len(dims):
-        raise Refused(f"{what} {buf.name} has {len(shape)} dimensions, expected {len(dims)}")
+        raise Declined(f"{what} {buf.name} has {len(shape)} dimensions, expected {len(dims)}")
     for axis, (actual, expected, name) in enumerate(zip(shape, dims, names)):
         if not extents.equal(actual, expected):
             iterator = {"M": "i", "N": "j", "K": "k"}.get(name, name.lower())
-            raise Refused(
+            raise Declined(
                 f"{iterator} runs over 0..{last_index(expected)} of {expr_text(actual)} "
                 f"(axis {axis} of {what} {buf.name}): the loops do not cover it whole"
             )

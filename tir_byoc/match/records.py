@@ -1,6 +1,7 @@
-"""The matcher's records: what a scan found (:class:`Match`), what it refused and why
-(:class:`Rejection`), both per function (:class:`FunctionScan`), and :class:`Refused`, the
-internal signal the analyses raise when a block is not what a pattern needs.
+"""The matcher's records: what a scan found (:class:`Match`), and per function
+(:class:`FunctionScan`) its matches with what it declined and why
+(:class:`~tir_byoc.decline.Decline`).  The analyses
+signal a block that is not what a pattern needs with :class:`~tir_byoc.decline.Declined`.
 
 Made by :mod:`.scan`; read by :mod:`tir_byoc.planning`, :mod:`tir_byoc.rewrite` and the CLI.
 """
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import ir, tirx
 
+from ..decline import Decline
 from ..patterns import pattern
 from ..signature import DtypeSignature
 from .exprs import expr_text
@@ -170,48 +172,11 @@ class Match:
 
 
 @dataclass(frozen=True)
-class Rejection:
-    """A block that looked like part of a chain but was not matched.
-
-    Attributes
-    ----------
-    func : str
-        Name of the PrimFunc.
-    blocks : tuple of str
-        The refused block (and, for a chain cut short, nothing else).
-    nearest : str or None
-        The pattern the block came closest to.
-    reason : str
-        The first condition that failed, in words.
-    """
-
-    func: str
-    blocks: tuple[str, ...]
-    nearest: str | None
-    reason: str
-
-    def __bool__(self) -> bool:
-        return False
-
-    def __str__(self) -> str:
-        near = f" (nearest pattern: {self.nearest})" if self.nearest else ""
-        return f"{self.func}: block {', '.join(self.blocks)} not offloaded{near}: {self.reason}"
-
-
-@dataclass(frozen=True)
 class FunctionScan:
-    """Everything the matcher found in one PrimFunc."""
+    """Everything the matcher found in one PrimFunc: its matches, and the candidates it
+    declined (:class:`~tir_byoc.decline.Decline` of kind
+    :data:`~tir_byoc.decline.GEMM_CHAIN`), each with the first condition that failed."""
 
     func: str
     matches: tuple[Match, ...] = ()
-    rejections: tuple[Rejection, ...] = ()
-
-
-class Refused(Exception):
-    """Internal control flow: a block is not what the pattern needs (caught in this module)."""
-
-    def __init__(self, reason: str, nearest: str | None = None, op: str | None = None):
-        super().__init__(reason)
-        self.reason = reason
-        self.nearest = nearest
-        self.op = op  # the epilogue operation ("bias", "gelu", ...) being read when refused
+    rejections: tuple[Decline, ...] = ()

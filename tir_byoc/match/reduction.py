@@ -2,10 +2,10 @@
 
 Entry point: :func:`analyze_reduction`, which returns a :class:`Reduction` (layout, buffers,
 extents, dtypes, a bias the output starts from, batch dims) or raises
-:class:`~.records.Refused` with the first condition that failed.  :func:`looks_like_gemm` says
-which blocks are candidates at all; :func:`.batch.batch_of` reads the batch dims the
-output's leading iterators give each operand.  Called by :mod:`.scan`; reads :mod:`.stir` and
-:mod:`.exprs`.
+:class:`~tir_byoc.decline.Declined` with the first condition that failed.
+:func:`looks_like_gemm` says which blocks are candidates at all; :func:`.batch.batch_of` reads
+the batch dims the output's leading iterators give each operand.  Called by :mod:`.scan`;
+reads :mod:`.stir` and :mod:`.exprs`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import ir, tirx
 
+from ..decline import Declined
 from ..patterns import pattern_for
 from ..signature import WIDENINGS, DtypeSignature
 from .batch import batch_of
@@ -30,7 +31,7 @@ from .exprs import (
     shape_of,
 )
 from .extents import Extents, check_shape, dim_names
-from .records import Batch, Refused
+from .records import Batch
 from .stir import (
     COMM_REDUCE,
     DATA_PAR,
@@ -111,13 +112,13 @@ def unpack_operand(expr, acc_dtype):
     if isinstance(expr, tirx.Cast):
         inner = expr.value
         if not isinstance(inner, ir.TensorLoad):
-            raise Refused(f"operand {expr} is a cast of a computed value, not of a buffer")
+            raise Declined(f"operand {expr} is a cast of a computed value, not of a buffer")
         source = dtype_of(inner.source)
         target = dtype_of(expr)
         if target != acc_dtype:
-            raise Refused(f"operand is cast to {target}, but the accumulator is {acc_dtype}")
+            raise Declined(f"operand is cast to {target}, but the accumulator is {acc_dtype}")
         if source != target and target not in WIDENINGS.get(source, ()):
-            raise Refused(
+            raise Declined(
                 f"operand {inner.source.name} is cast from {source} to {target}, which is not "
                 "an exact widening"
             )
@@ -125,11 +126,11 @@ def unpack_operand(expr, acc_dtype):
     if isinstance(expr, ir.TensorLoad):
         source = dtype_of(expr.source)
         if source != acc_dtype:
-            raise Refused(
+            raise Declined(
                 f"operand {expr.source.name} is {source} but the accumulator is {acc_dtype}"
             )
         return expr, source
-    raise Refused(f"operand {expr} is not a buffer element")
+    raise Declined(f"operand {expr} is not a buffer element")
 
 
 def _is_window(block, spatial, reduce) -> bool:
@@ -169,17 +170,17 @@ def analyze_reduction(
                 "convolution does: tir_byoc serves a convolution before lowering, as a GEMM, "
                 "and tir_byoc.relax.convolutions.find(mod) says why this one is not"
             )
-        raise Refused(reason)
+        raise Declined(reason)
     if len(spatial) < 2:
-        raise Refused(
+        raise Declined(
             f"block has {len(spatial)} spatial axes: a reduction to fewer than two axes is not "
             "a matrix product"
         )
     if len(iterators) != len(spatial) + 1:
-        raise Refused(f"block {block.name_hint} has iterators that are neither spatial nor k")
+        raise Declined(f"block {block.name_hint} has iterators that are neither spatial nor k")
     check_binding(nest, extents)
     if block.match_buffers or block.alloc_buffers:
-        raise Refused("block declares its own buffers")
+        raise Declined("block declares its own buffers")
 
     # Step 2. The update: C[..., i, j] = C[..., i, j] + A * B.
     store = block.body
@@ -190,7 +191,7 @@ def analyze_reduction(
         for e in indices
     ]
     if len(indices) != len(spatial) or None in iters or len({iv.var for iv in iters}) != len(iters):
-        raise Refused(
+        raise Declined(
             f"output {out.name} is not indexed by the block's {len(spatial)} spatial iterators, "
             "one per axis"
         )
@@ -198,17 +199,17 @@ def analyze_reduction(
     vi, vj, vk = iter_i.var, iter_j.var, reduce[0].var
     value = store.value
     if not isinstance(value, tirx.Add):
-        raise Refused(
+        raise Declined(
             f"the reduction combines with {operation_text(value)}, not + (a sum of products)"
         )
     product = split_accumulate(value, out, indices)
     if not isinstance(product, tirx.Mul):
-        raise Refused(
+        raise Declined(
             f"the reduction accumulates {operation_text(product)}, not a product of two buffers"
         )
     acc_dtype = dtype_of(out)
     if dtype_of(value) != acc_dtype:
-        raise Refused(f"the update is computed in {dtype_of(value)}, the output is {acc_dtype}")
+        raise Declined(f"the update is computed in {dtype_of(value)}, the output is {acc_dtype}")
 
     # Step 3. The init: C[..., i, j] = 0 or b[j], in the block or in a block of its own.
     if block.init is not None:
@@ -216,7 +217,7 @@ def analyze_reduction(
     elif init_nest is not None:
         init = init_block(init_nest, out, len(indices), extents)
     else:
-        raise Refused(
+        raise Declined(
             f"the reduction has no init, and the block before it does not set {out.name} "
             "to 0, so it is not reset"
         )
@@ -233,7 +234,7 @@ def analyze_reduction(
     else:
         described = ", ".join(f"{op.source.name}{index_text(op)}" for op in (a, b))
         lead = "..., " if batch_iters else ""
-        raise Refused(
+        raise Declined(
             f"operands {described} do not read X[{lead}i, k] and W[{lead}j, k] or "
             f"W[{lead}k, j] (i = {vi.name}, j = {vj.name}, k = {vk.name})"
         )
@@ -252,11 +253,11 @@ def analyze_reduction(
             extents,
             index,
         )
-    except Refused as refused:
+    except Declined as refused:
         form = "none" if not batch_iters else ("batched" if len(w.indices) > 2 else "leading")
         ops = () if is_zero(init.store.value) else ("bias",)
         nearest = refused.nearest or _name(layout, ops, form)
-        raise Refused(refused.reason, nearest) from None
+        raise Declined(refused.reason, nearest) from None
 
 
 def _name(layout, ops, form) -> str:
@@ -283,11 +284,11 @@ def check_reduction_buffers(
     for buf in (out, x.source, w.source):
         reason = compact_global(buf)
         if reason:
-            raise Refused(reason)
+            raise Declined(reason)
         if buf in index.views:
-            raise Refused(f"buffer {buf.name} is a view of another buffer and may alias it")
+            raise Declined(f"buffer {buf.name} is a view of another buffer and may alias it")
     if out.same_as(x.source) or out.same_as(w.source):
-        raise Refused(f"output {out.name} is also read as an operand (in-place update)")
+        raise Declined(f"output {out.name} is also read as an operand (in-place update)")
 
     # Step 7. The batch dims: which matrix of X and of W each batch index reads.
     batch = batch_of(batch_iters, x, w, (m, k), extents) if batch_iters else None
@@ -303,7 +304,7 @@ def check_trailing(buf, dims, names, extents: Extents, what):
     """``buf``'s last two dims are ``dims`` (its leading dims are batch dims, read elsewhere)."""
     shape = extents.shape(buf)
     if len(shape) < 2:
-        raise Refused(f"{what} {buf.name} has {len(shape)} dimensions, expected at least 2")
+        raise Declined(f"{what} {buf.name} has {len(shape)} dimensions, expected at least 2")
     leading = tuple(f"B{d}" for d in range(len(shape) - 2))
     check_shape(buf, (*shape[:-2], *dims), (*leading, *names), extents, what)
 
@@ -312,7 +313,7 @@ def init_block(nest: Nest, out, rank: int, extents: Extents) -> Init:
     """The init of a reduction as a block of its own: ``out[..., i, j] = 0`` (or ``b[j]``)."""
     block = nest.block
     if not is_spatial(block) or block.init is not None or len(nest.iterators) != rank:
-        raise Refused(
+        raise Declined(
             f"the reduction has no init, and block {block.name_hint} before it is not a "
             f"{rank}-D elementwise init of {out.name}"
         )
@@ -325,7 +326,7 @@ def init_block(nest: Nest, out, rank: int, extents: Extents) -> Init:
         or not all(isinstance(e, tirx.Var) and any(e.same_as(i) for i in iters) for e in indices)
         or len(set(indices)) != rank
     ):
-        raise Refused(f"init block {block.name_hint} does not write each element of {out.name}")
+        raise Declined(f"init block {block.name_hint} does not write each element of {out.name}")
     return Init(store, indices, nest)
 
 
@@ -340,11 +341,11 @@ def check_init(init: Init, out) -> None:
         or not all(a.same_as(b) for a, b in zip(indices, init.indices))
     ):
         names = ", ".join(v.name for v in init.indices)
-        raise Refused(f"the init does not write {out.name}[{names}]")
+        raise Declined(f"the init does not write {out.name}[{names}]")
     if not is_zero(store.value) and not isinstance(store.value, ir.TensorLoad):
         value = const_value(store.value)
         shown = value if value is not None else store.value
-        raise Refused(f"the reduction is initialised to {shown}, not 0 or a bias b[j]")
+        raise Declined(f"the reduction is initialised to {shown}, not 0 or a bias b[j]")
 
 
 def bias_vector(load, row, col, n, out_dtype, extents: Extents, role: str = "bias"):
@@ -354,31 +355,31 @@ def bias_vector(load, row, col, n, out_dtype, extents: Extents, role: str = "bia
     shape = shape_of(buf)
     if len(shape) == 2 and len(indices) == 2 and is_var(indices[0], row):
         what = "a full (M, N)" if is_var(indices[1], col) else f"an (M, {expr_text(shape[1])})"
-        raise Refused(
+        raise Declined(
             f"{role} {buf.name} has {what} shape, read along the rows; the pattern needs (N,) "
             "or (1, N)"
         )
     j_index = indices[-1] if indices else None
     if indices and is_var(j_index, row):
-        raise Refused(
+        raise Declined(
             f"{role} {buf.name} is indexed by the row {row.name}; "
             f"the pattern needs the column {col.name}"
         )
     if not is_var(j_index, col) or (len(indices) == 2 and not is_zero(indices[0])):
-        raise Refused(f"{role} {buf.name}{index_text(load)} is not indexed as b[j] or b[0, j]")
+        raise Declined(f"{role} {buf.name}{index_text(load)} is not indexed as b[j] or b[0, j]")
     if len(shape) not in (1, 2) or len(indices) != len(shape):
-        raise Refused(f"{role} {buf.name} has shape {list(shape)}, expected (N,) or (1, N)")
+        raise Declined(f"{role} {buf.name} has shape {list(shape)}, expected (N,) or (1, N)")
     if len(shape) == 2 and not extents.equal(shape[0], 1):
-        raise Refused(f"{role} {buf.name} has shape {list(shape)}, expected (1, N)")
+        raise Declined(f"{role} {buf.name} has shape {list(shape)}, expected (1, N)")
     if not extents.equal(shape[-1], n):
-        raise Refused(
+        raise Declined(
             f"{role} {buf.name} has {expr_text(shape[-1])} elements, expected N = {expr_text(n)}"
         )
     if dtype_of(buf) != out_dtype:
-        raise Refused(f"{role} {buf.name} is {dtype_of(buf)}, expected {out_dtype}")
+        raise Declined(f"{role} {buf.name} is {dtype_of(buf)}, expected {out_dtype}")
     reason = compact_global(buf)
     if reason:
-        raise Refused(reason)
+        raise Declined(reason)
     return buf
 
 
@@ -391,7 +392,7 @@ def split_accumulate(value, out, indices):
             ):
                 return other
     names = ", ".join(v.name for v in indices)
-    raise Refused(f"the update does not add to {out.name}[{names}] itself")
+    raise Declined(f"the update does not add to {out.name}[{names}] itself")
 
 
 def operand_role(load, vi, vj, vk) -> str | None:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from tvm import tirx
 
+from ..decline import GEMM_CHAIN, Decline, Declined
 from .chain import extend_chain, separate_init
 from .explain import stranded_epilogues, unread_loop_nests, unreadable_candidates
 from .extents import Extents
-from .records import FunctionScan, Refused, Rejection
+from .records import FunctionScan
 from .reduction import analyze_reduction, looks_like_gemm
 from .stir import FunctionIndex
 
@@ -41,9 +42,9 @@ def scan_function(name: str, func: tirx.PrimFunc) -> FunctionScan:
         init = separate_init(nest, index, covered)
         try:
             core = analyze_reduction(nest, extents, index, *(index.nests[p] for p in init))
-        except Refused as refused:
+        except Declined as refused:
             nearest = refused.nearest or "dense"
-            rejections.append(Rejection(name, (nest.name,), nearest, refused.reason))
+            rejections.append(Decline(name, (nest.name,), GEMM_CHAIN, refused.reason, nearest))
             stranded += stranded_epilogues(position, index, name)
             continue
         positions = (*init, position)

@@ -19,6 +19,7 @@ import tvm
 from tvm import ir, s_tir, tirx
 from tvm.tirx.layout import TileLayout
 
+from ..decline import Declined
 from ..plain_loops import Unread, lift_nest, loop_dtype_refusal, perfect_loops
 from .exprs import (
     const_value,
@@ -28,7 +29,6 @@ from .exprs import (
     shape_of,
 )
 from .extents import Extents, dim_names
-from .records import Refused
 from .traversal import elements, walk
 
 _UNDEFINED_VARS = tvm.get_global_func("tirx.analysis.UndefinedVars")
@@ -341,21 +341,21 @@ def check_loop_dtype(var, what: str) -> None:
     """The loop (or iterator) over ``var`` runs over int32 or int64."""
     reason = loop_dtype_refusal(var, what)
     if reason is not None:
-        raise Refused(reason)
+        raise Declined(reason)
 
 
 def check_binding(nest: Nest, extents: Extents) -> None:
     """Each block iterator is one loop of the nest, running over the iterator's whole domain."""
     block, realize = nest.block, nest.realize
     if const_value(realize.predicate) != 1:
-        raise Refused(f"block {block.name_hint} has a predicate, so it skips part of its domain")
+        raise Declined(f"block {block.name_hint} has a predicate, so it skips part of its domain")
     iterators = nest.iterators
     for loop in nest.loops:
         check_loop_dtype(loop.loop_var, "loop")
     for iterator in iterators:
         check_loop_dtype(iterator.var, "iterator")
     if len(nest.loops) != len(iterators):
-        raise Refused(
+        raise Declined(
             f"block {block.name_hint} has {len(iterators)} iterators but "
             f"{len(nest.loops)} loops around it (the loop nest is scheduled or shared)"
         )
@@ -366,20 +366,20 @@ def check_binding(nest: Nest, extents: Extents) -> None:
         handle = value.__chandle__() if isinstance(value, tirx.Var) else None
         loop = loop_by_var.get(handle)
         if loop is None or handle in used:
-            raise Refused(
+            raise Declined(
                 f"iterator {iterator.var.name} of block {block.name_hint} is bound to "
                 f"{value}, not to a loop of its own nest (split, fused or shared loops)"
             )
         used.add(handle)
         if not is_zero(iterator.min) or not is_zero(loop.min):
-            raise Refused(f"iterator {iterator.var.name} does not start at 0")
+            raise Declined(f"iterator {iterator.var.name} does not start at 0")
         if not extents.equal(loop.extent, iterator.extent):
-            raise Refused(
+            raise Declined(
                 f"loop {loop.loop_var.name} runs over {expr_text(loop.extent)} iterations, "
                 f"but iterator {iterator.var.name} spans {expr_text(iterator.extent)}"
             )
         if loop.kind == _THREAD_BINDING or (loop.step is not None and const_value(loop.step) != 1):
-            raise Refused(f"loop {loop.loop_var.name} is thread-bound or strided")
+            raise Declined(f"loop {loop.loop_var.name} is thread-bound or strided")
 
 
 def check_covers(nest: Nest, indices, dims, extents: Extents) -> None:
@@ -388,7 +388,7 @@ def check_covers(nest: Nest, indices, dims, extents: Extents) -> None:
     for var, dim, name in zip(indices, dims, dim_names(len(dims))):
         extent = by_var[var.__chandle__()].extent
         if not extents.equal(extent, dim):
-            raise Refused(
+            raise Declined(
                 f"block {nest.name} covers {expr_text(extent)} of "
                 f"{name} = {expr_text(dim)} (the kernel would write all of it)"
             )

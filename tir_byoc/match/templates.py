@@ -19,9 +19,10 @@ import tvm
 import tvm_ffi
 from tvm import ir, tirx
 
+from ..decline import Declined
 from ..epilogues import LITERALS, OPS, OpSpec, Spelling, Terms
 from .exprs import CONSTANT_TYPES, const_value
-from .records import Refused, Step
+from .records import Step
 from .traversal import elements, walk
 
 #: The key of the op's input in a binding of :func:`unify`.
@@ -119,7 +120,7 @@ def _constant(name: str, fixed, expr, binding: dict) -> dict | None:
 
 def constants_of(op: str, binding: dict) -> Step:
     """The Step of a template of ``op`` that ``binding`` unified, if its constants are the op's;
-    else Refused saying which differs.
+    else Declined saying which differs.
 
     A literal must have its value; the op's own constants must have its example when the op
     is ``pinned`` (gelu's sqrt(1/2)), else each the value of its first occurrence (swish's
@@ -136,7 +137,7 @@ def constants_of(op: str, binding: dict) -> Step:
             free[index] = float(np.float32(want))
         for found, _ in occurrences:
             if np.float32(found) != np.float32(want):
-                raise Refused(
+                raise Declined(
                     f"{op}: a constant is {found} where {op} has {float(want):.9g}", op=op
                 )
     return Step(op, spec.code, tuple(free[i] for i in sorted(free)))

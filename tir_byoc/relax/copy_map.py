@@ -6,8 +6,8 @@ every index ``e`` of T, where ``f`` permutes axes and drops broadcast ones (a 2-
 the case ``f(k, j) = (j, k)``), and :func:`read_through_copy`, which rewrites a callee to read W
 instead of T, every ``T[e]`` becoming ``W[f(e)]``.
 
-What the proof requires of ``copy`` (anything else is :class:`NotACopy`, with the condition
-that failed):
+What the proof requires of ``copy`` (anything else is a :class:`~tir_byoc.decline.Decline`,
+with the condition that failed):
 
 - two buffer parameters, an input W (any Relax value: a constant, a parameter, a computed
   tensor) and an output T, of the same dtype, compact, in global memory, of static shapes
@@ -38,6 +38,7 @@ import tvm_ffi
 from tvm import ir, tirx
 from tvm.tirx import _ffi_api as _tirx_ffi
 
+from ..decline import COPY_PROOF, Decline, Declined
 from ..match.exprs import (
     const_value,
     dtype_of,
@@ -48,7 +49,6 @@ from ..match.exprs import (
     operation_text,
     shape_of,
 )
-from ..match.records import Refused
 from ..match.stir import (
     Extents,
     Nest,
@@ -92,26 +92,15 @@ class CopyMap:
         return f"T[{index}] = W[{source}]"
 
 
-@dataclass(frozen=True)
-class NotACopy:
-    """Why a PrimFunc is not provably a copy (falsy, like the matcher's rejections)."""
-
-    reason: str
-
-    def __bool__(self) -> bool:
-        return False
-
-    def __str__(self) -> str:
-        return self.reason
-
-
 # --------------------------------------------------------------------------------------
 # Is a PrimFunc a copy through a permutation and a broadcast?
 # --------------------------------------------------------------------------------------
 
 
-def copy_map(func: tirx.PrimFunc) -> CopyMap | NotACopy:
-    """The map ``f`` with ``T[e] = W[f(e)]`` that ``func(W, T)`` computes, or why there is none.
+def copy_map(func: tirx.PrimFunc, name: str = "copy") -> CopyMap | Decline:
+    """The map ``f`` with ``T[e] = W[f(e)]`` that ``func(W, T)`` computes, or why there is none
+    (a :class:`~tir_byoc.decline.Decline` of kind :data:`~tir_byoc.decline.COPY_PROOF`, naming
+    the PrimFunc ``name``).
 
     The conditions are those of the module docstring; the loop nests and the buffers are read
     with the matcher's own S-TIR facts (:mod:`tir_byoc.match.stir`), so the fold and the
@@ -119,26 +108,26 @@ def copy_map(func: tirx.PrimFunc) -> CopyMap | NotACopy:
     """
     try:
         return _prove_copy(func)
-    except Refused as refused:
-        return NotACopy(refused.reason)
+    except Declined as refused:
+        return Decline(name, (), COPY_PROOF, refused.reason)
 
 
 def _prove_copy(func: tirx.PrimFunc) -> CopyMap:
     # Step 1. The signature: one input and one output, plain arrays of one dtype.
     params = list(func.params)
     if len(params) != 2 or not all(tirx.is_buffer_var(p) for p in params):
-        raise Refused(f"takes {len(params)} parameters; a copy takes two buffers (W, T)")
+        raise Declined(f"takes {len(params)} parameters; a copy takes two buffers (W, T)")
     source, out = params
     if dtype_of(source) != dtype_of(out):
-        raise Refused(f"converts {dtype_of(source)} to {dtype_of(out)}")
+        raise Declined(f"converts {dtype_of(source)} to {dtype_of(out)}")
     for buf in params:
         _plain_array(buf)
     if not is_s_tir(func):
-        raise Refused("not an S-TIR function")
+        raise Declined("not an S-TIR function")
     # Step 2. The body: allocations and loop nests around one block each, nothing else.
     root = func.body.block
     if root.match_buffers or root.init is not None:
-        raise Refused("its root block declares buffer views or an init")
+        raise Declined("its root block declares buffer views or an init")
     local = set(root.alloc_buffers)
     nests = []
     for stmt in _statements(root.body):
@@ -148,7 +137,7 @@ def _prove_copy(func: tirx.PrimFunc) -> CopyMap:
         found = unwrap_nest(stmt)
         if found is None:
             kind = type(stmt).__name__
-            raise Refused(f"its body holds a {kind} that is not a loop nest around one block")
+            raise Declined(f"its body holds a {kind} that is not a loop nest around one block")
         loops, realize = found
         nests.append(Nest(stmt, loops, realize, realize.block, -1, len(nests)))
     # Step 3. Each block copies a buffer whole into a fresh one; the maps compose.
@@ -158,13 +147,13 @@ def _prove_copy(func: tirx.PrimFunc) -> CopyMap:
         dst, src, dims = _copy_block(nest, local | {out}, maps, extents)
         maps[dst] = tuple(None if axis is None else dims[axis] for axis in maps[src])
     if out not in maps:
-        raise Refused(f"no block writes its output {out.name}")
+        raise Declined(f"no block writes its output {out.name}")
     copy = CopyMap(dtype_of(out), _static(source), _static(out), maps[out])
     # Step 4. Every axis of W is read whole or has extent 1 (by construction; checked).
     for axis, dim in enumerate(copy.dims):
         expected = 1 if dim is None else copy.shape[dim]
         if copy.source_shape[axis] != expected:
-            raise Refused(f"axis {axis} of {source.name} is not read whole")
+            raise Declined(f"axis {axis} of {source.name} is not read whole")
     return copy
 
 
@@ -176,7 +165,7 @@ def _static(buf) -> tuple[int, ...]:
     values = tuple(const_value(d) for d in shape_of(buf))
     if None in values:
         shape = ", ".join(expr_text(d) for d in shape_of(buf))
-        raise Refused(
+        raise Declined(
             f"buffer {buf.name} has a symbolic shape ({shape}); only static shapes are proven"
         )
     return values
@@ -185,7 +174,7 @@ def _static(buf) -> tuple[int, ...]:
 def _plain_array(buf) -> None:
     reason = compact_global(buf)
     if reason:
-        raise Refused(reason)
+        raise Declined(reason)
     _static(buf)
 
 
@@ -200,37 +189,37 @@ def _copy_block(nest: Nest, writable: set, maps: dict, extents: Extents):
         or block.alloc_buffers
         or block.match_buffers
     ):
-        raise Refused(f"block {name} is not a plain elementwise block")
+        raise Declined(f"block {name} is not a plain elementwise block")
     store = block.body
     dst, load = store.buffer, store.value
     # Step 1. The value is an element of the input or of a buffer written whole before.
     if not isinstance(load, ir.TensorLoad):
-        raise Refused(f"block {name} stores {operation_text(load)}, not an element it copies")
+        raise Declined(f"block {name} stores {operation_text(load)}, not an element it copies")
     src = load.source
     if src not in maps:
-        raise Refused(f"block {name} reads {src.name}, which no earlier block wrote")
+        raise Declined(f"block {name} reads {src.name}, which no earlier block wrote")
     if dtype_of(src) != dtype_of(dst):
-        raise Refused(f"block {name} converts {dtype_of(src)} to {dtype_of(dst)}")
+        raise Declined(f"block {name} converts {dtype_of(src)} to {dtype_of(dst)}")
     # Step 2. The block writes each element of a fresh buffer exactly once.
     check_binding(nest, extents)
     if dst not in writable:
-        raise Refused(f"block {name} writes {dst.name}, which is neither the output nor its own")
+        raise Declined(f"block {name} writes {dst.name}, which is neither the output nor its own")
     if dst in maps:
-        raise Refused(f"block {name} writes {dst.name}, which an earlier block wrote")
+        raise Declined(f"block {name} writes {dst.name}, which an earlier block wrote")
     _plain_array(dst)
     iters = {iv.var: iv.dom.extent for iv in block.iter_vars}
     written = {}
     for axis, (index, extent) in enumerate(zip(store.indices, shape_of(dst))):
         var = _iterator(index, iters)
         if var is None or var in written:
-            raise Refused(
+            raise Declined(
                 f"block {name} writes {dst.name}{index_text(store)}, not one iterator per axis"
             )
         if not extents.equal(iters[var], extent):
-            raise Refused(f"block {name} writes part of axis {axis} of {dst.name}")
+            raise Declined(f"block {name} writes part of axis {axis} of {dst.name}")
         written[var] = axis
     if len(written) != len(iters):
-        raise Refused(f"block {name} writes elements of {dst.name} more than once")
+        raise Declined(f"block {name} writes elements of {dst.name} more than once")
     # Step 3. Each index of Src is an iterator over its whole axis, or 0 on an axis of 1.
     dims, read = [], set()
     for axis, (index, extent) in enumerate(zip(load.indices, shape_of(src))):
@@ -239,12 +228,12 @@ def _copy_block(nest: Nest, writable: set, maps: dict, extents: Extents):
             continue
         var = _iterator(index, iters)
         if var is None or var in read:
-            raise Refused(
+            raise Declined(
                 f"block {name} reads {src.name} indexed by {expr_text(index)} on axis {axis}, "
                 "not by an iterator of its own or by 0 on an axis of 1"
             )
         if not extents.equal(iters[var], extent):
-            raise Refused(
+            raise Declined(
                 f"block {name} reads a slice of {src.name}: {var.name} runs over "
                 f"{expr_text(iters[var])} of {expr_text(extent)} on axis {axis}"
             )
@@ -333,4 +322,4 @@ def read_through_copy(func: tirx.PrimFunc, index: int, copy: CopyMap) -> tirx.Pr
     return tirx.PrimFunc(params, body, func.ret_type, func.attrs, func.span)
 
 
-__all__ = ["CopyMap", "NotACopy", "copy_map", "read_through_copy"]
+__all__ = ["CopyMap", "copy_map", "read_through_copy"]

@@ -19,9 +19,10 @@ import tvm
 import tvm_ffi
 from tvm import ir, relax, s_tir, tirx
 
+from ..decline import COPY_PROOF, Decline
 from ..match.reduction import looks_like_gemm
 from ..match.stir import FunctionIndex, is_s_tir
-from .copy_map import CopyMap, NotACopy, copy_map
+from .copy_map import CopyMap, copy_map
 
 _CALL_TIR = ir.Op.get("relax.call_tir")
 
@@ -78,16 +79,19 @@ class _Finder:
 
     def __init__(self, mod: tvm.IRModule):
         self.mod = mod
-        self._maps: dict[str, CopyMap | NotACopy] = {}
+        self._maps: dict[str, CopyMap | Decline] = {}
         self._readers: dict[str, dict[int, tuple[str, ...]]] = {}
         self._indexes: dict[str, FunctionIndex] = {}
 
-    def copy_of(self, gvar) -> CopyMap | NotACopy:
+    def copy_of(self, gvar) -> CopyMap | Decline:
         name = gvar.name_hint
         if name not in self._maps:
             func = self.mod[gvar]
             is_prim = isinstance(func, tirx.PrimFunc)
-            self._maps[name] = copy_map(func) if is_prim else NotACopy("not a PrimFunc")
+            if is_prim:
+                self._maps[name] = copy_map(func, name)
+            else:
+                self._maps[name] = Decline(name, (), COPY_PROOF, "not a PrimFunc")
         return self._maps[name]
 
     def gemm_readers(self, gvar) -> dict[int, tuple[str, ...]]:

@@ -5,7 +5,7 @@ dataflow block whose argument is, through elementwise operations ``e1 .. en`` of
 :data:`UNARY_OPS` or :data:`BROADCAST_OPS` bound in the same block
 (0 <= n <= :data:`MAX_EPILOGUE`), a ``matmul`` is a candidate; it is folded
 (:class:`LinearReshape`) when all of the following hold (otherwise it is left exactly as it
-was, and :class:`NotFolded` gives the first condition that failed):
+was, and a :class:`~tir_byoc.decline.Decline` gives the first condition that failed):
 
 1. the matmul is 2-D: ``m = matmul(a, W)`` with ``a`` of shape (P, K) and ``W`` of (K, N);
 2. ``y`` has shape (d0, ..., dr, N), r >= 1: the same last dim N, and d0 * ... * dr = P (a
@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import ir, relax, sym, tirx
 
+from ..decline import RESHAPE_FOLD, Decline, Declined
 from ..match.exprs import dtype_of, expr_text
 from .analysis import bound_call, tensor_dims, variable_uses
 
@@ -136,25 +137,6 @@ class LinearReshape:
             inner = f"{op.removeprefix('relax.')}({inner})"
         source = "reads " + _name(self.activation) if self.reads_activation else "reshapes it"
         return f"{self.function}: {self.output.name} = reshape({inner}): folded ({source})"
-
-
-@dataclass(frozen=True)
-class NotFolded:
-    """A reshape of a matmul's result that stays, and why (falsy, like the matcher's refusals)."""
-
-    function: str
-    output: str
-    reason: str
-
-    def __bool__(self) -> bool:
-        return False
-
-    def __str__(self) -> str:
-        return f"{self.function}: {self.output} = reshape(... matmul ...) not folded: {self.reason}"
-
-
-class _Refused(Exception):
-    """Internal: a candidate fails a condition; the message is the reason."""
 
 
 @dataclass(frozen=True)
@@ -271,7 +253,7 @@ def _candidates(func: relax.Function):
                 yield var, chain, values
 
 
-def find(mod: tvm.IRModule) -> tuple[tuple[LinearReshape, ...], tuple[NotFolded, ...]]:
+def find(mod: tvm.IRModule) -> tuple[tuple[LinearReshape, ...], tuple[Decline, ...]]:
     """``(sites, declines)``: the reshapes of a matmul's (elementwise-continued) result that
     fold, and those that do not, each in the Relax functions' binding order."""
     folds, declines = [], []
@@ -283,8 +265,8 @@ def find(mod: tvm.IRModule) -> tuple[tuple[LinearReshape, ...], tuple[NotFolded,
         for output, chain, values in _candidates(func):
             try:
                 folds.append(_check(context, output, chain, values, _Dims()))
-            except _Refused as refused:
-                declines.append(NotFolded(context.name, output.name, str(refused)))
+            except Declined as refused:
+                declines.append(Decline(context.name, (output.name,), RESHAPE_FOLD, refused.reason))
     return tuple(folds), tuple(declines)
 
 
@@ -303,7 +285,7 @@ def _is_plain_relax(func) -> bool:
 def _known(expr, what: str) -> tuple:
     found = tensor_dims(expr)
     if found is None:
-        raise _Refused(f"the shape of {what} is not known")
+        raise Declined(f"the shape of {what} is not known")
     return found
 
 
@@ -315,7 +297,7 @@ def _check(context: _Function, output, chain, values, dims: _Dims) -> LinearResh
     # Condition 1. A 2-D matmul: (P, K) x (K, N).
     a_shape, w_shape = _known(a, "the matmul's input"), _known(weight, "the weight")
     if len(a_shape) != 2 or len(w_shape) != 2:
-        raise _Refused(
+        raise Declined(
             f"{matmul.name} is a batched matmul (input of {len(a_shape)} dims, weight of "
             f"{len(w_shape)}); only a 2-D matmul on a 2-D weight is folded"
         )
@@ -323,17 +305,17 @@ def _check(context: _Function, output, chain, values, dims: _Dims) -> LinearResh
     # Condition 2. The reshape back keeps N and splits P into the leading dims.
     y_shape = _known(output, output.name)
     if len(y_shape) < 3:
-        raise _Refused(
+        raise Declined(
             f"the reshape back to {_shape_text(y_shape)} is 2-D: nothing to fold (it can only "
             "be an identity reshape)"
         )
     if not dims.equal(y_shape[-1], n):
-        raise _Refused(
+        raise Declined(
             f"the reshape back to {_shape_text(y_shape)} does not keep the last dim N = "
             f"{expr_text(n)} (it only may split the leading dim P = {expr_text(p)})"
         )
     if not dims.equal(dims.product(y_shape[:-1]), p):
-        raise _Refused(f"the leading dims of {_shape_text(y_shape)} do not multiply to P = {p}")
+        raise Declined(f"the leading dims of {_shape_text(y_shape)} do not multiply to P = {p}")
     # Condition 3. Each epilogue operation is elementwise, its other operand a last-dim broadcast.
     full = (p, n)
     for link, previous in zip(epilogue, chain, strict=False):
@@ -341,14 +323,14 @@ def _check(context: _Function, output, chain, values, dims: _Dims) -> LinearResh
     # Condition 4. Nothing else reads the 2-D values.
     for var in chain:
         if uses[var] != 1:
-            raise _Refused(
+            raise Declined(
                 f"{var.name} is used {uses[var]} times; the fold needs its 2-D value used once, "
                 "by the next step towards the reshape"
             )
     # Condition 5. The input is a reshape of the activation.
     source = bound_call(values, a, _RESHAPE)
     if source is None:
-        raise _Refused(f"the matmul's input {_name(a)} is not a reshape (folding would add one)")
+        raise Declined(f"the matmul's input {_name(a)} is not a reshape (folding would add one)")
     activation = source.args[0]
     x_shape = tensor_dims(activation)
     reads = x_shape is not None and dims.all_equal(x_shape, (*y_shape[:-1], k))
@@ -364,7 +346,7 @@ def _check_reshape_in_place(context: _Function, a, activation, x_shape, shape, o
     """Condition 5, second case: ``reshape(X, shape)`` can take the place of ``a``."""
     if context.uses[a] != 1:
         shown = "an unknown shape" if x_shape is None else _shape_text(x_shape)
-        raise _Refused(
+        raise Declined(
             f"{a.name} reshapes {_name(activation)} of {shown}, not {_shape_text(shape)}, "
             "and has other users"
         )
@@ -375,7 +357,7 @@ def _check_reshape_in_place(context: _Function, a, activation, x_shape, shape, o
         if not any(v.same_as(defined) for defined in context.param_dims)
     ]
     if later:
-        raise _Refused(
+        raise Declined(
             f"the reshape of {_name(activation)} to {_shape_text(shape)} would need "
             f"{', '.join(v.name for v in later)}, not defined by the function's parameters"
         )
@@ -385,15 +367,15 @@ def _check_epilogue(link, call, previous, full, dims: _Dims) -> None:
     name = call.op.name
     others = [arg for arg in call.args if not arg.same_as(previous)]
     if len(others) != len(call.args) - 1:
-        raise _Refused(f"{link.name} = {name} reads {previous.name} more than once")
+        raise Declined(f"{link.name} = {name} reads {previous.name} more than once")
     if name in UNARY_OPS:
         tensors = [arg for arg in others if _is_tensor(arg)]
         if tensors:
-            raise _Refused(f"{link.name} = {name} takes another tensor, {_name(tensors[0])}")
+            raise Declined(f"{link.name} = {name} takes another tensor, {_name(tensors[0])}")
     else:
         _check_broadcast(link, name, others, full, dims)
     if not _same_dims(link, full, dims):
-        raise _Refused(f"{link.name} = {name} changes the shape {_shape_text(full)}")
+        raise Declined(f"{link.name} = {name} changes the shape {_shape_text(full)}")
 
 
 def _check_broadcast(link, name, others, full, dims: _Dims) -> None:
@@ -408,7 +390,7 @@ def _check_broadcast(link, name, others, full, dims: _Dims) -> None:
     )
     if not last_dim_only:
         shown = "an unknown shape" if shape is None else _shape_text(shape)
-        raise _Refused(
+        raise Declined(
             f"{link.name} = {name} with {_name(other)} of {shown}: expected a broadcast along "
             f"the last dim only, (), (N,) or (1, N) with N = {expr_text(n)}"
         )
@@ -419,6 +401,5 @@ __all__ = [
     "MAX_EPILOGUE",
     "UNARY_OPS",
     "LinearReshape",
-    "NotFolded",
     "find",
 ]

@@ -23,7 +23,7 @@ reshapes are not needed at all::
 Entry point: :class:`FoldLinearReshapes`, a module pass before ``LegalizeOps``
 (:mod:`tir_byoc.relax.pipeline`): :func:`find` lists the reshapes it folds
 (:class:`~.linear_reshape_checks.LinearReshape`), and why not the rest
-(:class:`~.linear_reshape_checks.NotFolded`; the conditions are those of
+(:class:`~tir_byoc.decline.Decline`; the conditions are those of
 :mod:`.linear_reshape_checks`), and :func:`rewrite` folds them.
 
 Why the rewrite computes bitwise the same values.  Write ``i = (i0, ..., ir)`` for an index of
@@ -61,7 +61,7 @@ import tvm_ffi
 from tvm import relax
 
 from .analysis import tensor_dims, variable_uses
-from .linear_reshape_checks import LinearReshape, NotFolded, find
+from .linear_reshape_checks import LinearReshape, find
 
 
 def rewrite(mod: tvm.IRModule, sites: tuple[LinearReshape, ...]) -> tvm.IRModule:
@@ -170,4 +170,4 @@ class _Rewriter(relax.PyExprMutator):
             super().visit_var_binding_(binding)
 
 
-__all__ = ["FoldLinearReshapes", "LinearReshape", "NotFolded", "find", "rewrite"]
+__all__ = ["FoldLinearReshapes", "LinearReshape", "find", "rewrite"]

@@ -11,10 +11,10 @@ Read through the copy, the GEMM is ``Y[..., i, j] += X[..., i, k] * W[j, k]``: a
 
 Entry point: :class:`FoldWeightCopies`, the module pass, run by :func:`tir_byoc.offload` on a
 lowered Relax module before it plans (:mod:`tir_byoc.relax.pipeline`).  :func:`find` gives the
-folds (:class:`WeightCopyFold`) and the refusals (:class:`Refusal`), :func:`rewrite` makes the
-folds.  For each ``R.call_tir(callee, (..., t, ...))`` whose argument ``t`` is bound to
-``R.call_tir(copy, (w,))`` and read by a GEMM-like block of ``callee``
-(:func:`tir_byoc.relax.copy_sites.copy_sites`), the fold
+folds (:class:`WeightCopyFold`) and the refusals (:class:`~tir_byoc.decline.Decline`),
+:func:`rewrite` makes the folds.  For each ``R.call_tir(callee, (..., t, ...))`` whose
+argument ``t`` is bound to ``R.call_tir(copy, (w,))`` and read by a GEMM-like block of
+``callee`` (:func:`tir_byoc.relax.copy_sites.copy_sites`), the fold
 
 1. proves that ``copy`` makes ``T[e] = W[f(e)]`` for every index ``e`` of T, where ``f``
    permutes axes and drops broadcast ones (:func:`tir_byoc.relax.copy_map.copy_map`);
@@ -28,9 +28,11 @@ folds.  For each ``R.call_tir(callee, (..., t, ...))`` whose argument ``t`` is b
 Step 2 also requires T to be read only in the callee's GEMM-like blocks: since no other block
 changes, no other chain of the callee can match differently.
 
-Every refusal is kept as a :class:`Refusal`, which reads like a
-:class:`~tir_byoc.match.Rejection` (``func``, ``blocks``, ``nearest``, ``reason``) so that
-:func:`tir_byoc.explain` and ``tir-byoc explain`` list it next to the matcher's.  A producer
+Every refusal is kept as a :class:`~tir_byoc.decline.Decline` of kind
+:data:`~tir_byoc.decline.WEIGHT_COPY` (``func``: the callee, ``blocks``: its GEMM blocks that
+read the copy, ``reason``: what they read, who makes it, and the first condition that failed,
+``nearest``: the pattern the callee came closest to when reading the tensor copied), which
+:func:`tir_byoc.explain` and ``tir-byoc explain`` list next to the matcher's.  A producer
 that is not a proven copy is not a candidate at all (most are reshapes or arithmetic on
 activations); :func:`~tir_byoc.relax.copy_map.copy_map` says why.
 """
@@ -44,7 +46,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax, tirx
 
-from ..match.records import Refused
+from ..decline import WEIGHT_COPY, Decline, Declined
 from .copy_map import read_through_copy
 from .copy_sites import CopySite, copy_sites, indexed_bindings, references
 
@@ -53,54 +55,6 @@ logger = logging.getLogger("tir_byoc")
 #: ``plan_function(name, func)``: the :class:`~tir_byoc.planning.FunctionPlan` of the PrimFunc
 #: ``func`` named ``name`` (its ``choices`` and its ``scan``).
 PlanFunction = Callable[[str, tirx.PrimFunc], object]
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """A copy that still feeds a GEMM, and why it was not folded.
-
-    It reads like a :class:`~tir_byoc.match.Rejection`, so :func:`tir_byoc.explain` and the
-    command line list it with the matcher's refusals.
-
-    Attributes
-    ----------
-    func : str
-        The PrimFunc that reads the copy (the callee).
-    blocks : tuple of str
-        Its GEMM-like blocks that read the copy.
-    param : str
-        The callee's parameter the copy is passed to.
-    producer : str
-        The PrimFunc that makes the copy.
-    caller : str
-        The Relax function that calls both.
-    why : str
-        The first condition that failed.
-    nearest : str or None
-        The pattern the callee came closest to when reading the tensor copied, if it got
-        that far.
-    """
-
-    func: str
-    blocks: tuple[str, ...]
-    param: str
-    producer: str
-    caller: str
-    why: str
-    nearest: str | None = None
-
-    @property
-    def reason(self) -> str:
-        return (
-            f"reads {self.param}, a copy that {self.producer} makes on every call of "
-            f"{self.caller}; not folded: {self.why}"
-        )
-
-    def __bool__(self) -> bool:
-        return False
-
-    def __str__(self) -> str:
-        return f"{self.func}: block {', '.join(self.blocks)} {self.reason}"
 
 
 @dataclass(frozen=True)
@@ -127,7 +81,7 @@ class WeightCopyFold:
 
 def find(
     mod: tvm.IRModule, plan_function: PlanFunction
-) -> tuple[tuple[WeightCopyFold, ...], tuple[Refusal, ...]]:
+) -> tuple[tuple[WeightCopyFold, ...], tuple[Decline, ...]]:
     """``(sites, declines)``: the callees of ``mod`` whose copied weights fold, and the copies
     that still feed a GEMM, each with the reason, by callee name.
 
@@ -150,7 +104,7 @@ def find(
     for callee in sorted(by_callee):
         groups = by_callee[callee]
         if counts[callee] != len(calls[callee]):
-            why = Refused(f"{callee} is used other than by call_tir with tensor arguments")
+            why = Declined(f"{callee} is used other than by call_tir with tensor arguments")
             refusals += [_refusal(s, mod[callee], why) for g in groups.values() for s in g]
             continue
         func, args, refused = _fold_parameters(mod[callee], callee, groups, calls, plan_function)
@@ -220,7 +174,7 @@ def _fold_parameters(func, callee, groups, calls, plan_function):
             try:
                 func = _fold_callee(func, callee, arg, group, calls, plan_function)
                 args.append(arg)
-            except Refused as why:
+            except Declined as why:
                 refused[arg] = (func, why)
         if len(refused) in (0, len(pending)):
             break
@@ -229,42 +183,40 @@ def _fold_parameters(func, callee, groups, calls, plan_function):
     return func, sorted(args), refusals
 
 
-def _refusal(site: CopySite, func, refused: Refused) -> Refusal:
+def _refusal(site: CopySite, func, refused: Declined) -> Decline:
+    """The GEMM blocks of ``site``'s callee still read the copy: what they read, who makes it
+    on every call of whom, and ``refused``'s reason."""
     param = func.params[site.arg].name if site.arg < len(func.params) else f"argument {site.arg}"
-    return Refusal(
-        site.callee,
-        site.blocks,
-        param,
-        site.made.producer,
-        site.caller,
-        refused.reason,
-        refused.nearest,
+    reason = (
+        f"reads {param}, a copy that {site.made.producer} makes on every call of "
+        f"{site.caller}; not folded: {refused.reason}"
     )
+    return Decline(site.callee, site.blocks, WEIGHT_COPY, reason, refused.nearest)
 
 
 def _fold_callee(func, callee, arg, group, calls, plan_function) -> tirx.PrimFunc:
-    """``func`` reading the tensor copied at parameter ``arg``, or Refused saying why not."""
+    """``func`` reading the tensor copied at parameter ``arg``, or Declined saying why not."""
     # Step 1. Every call passes a copy made by the same map, whose source is in scope.
     sites = {s.binding.var for s in group}
     if any(b.var not in sites for b in calls[callee]):
-        raise Refused(f"{callee} is also called with an argument {arg} that is not such a copy")
+        raise Declined(f"{callee} is also called with an argument {arg} that is not such a copy")
     maps = {s.made.copy for s in group}
     if len(maps) > 1:
         described = "; ".join(sorted(m.text for m in maps))
-        raise Refused(f"the calls of {callee} pass copies made by different maps ({described})")
+        raise Declined(f"the calls of {callee} pass copies made by different maps ({described})")
     hidden = next((s for s in group if s.out_of_scope), None)
     if hidden is not None:
-        raise Refused(
+        raise Declined(
             f"{hidden.made.source.name} is a dataflow variable of another block than the call"
         )
     # Step 2. Rewrite; only the GEMMs read the copy, so no other block can change.
     try:
         after = read_through_copy(func, arg, group[0].made.copy)
     except ValueError as err:
-        raise Refused(str(err)) from None
+        raise Declined(str(err)) from None
     others = group[0].others
     if others:
-        raise Refused(
+        raise Declined(
             f"{func.params[arg].name} is also used by {', '.join(others)}, not only read by GEMMs"
         )
     # Step 3. Keep it only if each of those GEMMs is offloaded reading the tensor copied.
@@ -273,7 +225,7 @@ def _fold_callee(func, callee, arg, group, calls, plan_function) -> tirx.PrimFun
 
 
 def _judge(callee: str, after, source, blocks) -> None:
-    """Raise Refused unless each block of ``blocks`` (the GEMM-like blocks that read the copy)
+    """Raise Declined unless each block of ``blocks`` (the GEMM-like blocks that read the copy)
     is part of a match of ``after`` that reads ``source`` and that an intrinsic serves."""
     what = f"reading the tensor copied, {callee}"
     reading = [c for c in after.choices if source.same_as(c.match.x) or source.same_as(c.match.w)]
@@ -283,14 +235,14 @@ def _judge(callee: str, after, source, blocks) -> None:
         return
     unserved = next((c for c in reading if not c.intrinsic and missing[0] in c.match.blocks), None)
     if unserved is not None:
-        raise Refused(
+        raise Declined(
             f"{what} matches {unserved.pattern}, but no intrinsic serves it: {unserved.reason}",
             unserved.pattern,
         )
     rejection = next((r for r in after.scan.rejections if missing[0] in r.blocks), None)
     if rejection is not None:
-        raise Refused(f"{what} is not matched: {rejection.reason}", rejection.nearest)
-    raise Refused(f"{what} has no match of block {missing[0]} that reads it")
+        raise Declined(f"{what} is not matched: {rejection.reason}", rejection.nearest)
+    raise Declined(f"{what} has no match of block {missing[0]} that reads it")
 
 
 def _rewrite_relax(func: relax.Function, sites: list[CopySite], gvars) -> relax.Function:
@@ -336,4 +288,4 @@ def _rewrite_relax(func: relax.Function, sites: list[CopySite], gvars) -> relax.
     return relax.BlockBuilder().normalize(new_func)
 
 
-__all__ = ["FoldWeightCopies", "Refusal", "WeightCopyFold", "find", "rewrite"]
+__all__ = ["FoldWeightCopies", "WeightCopyFold", "find", "rewrite"]
