@@ -45,12 +45,12 @@ for _variable in ("OMP_NUM_THREADS", "TVM_NUM_THREADS", "MKL_NUM_THREADS", "OPEN
 
 HERE = Path(__file__).resolve().parent
 # The models the AOT tests build, and the real-model tests' transformers they take.
-sys.path[:0] = [str(HERE.parent / "tests" / "aot"), str(HERE.parent / "tests")]
+sys.path[:0] = [str(HERE.parent / "tests")]
 
-import aot_models  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import tvm  # noqa: E402
+from support import aot_models  # noqa: E402
 
 import tir_byoc.aot as aot  # noqa: E402
 
@@ -75,7 +75,8 @@ _TORCH_PROCESS = textwrap.dedent(
     """
     import sys
     sys.path[:0] = sys.argv[1].split(":")
-    import torch, aot_models
+    import torch
+    from support import aot_models
     torch.set_num_threads(1)
     model = aot_models.MODELS[sys.argv[2]]()
     with torch.no_grad():

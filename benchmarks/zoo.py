@@ -38,7 +38,7 @@ TESTS = HERE.parent / "tests"
 RESULTS = HERE / "results" / "zoo"
 
 sys.path.insert(0, str(TESTS))  # the settings shared with the real-model tests (torch-free)
-import model_settings  # noqa: E402
+from support import model_settings  # noqa: E402
 
 #: A small model's dimensions (those of tests/real_models.py), shared by every config.
 HIDDEN, LAYERS, HEADS, KV_HEADS, INTERMEDIATE, VOCAB, POSITIONS = 64, 2, 4, 2, 128, 100, 32
@@ -308,9 +308,9 @@ def build(name: str):
     """The :class:`real_models.RealModel` of architecture ``name`` (in a child process)."""
     import importlib
 
-    import real_models
     import torch
     import transformers
+    from support import real_models
 
     arch = ZOO[name]
     config = getattr(transformers, arch.config)(**arch.settings, attn_implementation="eager")
@@ -358,8 +358,8 @@ def _Output(model, argument: str):
 
 
 def _Logits(model, kind: str):
-    import real_models
     import torch
+    from support import real_models
 
     from tir_byoc.frontend import causal_mask
 
@@ -385,8 +385,8 @@ def _Logits(model, kind: str):
 
 def _flops(model) -> tuple[int, int]:
     """(GEMM FLOPs, convolution FLOPs) of one eager run, by torch's counter."""
-    import real_models
     import torch
+    from support import real_models
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
@@ -401,8 +401,8 @@ def _flops(model) -> tuple[int, int]:
 def child(name: str) -> dict:
     """The row of architecture ``name``; an exception's stage and first line in ``error``."""
     import numpy as np
-    import real_models
     import torch
+    from support import real_models
 
     import tir_byoc
     from tir_byoc.frontend import first_line

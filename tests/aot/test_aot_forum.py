@@ -8,11 +8,11 @@ import sys
 import textwrap
 from pathlib import Path
 
-import aot_harness as harness
-import aot_models
 import numpy as np
 import pytest
 import torch
+from support import aot_harness as harness
+from support import aot_models
 
 import tir_byoc.aot as aot
 from tir_byoc import REGISTRY, toolchain

@@ -3,9 +3,9 @@ and what is refused."""
 
 import re
 
-import aot_harness as harness
 import numpy as np
 import pytest
+from support import aot_harness as harness
 from tvm.script import tirx as T
 
 import tir_byoc.aot as aot

@@ -1,9 +1,9 @@
 """What the AOT build reads and refuses: the entry as a program, TIR entries, and one-line
 errors for what has no plain-C form, before any file is written."""
 
-import aot_harness as harness
 import numpy as np
 import pytest
+from support import aot_harness as harness
 from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T

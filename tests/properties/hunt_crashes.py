@@ -23,13 +23,10 @@ import os
 import sys
 import time
 import warnings
-from pathlib import Path
 
+from harness import PROPERTY_REGISTRY
 from hypothesis import strategies as st
 from hypothesis.errors import NonInteractiveExampleWarning
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import PROPERTY_REGISTRY
 
 import tir_byoc
 from tir_byoc.registry import REGISTRY

@@ -18,9 +18,9 @@ import itertools
 import math
 
 import numpy as np
-from harness import profile
 from hypothesis import event, given
 from hypothesis import strategies as st
+from properties.harness import profile
 from tvm import relax
 from tvm.script import relax as R
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
-from harness import profile
 from hypothesis import event, given
 from hypothesis import strategies as st
+from properties.harness import profile
 from tvm import relax
 from tvm.script import relax as R
 

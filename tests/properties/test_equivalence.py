@@ -12,9 +12,9 @@ NaN must then come out exactly where the original puts it, infinities with their
 import numpy as np
 import pytest
 import tvm
-from harness import PROPERTY_REGISTRY, normwise, offload, profile, reported
 from hypothesis import event, given, note
 from hypothesis import strategies as st
+from properties.harness import PROPERTY_REGISTRY, normwise, offload, profile, reported
 
 import tir_byoc
 from tir_byoc.patterns import pattern as pattern_of

@@ -1,8 +1,8 @@
 """Property 3, idempotence: offloading an offloaded function changes nothing."""
 
 import tvm
-from harness import PROPERTY_REGISTRY, profile, reported
 from hypothesis import given
+from properties.harness import PROPERTY_REGISTRY, profile, reported
 
 import tir_byoc
 from tir_byoc.registry import REGISTRY

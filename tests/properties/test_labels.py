@@ -11,8 +11,8 @@ matched at all.  The labels come from :mod:`tir_byoc.testing.labels`, which read
 not from the matcher.
 """
 
-from harness import profile, reported
 from hypothesis import event, given
+from properties.harness import profile, reported
 
 from tir_byoc.match import scan_function
 from tir_byoc.patterns import pattern

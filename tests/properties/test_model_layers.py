@@ -43,9 +43,9 @@ import math
 
 import numpy as np
 import tvm
-from harness import profile
 from hypothesis import event, given
 from hypothesis import strategies as st
+from properties.harness import profile
 from tvm import relax, tirx
 from tvm.script import relax as R
 

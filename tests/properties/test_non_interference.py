@@ -6,8 +6,8 @@ function that is rewritten every block outside the matches, and the signature, a
 
 import tvm
 import tvm_ffi
-from harness import PROPERTY_REGISTRY, profile, reported
 from hypothesis import event, given
+from properties.harness import PROPERTY_REGISTRY, profile, reported
 from tvm import s_tir
 
 import tir_byoc

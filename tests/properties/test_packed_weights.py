@@ -15,9 +15,9 @@ import os
 
 import pytest
 import tvm
-from harness import normwise, profile, reported
 from hypothesis import event, given
 from hypothesis import strategies as st
+from properties.harness import normwise, profile, reported
 
 import tir_byoc
 from tir_byoc import toolchain

@@ -31,14 +31,16 @@ import os
 # The models are built from configs; transformers must never reach for the hub.
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-import model_settings  # tests/, on the path through its conftest.py
 import numpy as np
-import real_models  # tests/ too
 import torch
 import transformers
-from harness import profile
 from hypothesis import event, given
 from hypothesis import strategies as st
+from properties.harness import profile
+from support import (
+    model_settings,  # tests/, on the path through its conftest.py
+    real_models,  # tests/ too
+)
 
 import tir_byoc
 

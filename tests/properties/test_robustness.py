@@ -9,8 +9,8 @@ drawn over every integer dtype a loop can have (``range(T.uint32(M))``), not onl
 and int64 TVM's lowering gives.
 """
 
-from harness import PROPERTY_REGISTRY, profile, reported
 from hypothesis import given
+from properties.harness import PROPERTY_REGISTRY, profile, reported
 
 import tir_byoc
 from tir_byoc.registry import REGISTRY
