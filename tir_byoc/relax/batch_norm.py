@@ -111,11 +111,15 @@ class ScaleShift:
     call: relax.Call
     reason: str
 
-    def __str__(self) -> str:
-        return (
-            f"{self.function}: {self.norm.name_hint}: batch norm as a scale and a shift, not "
-            f"folded ({self.reason})"
-        )
+    @property
+    def decline(self) -> Decline:
+        """The fold declined: what :func:`find` reports for this site."""
+        reason = f"computed as a scale and a shift, not folded: {self.reason}"
+        return _decline(self.function, self.norm, reason)
+
+
+def _decline(function: str, norm, reason: str) -> Decline:
+    return Decline(function, (norm.name,), BATCH_NORM_FOLD, reason, "relax.nn.batch_norm")
 
 
 def _params(call: relax.Call) -> tuple[np.ndarray, np.ndarray] | None:
@@ -171,7 +175,7 @@ def _weight(gemm, axis: int, values: dict, uses) -> tuple | str:
     if call is None:
         return "it does not follow a convolution or a matmul of its dataflow block"
     if uses[gemm] != 1:
-        return f"{gemm.name_hint} has another use besides the batch norm"
+        return f"{gemm.name} has another use besides the batch norm"
     if call.op in _CONVS:
         data_layout, kernel_layout = _CONVS[call.op]
         layouts = (str(call.attrs.data_layout), str(call.attrs.kernel_layout))
@@ -256,8 +260,9 @@ def _fold(function: str, norm, out, call, values: dict, uses) -> Fold | str:
 
 def find(mod: tvm.IRModule) -> tuple[tuple[Fold | ScaleShift, ...], tuple[Decline, ...]]:
     """``(sites, declines)``: the batch norms of ``mod``'s Relax functions that :func:`rewrite`
-    folds (:class:`Fold`) or computes as a scale and a shift (:class:`ScaleShift`), and those
-    it leaves alone, with the reason, in binding order."""
+    folds (:class:`Fold`) or computes as a scale and a shift (:class:`ScaleShift`), and the
+    folds declined, with the reason, in binding order: a scale and a shift's
+    (:attr:`ScaleShift.decline`) and those of the batch norms left alone."""
     if not isinstance(mod, tvm.IRModule):
         raise TypeError(
             f"tir_byoc.relax.batch_norm: expected a tvm.IRModule, got {type(mod).__name__}"
@@ -285,20 +290,24 @@ def find(mod: tvm.IRModule) -> tuple[tuple[Fold | ScaleShift, ...], tuple[Declin
                     continue
                 uses = uses if uses is not None else variable_uses(func)
                 site = _site(name, norm, call, items.get(norm), values, uses)
-                (declines if isinstance(site, Decline) else sites).append(site)
+                if not isinstance(site, Decline):
+                    sites.append(site)
+                if not isinstance(site, Fold):
+                    declines.append(site if isinstance(site, Decline) else site.decline)
     return tuple(sites), tuple(declines)
 
 
 def _site(name: str, norm, call, out, values: dict, uses) -> Fold | ScaleShift | Decline:
-    def decline(reason: str) -> Decline:
-        return Decline(name, (norm.name_hint,), BATCH_NORM_FOLD, reason, "relax.nn.batch_norm")
-
     if call.attrs.training:
-        return decline("in training mode: it normalises with the batch's own statistics")
+        return _decline(
+            name, norm, "in training mode: it normalises with the batch's own statistics"
+        )
     if out is None or uses[norm] != 1:
-        return decline("its mean or variance output is used, not only the normalised value")
+        return _decline(
+            name, norm, "its mean or variance output is used, not only the normalised value"
+        )
     if _axis(call) is None:
-        return decline("its input's rank is not known")
+        return _decline(name, norm, "its input's rank is not known")
     fold = _fold(name, norm, out, call, values, uses)
     return fold if isinstance(fold, Fold) else ScaleShift(name, norm, out, call, fold)
 
@@ -314,13 +323,12 @@ def rewrite(mod: tvm.IRModule, sites: tuple[Fold | ScaleShift, ...]) -> tvm.IRMo
 @tvm.transform.module_pass(opt_level=0, name="tir_byoc.FoldBatchNorms")
 class FoldBatchNorms:
     """Each eval-mode batch norm folded into the GEMM before it, or else a scale and a shift:
-    :func:`find` (those not folded, and the declines, logged with the reason), then
-    :func:`rewrite`."""
+    :func:`find` (the folds declined logged with the reason), then :func:`rewrite`."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         sites, declines = find(mod)
-        for site in (*[s for s in sites if isinstance(s, ScaleShift)], *declines):
-            logger.info("%s", site)
+        for decline in declines:
+            logger.info("%s", decline)
         return rewrite(mod, sites)
 
 
@@ -370,15 +378,17 @@ class _Folder(relax.PyExprMutator):
     def _scale_shift(self, call: relax.Call):
         x = self.visit_expr(call.args[0])
         axis = _axis(call)
-        ndim = x.ty.ndim
-        expand = [i for i in range(ndim) if i != axis]
+        shape = [1] * x.ty.ndim
+        shape[axis] = -1
         params = _params(call)
         if params is not None:
             dtype = str(x.ty.dtype)
-            scale, shift = (relax.const(p.astype(dtype), dtype) for p in params)
+            scale, shift = (relax.const(p.astype(dtype).reshape(shape), dtype) for p in params)
         else:
-            scale, shift = self._computed(call)
-        scale, shift = (self.builder_.emit(relax.op.expand_dims(p, expand)) for p in (scale, shift))
+            expand = [i for i in range(len(shape)) if i != axis]
+            scale, shift = (
+                self.builder_.emit(relax.op.expand_dims(p, expand)) for p in self._computed(call)
+            )
         return relax.op.add(self.builder_.emit(relax.op.multiply(x, scale)), shift)
 
     def _computed(self, call: relax.Call) -> tuple:
@@ -386,15 +396,14 @@ class _Folder(relax.PyExprMutator):
         constants (see the module docstring)."""
         _, gamma, beta, mean, var = (self.visit_expr(a) for a in call.args)
         attrs = call.attrs
-        dtype = str(var.ty.dtype)
-        eps = relax.const(float(attrs.epsilon), dtype)
-        scale = self.builder_.emit(relax.op.rsqrt(relax.op.add(var, eps)))
+        eps = relax.const(float(attrs.epsilon), str(var.ty.dtype))
+        scale = self.builder_.emit(relax.op.rsqrt(self.builder_.emit(relax.op.add(var, eps))))
         if attrs.scale:
             scale = self.builder_.emit(relax.op.multiply(gamma, scale))
-        shift = self.builder_.emit(relax.op.negative(relax.op.multiply(mean, scale)))
+        moved = self.builder_.emit(relax.op.multiply(mean, scale))
         if attrs.center:
-            shift = self.builder_.emit(relax.op.add(beta, shift))
-        return scale, shift
+            return scale, self.builder_.emit(relax.op.subtract(beta, moved))
+        return scale, self.builder_.emit(relax.op.negative(moved))
 
 
 __all__ = ["BATCH_NORM_FOLD", "Fold", "FoldBatchNorms", "ScaleShift", "find", "rewrite"]

@@ -144,7 +144,7 @@ def find(mod: tvm.IRModule) -> tuple[tuple[PoolSite, ...], tuple[Decline, ...]]:
                 if isinstance(site, PoolSite) and not _same_shape(site):
                     site = "the rewritten pool's shape would differ from the original's"
                 if isinstance(site, str):
-                    where = (binding.var.name_hint,)
+                    where = (binding.var.name,)
                     declines.append(Decline(gvar.name_hint, where, POOL_CLIP, site, call.op.name))
                 elif site is not None:
                     sites.append(site)
