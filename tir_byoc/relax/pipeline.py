@@ -4,7 +4,9 @@
    negative gather indices read as torch reads them (TVM 0.27's import reads them out of
    bounds), each convolution of one group as im2col and a GEMM, the reshapes around each
    Linear on an N-D activation folded away (so its activation or residual add fuses with the
-   GEMM), a packed q/k/v split read as slices, attention's ``q @ k^T`` on K as it is.
+   GEMM), a packed q/k/v split read as slices, attention's ``q @ k^T`` on K as it is; and,
+   before the convolutions, each eval-mode batch norm folded into the convolution or Linear
+   before it (:mod:`.batch_norm`), each pooling window clipped to its input (:mod:`.pooling`).
 2. :data:`LOWERING`: operators to TIR, fused into PrimFuncs, each elementwise op before a row
    reduction fused into it.  :func:`lower` runs 1 and 2.
 3. The offload, :func:`tir_byoc.offload` (:class:`~tir_byoc.offload.Offload`), which runs, in
@@ -39,9 +41,11 @@ from ..offload import offload
 from ..planning import Planner
 from ..registry import REGISTRY, Registry
 from ..rewrite import calls_in_parallel_loops
+from .batch_norm import FoldBatchNorms
 from .convolutions import ConvolutionsAsGemms
 from .fuse_rows import FuseIntoRows
 from .linear_reshapes import FoldLinearReshapes
+from .pooling import ClipPoolWindows
 from .slice_splits import SliceSplits
 from .untranspose import UntransposeBatchMatmuls
 from .weight_copies import FoldWeightCopies
@@ -64,6 +68,8 @@ class RemoveDeadCode:
 #: Stage 1, before ``LegalizeOps``: the Relax rewrites, in order.
 BEFORE_LEGALIZE = (
     WrapIndices,
+    FoldBatchNorms,
+    ClipPoolWindows,
     ConvolutionsAsGemms,
     FoldLinearReshapes,
     SliceSplits,
