@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .epilogues import OPS
 from .match import RELU_KEEPS_NAN, RELU_NAN_TO_ZERO, Match
+from .match.conv_records import CONV_ENTRY, conv_ops, is_conv_pattern
 from .patterns import CALL_PATTERNS, GEMM_ENTRY, PATTERNS, pattern
 from .signature import DtypeSignature
 
@@ -96,7 +97,9 @@ class Intrinsic:
     pattern : str
         The pattern it implements, a key of :data:`tir_byoc.patterns.CALL_PATTERNS` (a 2-D or
         a ``bmm_`` member), or ``"gemm"`` (:data:`~tir_byoc.patterns.GEMM_ENTRY`), the entry
-        point that takes the layout, the batch and the epilogue as arguments.  An intrinsic
+        point that takes the layout, the batch and the epilogue as arguments, or ``"conv"``
+        (:data:`~tir_byoc.match.conv_records.CONV_ENTRY`), the entry point of every
+        convolution pattern (``conv2d_bias_relu``, ...) with the epilogue as data.  An intrinsic
         of a 2-D member also serves the member's ``batch_`` form, whose leading dims the call
         folds into M; a ``gemm`` one serves every member whose epilogue ops it declares.
     extern_symbol : str
@@ -119,7 +122,7 @@ class Intrinsic:
         handed to an intrinsic that did not declare it.  A ``gemm`` intrinsic is told by the
         relu's op code and takes both.
     ops : tuple of str
-        A ``gemm`` intrinsic: the epilogue ops of :data:`tir_byoc.epilogues.OPS` it
+        A ``gemm`` or ``conv`` intrinsic: the epilogue ops of :data:`tir_byoc.epilogues.OPS` it
         implements.  A member with another op is served by it only up to that op, the rest
         staying TVM code.
     """
@@ -150,16 +153,16 @@ class Intrinsic:
             )
         ops = (self.ops,) if isinstance(self.ops, str) else tuple(self.ops)
         unknown = [op for op in ops if op not in OPS]
-        if unknown or (ops and self.pattern != GEMM_ENTRY):
+        if unknown or (ops and self.pattern not in (GEMM_ENTRY, CONV_ENTRY)):
             raise ValueError(
                 f"intrinsic {self.name!r}: expected ops from {list(OPS)} for a {GEMM_ENTRY!r} "
                 f"intrinsic (none for a fixed pattern), got {self.ops!r}"
             )
         object.__setattr__(self, "ops", ops)
-        if self.pattern != GEMM_ENTRY and self.pattern not in CALL_PATTERNS:
+        if self.pattern not in (GEMM_ENTRY, CONV_ENTRY) and self.pattern not in CALL_PATTERNS:
             raise ValueError(
                 f"intrinsic {self.name!r}: expected {GEMM_ENTRY!r} or a pattern in "
-                f"{sorted(CALL_PATTERNS)}, "
+                f"{sorted(CALL_PATTERNS)} (or {CONV_ENTRY!r} for the convolutions), "
                 f"got {self.pattern!r}"
             )
         if not isinstance(self.extern_symbol, str) or not _IDENTIFIER.match(self.extern_symbol):
@@ -196,7 +199,7 @@ class Intrinsic:
             raise ValueError(
                 f"intrinsic {self.name!r}: expected relu_nan made of {known}, got {self.relu_nan!r}"
             )
-        if self.pattern == GEMM_ENTRY:
+        if self.pattern in (GEMM_ENTRY, CONV_ENTRY):
             relu_nan = RELU_NAN_BOTH  # told by the op code
         object.__setattr__(self, "relu_nan", relu_nan)
 
@@ -209,14 +212,26 @@ class Intrinsic:
         """True for a ``gemm`` intrinsic, called with the epilogue as data."""
         return self.pattern == GEMM_ENTRY
 
+    @property
+    def is_conv(self) -> bool:
+        """True for a ``conv`` intrinsic: it serves the convolution patterns, and only them."""
+        return self.pattern == CONV_ENTRY
+
     def serves(self, name: str) -> bool:
         """True if this intrinsic can be called for the matches of the pattern ``name``."""
+        if is_conv_pattern(name) or self.is_conv:
+            return (
+                self.is_conv and is_conv_pattern(name) and set(conv_ops(name, OPS)) <= set(self.ops)
+            )
         if self.takes_epilogue:
             return set(pattern(name).ops) <= set(self.ops)
         return pattern(name).call_pattern == self.pattern
 
     def unsupported(self, match: Match) -> str | None:
         """Why this intrinsic cannot serve ``match`` (ignoring availability), or None."""
+        if self.is_conv and is_conv_pattern(match.pattern) and not self.serves(match.pattern):
+            missing = [op for op in conv_ops(match.pattern, OPS) if op not in self.ops]
+            return f"does not implement the epilogue op {', '.join(missing)}"
         if self.takes_epilogue and not self.serves(match.pattern):
             missing = [op for op in pattern(match.pattern).ops if op not in self.ops]
             return f"does not implement the epilogue op {', '.join(missing)}"

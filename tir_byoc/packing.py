@@ -14,6 +14,10 @@ modules after the PrimFuncs are rewritten.  A GEMM's weight is packed when
   (``TIR_BYOC_PACK_CHOOSE_ANY_M``: 1, 32 and 256 rows);
 - nothing else in the PrimFunc reads the weight.
 
+A convolution's weight is packed the same way by ``tir_byoc_<backend>_conv_pack`` (oneDNN:
+the layout its convolution primitive asks for, if the call is 5 % faster so) for the conv
+entry point.
+
 The backend chooses the form once per GEMM, on the first constant's weight: oneDNN times the
 call with the plain weight, transposed (a K x N weight as N x K, or the reverse) and in the
 layout it prefers, and packs only if a form is at least 5 % faster (``tir_byoc_onednn_pack``;
@@ -40,6 +44,7 @@ from tvm.tirx import _ffi_api as _tirx_ffi
 from . import toolchain
 from .calls import INTRINSIC_ATTR, epilogue_arguments
 from .match import Match
+from .match.conv_records import ConvMatch
 from .match.exprs import const_value
 from .patterns import GEMM_ENTRY
 from .registry import Intrinsic, Registry
@@ -81,6 +86,15 @@ def unpackable(match: Match, intrinsic: Intrinsic, registry: Registry) -> str | 
     backend = registry.backend(intrinsic.backend)
     if not backend.packs:
         return f"backend {backend.name} does not pack weights"
+    if isinstance(match, ConvMatch):
+        # A convolution is packed by tir_byoc_<backend>_conv_pack, for its conv entry point.
+        if not intrinsic.is_conv:
+            return f"{intrinsic.name} is not a conv entry point"
+        if toolchain.entry_point(backend.name, "conv_pack", registry) is None:
+            return f"backend {backend.name} has no conv_pack function"
+        if any(s.op == "scale" and not _static(s) for s in match.epilogue):
+            return "a scale by a parameter (a pack is made for one epilogue, known at build time)"
+        return None
     gemm = f"{backend.name}.{GEMM_ENTRY}"
     if gemm not in registry or not registry[gemm].serves(match.pattern):
         return f"{gemm} is not registered for {match.pattern}"
@@ -111,6 +125,13 @@ def _pack_call(lib, match: Match, weight: tvm.runtime.Tensor, form: int | None =
     if not plain.flags.c_contiguous:
         plain = np.ascontiguousarray(plain)
     codes, constants = epilogue_arguments(match)
+    if isinstance(match, ConvMatch):
+        form = PACK_CHOOSE if form is None else form
+        geometry = match.conv.call_arguments()
+        args = [ctypes.c_void_p(plain.ctypes.data), ctypes.c_int32(match.dtype.code)]
+        args += [*map(ctypes.c_int32, geometry[:2]), *map(ctypes.c_int64, geometry[2:])]
+        args += [ctypes.c_int64(codes), *(ctypes.c_double(c) for c in constants)]
+        return _run_pack(lib, match, args, form)
     rows = const_value(match.rows)
     if form is None:
         form = PACK_CHOOSE if rows is not None else PACK_CHOOSE_ANY_M
@@ -125,6 +146,12 @@ def _pack_call(lib, match: Match, weight: tvm.runtime.Tensor, form: int | None =
         ctypes.c_int64(codes),
         *(ctypes.c_double(c) for c in constants),
     ]
+    return _run_pack(lib, match, args, form)
+
+
+def _run_pack(lib, match: Match, args: list, form: int):
+    """``(form, block)`` from the backend's pack function ``lib`` called with ``args``: the
+    size (choosing the form), then the block (None for the plain form)."""
     chosen, size = ctypes.c_int32(form), ctypes.c_int64(0)
 
     def call(out):
@@ -295,7 +322,8 @@ def make_packings(name, chosen, weight, registry: Registry, report: PackReport) 
     """
     packings = []
     for match, intrinsic, index in chosen:
-        pack = toolchain.entry_point(intrinsic.backend, "pack", registry)
+        conv = isinstance(match, ConvMatch)
+        pack = toolchain.entry_point(intrinsic.backend, "conv_pack" if conv else "pack", registry)
         form, block = _pack_call(pack, match, weight(index))
         if block is None:
             every = "" if const_value(match.rows) is not None else ", for every M,"
@@ -305,7 +333,7 @@ def make_packings(name, chosen, weight, registry: Registry, report: PackReport) 
             )
             continue
         size = int(block.shape[0])
-        gemm = registry[f"{intrinsic.backend}.{GEMM_ENTRY}"]
+        gemm = intrinsic if conv else registry[f"{intrinsic.backend}.{GEMM_ENTRY}"]
         param = _block_param(match.w, size)
         packings.append((Packing(match, gemm, param, size, form), index, pack, block))
     return packings

@@ -27,6 +27,7 @@ from .intrinsic import (
     no_library,
 )
 from .match import RELU_NAN_TO_ZERO, Match
+from .match.conv_records import is_conv_pattern
 from .patterns import CALL_PATTERNS, GEMM_ENTRY
 
 #: Environment variable holding a comma-separated backend order, e.g. ``openblas,ref``.
@@ -276,8 +277,12 @@ def choose_one(
     order : tuple of str, optional
         Allowed backends, most preferred first; None means all, by intrinsic priority.
     """
+    conv = is_conv_pattern(match.pattern)  # convolutions go to conv intrinsics only
     candidates = [
-        i for i in registry if i.serves(match.pattern) or (i.takes_epilogue and match.shorter)
+        i
+        for i in registry
+        if i.is_conv == conv
+        and (i.serves(match.pattern) or ((i.takes_epilogue or i.is_conv) and match.shorter))
     ]
     # A backend's gemm entry point stands in for its fixed ones only where it has none.
     fixed = {i.backend for i in candidates if not i.takes_epilogue}

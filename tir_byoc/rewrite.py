@@ -34,6 +34,7 @@ from .calls import (
 )
 from .epilogues import MAX_TENSORS
 from .match import RELU_KEEPS_NAN, Match
+from .match.conv_records import ConvMatch
 from .registry import Intrinsic
 from .signature import PACKED_WEIGHT_FLAG, RELU_KEEPS_NAN_FLAG
 
@@ -130,6 +131,26 @@ def gemm_arguments(match: Match, packing=None) -> list:
     return args
 
 
+def conv_arguments(match: ConvMatch, packing=None) -> list:
+    """The arguments of the conv entry point: pointers, dtypes, layouts, the geometry, then
+    the epilogue as data (as for the gemm entry point); with a packing, the weight's block."""
+    weight = match.w if packing is None else packing.param
+    args = [_pointer(b) for b in (match.x, weight, match.out)]
+    flags = 0 if packing is None else PACKED_WEIGHT_FLAG
+    args.append(tirx.IntImm("int32", match.dtype.code | flags))
+    geometry = match.conv.call_arguments()
+    args += [tirx.IntImm("int32", v) for v in geometry[:2]]
+    args += [tirx.IntImm("int64", v) for v in geometry[2:]]
+    codes, constants = epilogue_arguments(match)
+    tensors = list(match.tensors)
+    if len(tensors) > MAX_TENSORS:
+        raise RewriteError(f"{match.func}: the epilogue of {match.pattern} does not fit one call")
+    args.append(tirx.IntImm("int64", codes))
+    args += [_float64(c) for c in constants]
+    args += [_pointer(t) for t in tensors] + [_null()] * (MAX_TENSORS - len(tensors))
+    return args
+
+
 def call_block(match: Match, intrinsic: Intrinsic, name: str, packing=None) -> s_tir.SBlockRealize:
     """The opaque block that calls ``intrinsic`` for ``match`` (with a packed weight, the
     packing's gemm intrinsic)."""
@@ -138,7 +159,10 @@ def call_block(match: Match, intrinsic: Intrinsic, name: str, packing=None) -> s
     ]
     weight = match.w if packing is None else packing.param
     operands = [match.x, weight, *match.tensors, *scalars]
-    if packing is not None:
+    if isinstance(match, ConvMatch):
+        intrinsic = intrinsic if packing is None else packing.intrinsic
+        args = conv_arguments(match, packing)
+    elif packing is not None:
         intrinsic = packing.intrinsic
         args = gemm_arguments(match, packing)
     elif intrinsic.takes_epilogue:

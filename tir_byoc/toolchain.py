@@ -360,6 +360,12 @@ ENTRY_POINTS: dict[str, tuple[type, ...]] = {
     "vector_math": (),
     "fuses": (_I32,) + (_F64,) * 3,  # op code, c0..c2
     "cut": (_I64,) * 4 + (_I32, _I32P),  # m, n, k, count, packed; parts (out)
+    # x, w, y; dtypes, layout, weight layout; n, c, o, groups, 6 x 3 geometry; ops; c0..c5;
+    # t0..t3 (tir_byoc.h, the conv entry point)
+    "conv": (_PTR,) * 3 + (_I32,) * 3 + (_I64,) * 23 + (_F64,) * 6 + (_PTR,) * 4,
+    # w; dtypes, layout, weight layout; n, c, o, groups, 6 x 3 geometry; ops; c0..c5; form
+    # (in, out), out, size (out)
+    "conv_pack": (_PTR,) + (_I32,) * 3 + (_I64,) * 23 + (_F64,) * 6 + (_I32P, _PTR, _I64P),
 }
 
 

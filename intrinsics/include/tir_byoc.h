@@ -583,4 +583,180 @@ static inline void tir_byoc_part_range(int64_t total, int parts, int s, int64_t 
   TIR_BYOC_DEFINE_GEMM(backend, tir_byoc_##backend##_call_)                                    \
   TIR_BYOC_DEFINE_EPILOGUE_INFO(backend)
 
+/* ------------------------------------------------------------------------------------------
+ * Convolutions.  A matched convolution (1-, 2- or 3-D, any groups, stride, dilation and
+ * padding) with its epilogue is called through one entry point per backend:
+ *
+ *     int32_t tir_byoc_<backend>_conv(const void *x, const void *w, void *y, int32_t dtypes,
+ *                                     int32_t layout, int32_t weight_layout,
+ *                                     int64_t n, int64_t c, int64_t o, int64_t groups,
+ *                                     int64_t i0, int64_t i1, int64_t i2,
+ *                                     int64_t o0, int64_t o1, int64_t o2,
+ *                                     int64_t k0, int64_t k1, int64_t k2,
+ *                                     int64_t s0, int64_t s1, int64_t s2,
+ *                                     int64_t d0, int64_t d1, int64_t d2,
+ *                                     int64_t p0, int64_t p1, int64_t p2,
+ *                                     int64_t ops, double c0, ..., double c5,
+ *                                     const void *t0, ..., const void *t3);
+ *
+ * x is the (n, c, i0, i1, i2) input and y the (n, o, o0, o1, o2) output, compact, in
+ * `layout` (a tir_byoc_conv_layout: channels first, NC[spatial], or last, N[spatial]C).  The
+ * spatial dims are outermost first; a convolution over fewer than three passes 1 for the
+ * extents, kernel, stride and dilation and 0 for the padding of the dims it lacks (the last
+ * ones).  w is the weight in `weight_layout` (a tir_byoc_conv_weight_layout): (o, c/groups,
+ * k0, k1, k2) or (k0, k1, k2, c/groups, o), compact.  Output channel oc belongs to group
+ * g = oc / (o/groups), which reads the input channels g*(c/groups) .. (g+1)*(c/groups) - 1; a
+ * depthwise convolution has groups = c.  p0..p2 are the low paddings: output position q of
+ * spatial dim a reads input position q*s_a + r*d_a - p_a for kernel offset r, and a
+ * position outside [0, i_a) reads 0 (so the high padding follows from the sizes).  The
+ * epilogue is encoded as for the gemm entry point (ops, c0..c5, t0..t3) and runs on the fp32
+ * result, in the order given: a per-channel tensor (bias, channel_scale) is an (o,) vector, a
+ * residual or gate tensor has y's shape and layout.  `dtypes` may carry
+ * TIR_BYOC_PACKED_WEIGHT: w is then the block tir_byoc_<backend>_conv_pack made of the
+ * weight for this call, whose arguments are the conv entry point's without x, y and the
+ * tensors, then the form, the block and its size as for tir_byoc_<backend>_pack:
+ *
+ *     int32_t tir_byoc_<backend>_conv_pack(const void *w, int32_t dtypes, int32_t layout,
+ *                                          int32_t weight_layout, int64_t n, ... int64_t p2,
+ *                                          int64_t ops, double c0, ..., double c5,
+ *                                          int32_t *form, void *out, int64_t *size);
+ *
+ * TIR_BYOC_DEFINE_CONV(backend, impl) defines the entry point: it decodes and checks the
+ * arguments into a tir_byoc_conv and returns impl(&conv); impl checks dtypes and flags.
+ */
+typedef enum {
+  TIR_BYOC_CONV_CHANNELS_FIRST = 0, /* NCW, NCHW, NCDHW */
+  TIR_BYOC_CONV_CHANNELS_LAST = 1   /* NWC, NHWC, NDHWC */
+} tir_byoc_conv_layout;
+
+typedef enum {
+  TIR_BYOC_CONV_WEIGHT_OIK = 0, /* (o, c/groups, k0, k1, k2): OIW, OIHW, OIDHW */
+  TIR_BYOC_CONV_WEIGHT_KIO = 1  /* (k0, k1, k2, c/groups, o): WIO, HWIO, DHWIO */
+} tir_byoc_conv_weight_layout;
+
+/* A whole conv call, decoded and checked (TIR_BYOC_DEFINE_CONV). */
+typedef struct {
+  const void *x, *w;
+  void *y;
+  int32_t dtypes; /* signature and flags, as passed */
+  tir_byoc_conv_layout layout;
+  tir_byoc_conv_weight_layout weight_layout;
+  int64_t n, c, o, groups;
+  int64_t in[3], out[3], kernel[3], stride[3], dilation[3], pad[3];
+  tir_byoc_epilogue epilogue;
+} tir_byoc_conv;
+
+/* Elements of the output positions of one image (o0 * o1 * o2), of the kernel window, ... */
+static inline int64_t tir_byoc_conv_volume(const int64_t *dims) {
+  return dims[0] * dims[1] * dims[2];
+}
+
+/* Layouts, extents and groups valid, every operand's size indexable with int64_t. */
+static inline int32_t tir_byoc_check_conv(const tir_byoc_conv *conv) {
+  const double limit = 9.0e18;
+  if ((unsigned)conv->layout > 1u || (unsigned)conv->weight_layout > 1u) return TIR_BYOC_ESHAPE;
+  if (conv->n < 0 || conv->c < 1 || conv->o < 1 || conv->groups < 1) return TIR_BYOC_ESHAPE;
+  if (conv->c % conv->groups != 0 || conv->o % conv->groups != 0) return TIR_BYOC_ESHAPE;
+  for (int a = 0; a < 3; ++a) {
+    if (conv->in[a] < 1 || conv->out[a] < 1 || conv->kernel[a] < 1) return TIR_BYOC_ESHAPE;
+    if (conv->stride[a] < 1 || conv->dilation[a] < 1 || conv->pad[a] < 0) return TIR_BYOC_ESHAPE;
+    if ((double)conv->in[a] + conv->pad[a] > limit ||
+        ((double)conv->out[a] - 1) * conv->stride[a] + ((double)conv->kernel[a] - 1) *
+            conv->dilation[a] > limit)
+      return TIR_BYOC_ESHAPE;
+  }
+  if ((double)conv->n * conv->c * conv->in[0] * conv->in[1] * conv->in[2] > limit ||
+      (double)conv->n * conv->o * conv->out[0] * conv->out[1] * conv->out[2] > limit ||
+      (double)conv->o * (conv->c / conv->groups) * conv->kernel[0] * conv->kernel[1] *
+              conv->kernel[2] > limit)
+    return TIR_BYOC_ESHAPE;
+  return TIR_BYOC_OK;
+}
+
+/* Ops first.. of `epilogue` over the fp32 output y of `conv`, in place: for channels last the
+ * gemm epilogue over (n * positions, o) rows; for channels first one (n, o) plane of positions
+ * at a time, the per-channel ops reading the plane's channel. */
+static inline void tir_byoc_conv_epilogue(const tir_byoc_epilogue *epilogue, int first,
+                                          const tir_byoc_conv *conv) {
+  const int64_t plane = tir_byoc_conv_volume(conv->out);
+  float *y = (float *)conv->y;
+  if (first >= epilogue->count) return;
+  if (conv->layout == TIR_BYOC_CONV_CHANNELS_LAST) {
+    tir_byoc_run_epilogue(epilogue, first, y, conv->n * plane, conv->o);
+    return;
+  }
+  for (int64_t p = 0; p < conv->n * conv->o; ++p) {
+    float *row = y + p * plane;
+    const int64_t channel = p % conv->o;
+    for (int i = first; i < epilogue->count; ++i) {
+      const tir_byoc_op *op = &epilogue->op[i];
+      if (op->code == TIR_BYOC_OP_BIAS || op->code == TIR_BYOC_OP_CHANNEL_SCALE) {
+        const float t = ((const float *)op->tensor)[channel];
+        if (op->code == TIR_BYOC_OP_BIAS)
+          for (int64_t j = 0; j < plane; ++j) row[j] = row[j] + t;
+        else
+          for (int64_t j = 0; j < plane; ++j) row[j] = row[j] * t;
+      } else {
+        tir_byoc_op_span(op, row, p, 0, plane, plane); /* a residual: t[p * plane + j] */
+      }
+    }
+  }
+}
+
+/* The conv entry point's shape arguments, after weight_layout. */
+#define TIR_BYOC_CONV_SHAPE_PARAMS_                                                            \
+  int64_t n, int64_t c, int64_t o, int64_t groups, int64_t i0, int64_t i1, int64_t i2,         \
+      int64_t o0, int64_t o1, int64_t o2, int64_t k0, int64_t k1, int64_t k2, int64_t s0,      \
+      int64_t s1, int64_t s2, int64_t d0, int64_t d1, int64_t d2, int64_t p0, int64_t p1,      \
+      int64_t p2
+
+/* Fill `conv` (not its pointers and epilogue) from the shape arguments. */
+#define TIR_BYOC_CONV_OF_PARAMS_(conv)                                                         \
+  do {                                                                                         \
+    const int64_t shape_[6][3] = {{i0, i1, i2}, {o0, o1, o2}, {k0, k1, k2},                     \
+                                  {s0, s1, s2}, {d0, d1, d2}, {p0, p1, p2}};                    \
+    int64_t *fields_[6] = {(conv).in, (conv).out, (conv).kernel,                               \
+                           (conv).stride, (conv).dilation, (conv).pad};                         \
+    for (int f_ = 0; f_ < 6; ++f_) memcpy(fields_[f_], shape_[f_], sizeof shape_[f_]);         \
+    (conv).dtypes = dtypes, (conv).layout = (tir_byoc_conv_layout)layout;                      \
+    (conv).weight_layout = (tir_byoc_conv_weight_layout)weight_layout;                          \
+    (conv).n = n, (conv).c = c, (conv).o = o, (conv).groups = groups;                          \
+  } while (0)
+
+/* Decode the epilogue of a conv call (the gemm entry point's decoding, rows = n * positions). */
+static inline int32_t tir_byoc_conv_decode_epilogue(tir_byoc_conv *conv, int64_t ops,
+                                                    const double *constants,
+                                                    const void *const *tensors) {
+  tir_byoc_call call;
+  int32_t status;
+  memset(&call, 0, sizeof call);
+  call.m = conv->n * tir_byoc_conv_volume(conv->out), call.n = conv->o;
+  status = tir_byoc_decode_epilogue(&call, ops, constants, tensors);
+  conv->epilogue = call.epilogue;
+  return status;
+}
+
+typedef int32_t (*tir_byoc_conv_fn)(const tir_byoc_conv *conv);
+
+#define TIR_BYOC_DEFINE_CONV(backend, impl)                                                    \
+  TIR_BYOC_EXTERN_C TIR_BYOC_EXPORT int32_t tir_byoc_##backend##_conv(                         \
+      const void *x, const void *w, void *y, int32_t dtypes, int32_t layout,                   \
+      int32_t weight_layout, TIR_BYOC_CONV_SHAPE_PARAMS_, int64_t ops, double c0, double c1,   \
+      double c2, double c3, double c4, double c5, const void *t0, const void *t1,              \
+      const void *t2, const void *t3) {                                                        \
+    const double constants[TIR_BYOC_MAX_CONSTANTS] = {c0, c1, c2, c3, c4, c5};                 \
+    const void *const tensors[TIR_BYOC_MAX_TENSORS] = {t0, t1, t2, t3};                        \
+    tir_byoc_conv conv;                                                                        \
+    int32_t status;                                                                            \
+    memset(&conv, 0, sizeof conv);                                                             \
+    TIR_BYOC_CONV_OF_PARAMS_(conv);                                                            \
+    conv.x = x, conv.w = w, conv.y = y;                                                        \
+    if ((status = tir_byoc_check_conv(&conv)) != TIR_BYOC_OK) return status;                   \
+    if (n > 0 && (x == NULL || w == NULL || y == NULL)) return TIR_BYOC_ENULL;                 \
+    if ((status = tir_byoc_conv_decode_epilogue(&conv, ops, constants, tensors)) !=            \
+        TIR_BYOC_OK)                                                                           \
+      return status;                                                                           \
+    return impl(&conv);                                                                        \
+  }
+
 #endif /* TIR_BYOC_H_ */

@@ -187,7 +187,7 @@ def test_duplicate_names_and_symbols_are_value_errors(user_source):
 
 def test_the_bundled_reference_backend_covers_every_pattern():
     ref = tir_byoc.REGISTRY.of_backend("ref")
-    assert sorted(i.pattern for i in ref) == sorted([*CALL_PATTERNS, "gemm"])
+    assert sorted(i.pattern for i in ref) == sorted([*CALL_PATTERNS, "gemm", "conv"])
     for name in tir_byoc.PATTERNS:
         assert any(i.serves(name) for i in ref), name
     assert all(i.extern_symbol == f"tir_byoc_ref_{i.pattern}" for i in ref)

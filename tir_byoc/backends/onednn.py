@@ -1,4 +1,5 @@
-"""The oneDNN backend: every pattern as one oneDNN matmul primitive, bias and relu fused.
+"""The oneDNN backend: every pattern as one oneDNN matmul primitive, bias and relu fused, and
+every convolution pattern as one oneDNN convolution primitive (``onednn.conv``).
 
 Source ``intrinsics/onednn/matmul.cpp``; registry keys ``onednn.<pattern>``, symbols
 ``tir_byoc_onednn_<pattern>``.  Library: the CPU-only GNU-OpenMP build of oneDNN 3.2 from PyPI
@@ -15,7 +16,8 @@ import functools
 from .. import threads
 from ..epilogues import OPS
 from ..match import Match
-from ..registry import REGISTRY, RELU_NAN_BOTH, Backend, LinkSpec
+from ..match.conv_records import CONV_ENTRY
+from ..registry import REGISTRY, RELU_NAN_BOTH, Backend, Intrinsic, LinkSpec
 from ..signature import DtypeSignature
 from ..toolchain import entry_point, intrinsics_dir
 from .cpu import cpuinfo_field
@@ -98,6 +100,18 @@ def _register() -> None:
         priority=PRIORITY,
         check=_check,
         relu_nan=RELU_NAN_BOTH,
+    )
+    # Every convolution pattern, through tir_byoc_onednn_conv (intrinsics/onednn/conv.cpp).
+    REGISTRY.register(
+        Intrinsic(
+            "onednn.conv",
+            CONV_ENTRY,
+            "tir_byoc_onednn_conv",
+            ("float32",),
+            intrinsics_dir() / "onednn" / "conv.cpp",
+            priority=PRIORITY,
+            ops=tuple(OPS),
+        )
     )
 
 

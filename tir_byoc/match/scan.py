@@ -11,6 +11,8 @@ from tvm import tirx
 
 from ..decline import GEMM_CHAIN, Decline, Declined
 from .chain import extend_chain, separate_init
+from .conv import looks_like_conv
+from .conv_chain import scan_convolution
 from .explain import stranded_epilogues, unread_loop_nests, unreadable_candidates
 from .extents import Extents
 from .records import FunctionScan
@@ -38,6 +40,12 @@ def scan_function(name: str, func: tirx.PrimFunc) -> FunctionScan:
     stranded = []
     for position, nest in enumerate(index.nests):
         if position in covered or not looks_like_gemm(nest.block):
+            continue
+        if looks_like_conv(nest.block):  # a convolution is never read as a GEMM
+            match, declined, members = scan_convolution(position, index, extents, name)
+            matches += [match] if match is not None else []
+            rejections += declined
+            covered.update(members)
             continue
         init = separate_init(nest, index, covered)
         try:

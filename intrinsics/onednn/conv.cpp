@@ -1,0 +1,591 @@
+/*
+ * onednn/conv.cpp - the oneDNN convolution: the conv entry point of tir_byoc.h as one oneDNN
+ * convolution_forward primitive (fp32), symbol tir_byoc_onednn_conv, registry key
+ * onednn.conv; and tir_byoc_onednn_conv_pack, which lays a constant weight out once, at build
+ * time, in the layout the primitive asks for.
+ *
+ * - Activations are described to oneDNN in their TVM layout (plain ncw/nchw/ncdhw or
+ *   nwc/nhwc/ndhwc), never copied.  The spatial dims the call passes as trivial (extent,
+ *   kernel, stride and dilation 1, padding 0) at the end are dropped: a 2-D convolution is a
+ *   2-D primitive.
+ * - The plain weight is described by its strides (O, I/G, k... or k..., I/G, O, with a group
+ *   dim in front when groups > 1).  oneDNN's kernels want a blocked weight: a call with a plain
+ *   weight runs whatever oneDNN implements for that layout, a call with a packed weight
+ *   (TIR_BYOC_PACKED_WEIGHT) the primitive created with format_tag::any.  The pack function
+ *   chooses between the two by timing the call both ways (TIR_BYOC_ONEDNN_PACK=library|plain
+ *   names the form instead).
+ * - The epilogue: a leading bias is the primitive's bias argument (oneDNN adds it to the fp32
+ *   sum, as the TIR adds it to the finished sum: one rounding each), then the ops oneDNN
+ *   computes exactly as tir_byoc_epilogue.h does are post-ops: relu (each NaN spelling only
+ *   if this machine's kernel gives what the C relu gives on NaN, infinities and signed zeros,
+ *   checked once per process), a residual add (binary add of a tensor of y's layout) and a
+ *   channel scale (binary mul of an (o,) vector).  The ops after the first other op run in C
+ *   (tir_byoc_conv_epilogue).
+ * - Primitives are created once per (shape, layouts, packed, fused epilogue) and kept in a
+ *   thread-safe cache; each runs with a user scratchpad of the calling thread (the PyPI oneDNN
+ *   is built without concurrent execution, so its own scratchpad is shared by all threads).
+ */
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "tir_byoc.h"
+
+namespace {
+
+using dt = dnnl::memory::data_type;
+using dims = dnnl::memory::dims;
+using tag = dnnl::memory::format_tag;
+
+dnnl::engine &Engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+dnnl::stream &Stream() {
+  thread_local dnnl::stream stream(Engine());
+  return stream;
+}
+
+/* One fused post-op: an eltwise relu, or a binary op on the residual / the channel vector. */
+enum class Post : int32_t { kRelu, kAdd, kChannelScale };
+
+/* What a primitive is specialised for: the call's geometry, the weight's form and the fused
+ * prefix of the epilogue. */
+struct Key {
+  int32_t layout, weight_layout;
+  int64_t n, c, o, groups;
+  std::array<int64_t, 3> in, out, kernel, stride, dilation, pad;
+  bool packed = false;
+  bool bias = false;
+  std::vector<Post> post;
+
+  auto Tie() const {
+    return std::tie(layout, weight_layout, n, c, o, groups, in, out, kernel, stride, dilation,
+                    pad, packed, bias, post);
+  }
+  bool operator<(const Key &other) const { return Tie() < other.Tie(); }
+};
+
+struct Entry {
+  dnnl::convolution_forward primitive;
+  dnnl::memory::desc src, weights, bias, dst, scratchpad, channel;
+  std::string implementation;
+  uint64_t id;
+};
+
+std::atomic<uint64_t> next_entry_id{1};
+
+/* The number of spatial dims the primitive needs: trailing trivial ones dropped, at least 1. */
+int SpatialDims(const Key &key) {
+  int count = 3;
+  while (count > 1 && key.in[count - 1] == 1 && key.out[count - 1] == 1 &&
+         key.kernel[count - 1] == 1 && key.pad[count - 1] == 0)
+    --count;
+  return count;
+}
+
+dnnl::memory::desc Activations(const Key &key, int64_t channels,
+                               const std::array<int64_t, 3> &spatial) {
+  const int count = SpatialDims(key);
+  dims shape{key.n, channels};
+  for (int a = 0; a < count; ++a) shape.push_back(spatial[a]);
+  static const tag first[] = {tag::ncw, tag::nchw, tag::ncdhw};
+  static const tag last[] = {tag::nwc, tag::nhwc, tag::ndhwc};
+  const tag format = key.layout == TIR_BYOC_CONV_CHANNELS_FIRST ? first[count - 1] : last[count - 1];
+  return dnnl::memory::desc(shape, dt::f32, format);
+}
+
+/* The weight as the call passes it, by strides: (G,) O/G, I/G, k... over the plain layout. */
+dnnl::memory::desc PlainWeights(const Key &key) {
+  const int count = SpatialDims(key);
+  const int64_t in_group = key.c / key.groups, out_group = key.o / key.groups;
+  dims window(key.kernel.begin(), key.kernel.begin() + count);
+  dims window_strides(count);
+  int64_t inner = key.weight_layout == TIR_BYOC_CONV_WEIGHT_OIK ? 1 : in_group * key.o;
+  for (int a = count - 1; a >= 0; --a) window_strides[a] = inner, inner *= window[a];
+  const int64_t volume = inner / (key.weight_layout == TIR_BYOC_CONV_WEIGHT_OIK ? 1 : in_group * key.o);
+  int64_t o_stride, i_stride;
+  if (key.weight_layout == TIR_BYOC_CONV_WEIGHT_OIK)
+    o_stride = in_group * volume, i_stride = volume;
+  else
+    o_stride = 1, i_stride = key.o;
+  dims shape, strides;
+  if (key.groups > 1) shape.push_back(key.groups), strides.push_back(out_group * o_stride);
+  shape.push_back(out_group), strides.push_back(o_stride);
+  shape.push_back(in_group), strides.push_back(i_stride);
+  shape.insert(shape.end(), window.begin(), window.end());
+  strides.insert(strides.end(), window_strides.begin(), window_strides.end());
+  return dnnl::memory::desc(shape, dt::f32, strides);
+}
+
+dnnl::memory::desc AnyWeights(const Key &key) {
+  dnnl::memory::desc plain = PlainWeights(key);
+  return dnnl::memory::desc(plain.get_dims(), dt::f32, tag::any);
+}
+
+std::shared_ptr<const Entry> Create(const Key &key) {
+  Entry entry;
+  const int count = SpatialDims(key);
+  entry.src = Activations(key, key.c, key.in);
+  entry.dst = Activations(key, key.o, key.out);
+  entry.weights = key.packed ? AnyWeights(key) : PlainWeights(key);
+  if (key.bias) entry.bias = dnnl::memory::desc({key.o}, dt::f32, tag::a);
+  dims strides, dilation, left, right;
+  for (int a = 0; a < count; ++a) {
+    strides.push_back(key.stride[a]);
+    dilation.push_back(key.dilation[a] - 1);
+    left.push_back(key.pad[a]);
+    right.push_back((key.out[a] - 1) * key.stride[a] + (key.kernel[a] - 1) * key.dilation[a] + 1 -
+                    key.in[a] - key.pad[a]);
+  }
+  dims channel_dims{1, key.o};
+  for (int a = 0; a < count; ++a) channel_dims.push_back(1);
+  dims channel_strides(channel_dims.size(), 1);  // the (o,) vector as (1, o, 1...)
+  channel_strides[0] = key.o;
+  entry.channel = dnnl::memory::desc(channel_dims, dt::f32, channel_strides);
+  dnnl::post_ops ops;
+  for (Post post : key.post) {
+    if (post == Post::kRelu)
+      ops.append_eltwise(dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    else if (post == Post::kAdd)
+      ops.append_binary(dnnl::algorithm::binary_add, entry.dst);
+    else
+      ops.append_binary(dnnl::algorithm::binary_mul, entry.channel);
+  }
+  dnnl::primitive_attr attr;
+  attr.set_post_ops(ops);
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  dnnl::convolution_forward::primitive_desc desc(
+      Engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+      entry.src, entry.weights, entry.bias, entry.dst, strides, dilation, left, right, attr);
+  entry.implementation = desc.impl_info_str();
+  if (key.packed) entry.weights = desc.weights_desc();
+  entry.scratchpad = desc.scratchpad_desc();
+  entry.primitive = dnnl::convolution_forward(desc);
+  entry.id = next_entry_id++;
+  return std::make_shared<const Entry>(std::move(entry));
+}
+
+/* Created primitives by key; cleared when it holds kCapacity (a model has a few dozen). */
+constexpr size_t kCapacity = 512;
+
+std::shared_ptr<const Entry> Get(const Key &key) {
+  static std::mutex mutex;
+  static std::map<Key, std::shared_ptr<const Entry>> cache;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto found = cache.find(key);
+    if (found != cache.end()) return found->second;
+  }
+  std::shared_ptr<const Entry> entry = Create(key);  // outside the lock: creation is slow
+  std::lock_guard<std::mutex> lock(mutex);
+  if (cache.size() >= kCapacity) cache.clear();
+  return cache.emplace(key, entry).first->second;
+}
+
+/* This thread's scratchpad, at least `bytes` long (see the file comment); NULL without memory. */
+void *Scratchpad(size_t bytes) {
+  struct Buffer {
+    void *data = nullptr;
+    size_t size = 0;
+    ~Buffer() { std::free(data); }
+  };
+  thread_local Buffer buffer;
+  if (bytes > buffer.size) {
+    const size_t size = (bytes + 63) / 64 * 64;
+    void *grown = std::aligned_alloc(64, size);
+    if (grown == nullptr) return nullptr;
+    std::free(buffer.data);
+    buffer.data = grown, buffer.size = size;
+  }
+  return buffer.data;
+}
+
+/* The memory objects of one entry's arguments, made once per thread and re-pointed per call. */
+struct BoundArgs {
+  dnnl::memory src, weights, bias, dst, scratchpad;
+  std::vector<dnnl::memory> operand;
+  std::vector<dnnl_exec_arg_t> args;
+
+  BoundArgs(const Entry &entry, const Key &key) {
+    dnnl::engine &engine = Engine();
+    src = dnnl::memory(entry.src, engine, DNNL_MEMORY_NONE);
+    weights = dnnl::memory(entry.weights, engine, DNNL_MEMORY_NONE);
+    dst = dnnl::memory(entry.dst, engine, DNNL_MEMORY_NONE);
+    args.push_back({DNNL_ARG_SRC, src.get()});
+    args.push_back({DNNL_ARG_WEIGHTS, weights.get()});
+    args.push_back({DNNL_ARG_DST, dst.get()});
+    if (key.bias) {
+      bias = dnnl::memory(entry.bias, engine, DNNL_MEMORY_NONE);
+      args.push_back({DNNL_ARG_BIAS, bias.get()});
+    }
+    for (size_t i = 0; i < key.post.size(); ++i) {
+      if (key.post[i] == Post::kRelu) {
+        operand.emplace_back();
+        continue;
+      }
+      const dnnl::memory::desc &md = key.post[i] == Post::kAdd ? entry.dst : entry.channel;
+      operand.push_back(dnnl::memory(md, engine, DNNL_MEMORY_NONE));
+      args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(static_cast<int>(i)) | DNNL_ARG_SRC_1,
+                      operand.back().get()});
+    }
+    if (entry.scratchpad.get_size() > 0) {
+      scratchpad = dnnl::memory(entry.scratchpad, engine, DNNL_MEMORY_NONE);
+      args.push_back({DNNL_ARG_SCRATCHPAD, scratchpad.get()});
+    }
+  }
+};
+
+BoundArgs &Bind(const Entry &entry, const Key &key) {
+  thread_local std::unordered_map<uint64_t, std::unique_ptr<BoundArgs>> bound;
+  auto found = bound.find(entry.id);
+  if (found != bound.end()) return *found->second;
+  if (bound.size() >= 2 * kCapacity) bound.clear();
+  return *bound.emplace(entry.id, std::make_unique<BoundArgs>(entry, key)).first->second;
+}
+
+bool Point(const dnnl::memory &memory, const void *data) {
+  return dnnl_memory_set_data_handle(memory.get(), const_cast<void *>(data)) == dnnl_success;
+}
+
+/* Run `entry` (made for `key`) on the caller's buffers; `operands[i]` for binary post-op i. */
+int32_t Execute(const Entry &entry, const Key &key, const void *x, const void *w,
+                const void *bias, const void *const *operands, void *y) {
+  BoundArgs &bound = Bind(entry, key);
+  bool pointed = Point(bound.src, x) && Point(bound.weights, w) && Point(bound.dst, y);
+  if (key.bias) pointed = pointed && Point(bound.bias, bias);
+  for (size_t i = 0; i < key.post.size(); ++i)
+    if (key.post[i] != Post::kRelu) pointed = pointed && Point(bound.operand[i], operands[i]);
+  const size_t scratchpad_bytes = entry.scratchpad.get_size();
+  if (scratchpad_bytes > 0) {
+    void *scratchpad = Scratchpad(scratchpad_bytes);
+    if (scratchpad == nullptr) return TIR_BYOC_EBACKEND;
+    pointed = pointed && Point(bound.scratchpad, scratchpad);
+  }
+  if (!pointed) return TIR_BYOC_EBACKEND;
+  dnnl::stream &stream = Stream();
+  if (dnnl_primitive_execute(entry.primitive.get(), stream.get(), static_cast<int>(bound.args.size()),
+                             bound.args.data()) != dnnl_success ||
+      dnnl_stream_wait(stream.get()) != dnnl_success)
+    return TIR_BYOC_EBACKEND;
+  return TIR_BYOC_OK;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Which relu oneDNN's post-op computes on this machine: run once, a 1x1 convolution of one
+ * channel (y = x exactly) with the relu post-op over NaN, the infinities, signed zeros and a
+ * few values, compared bit for bit (any NaN with any NaN) with the C epilogue's two relus.
+ * Returns the op code it equals (TIR_BYOC_OP_RELU or TIR_BYOC_OP_RELU_KEEP_NAN), or 0.
+ */
+bool SameFloats(const float *a, const float *b, int count) {
+  for (int i = 0; i < count; ++i) {
+    if (std::isnan(a[i]) && std::isnan(b[i])) continue;
+    if (std::memcmp(a + i, b + i, sizeof(float)) != 0) return false;
+  }
+  return true;
+}
+
+int32_t ProbeRelu() {
+  constexpr int kCount = 16;
+  const float inf = INFINITY;
+  float x[kCount] = {NAN, -NAN, inf, -inf, 0.0f, -0.0f, 1.0f, -1.0f,
+                     3.0e38f, -3.0e38f, 1e-38f, -1e-38f, 0.5f, -0.5f, 7.0f, -7.0f};
+  float w = 1.0f, y[kCount];
+  Key key{};
+  key.layout = TIR_BYOC_CONV_CHANNELS_FIRST, key.weight_layout = TIR_BYOC_CONV_WEIGHT_OIK;
+  key.n = 1, key.c = 1, key.o = 1, key.groups = 1;
+  key.in = {kCount, 1, 1}, key.out = {kCount, 1, 1}, key.kernel = {1, 1, 1};
+  key.stride = {1, 1, 1}, key.dilation = {1, 1, 1}, key.pad = {0, 0, 0};
+  key.post = {Post::kRelu};
+  try {
+    std::shared_ptr<const Entry> entry = Get(key);
+    if (Execute(*entry, key, x, &w, nullptr, nullptr, y) != TIR_BYOC_OK) return 0;
+  } catch (...) {
+    return 0;
+  }
+  for (int32_t code : {TIR_BYOC_OP_RELU, TIR_BYOC_OP_RELU_KEEP_NAN}) {
+    float want[kCount];
+    std::memcpy(want, x, sizeof x);
+    tir_byoc_op op{};
+    op.code = code;
+    tir_byoc_op_span(&op, want, 0, 0, kCount, kCount);
+    if (SameFloats(want, y, kCount)) return code;
+  }
+  return 0;
+}
+
+int32_t FusedRelu() {
+  static const int32_t code = ProbeRelu();
+  return code;
+}
+
+/* The key of `conv` (its geometry) with the longest prefix of its epilogue oneDNN computes
+ * exactly fused; *fused is set to how many ops that is. */
+Key KeyOf(const tir_byoc_conv &conv, bool packed, int *fused) {
+  Key key{};
+  key.layout = conv.layout, key.weight_layout = conv.weight_layout;
+  key.n = conv.n, key.c = conv.c, key.o = conv.o, key.groups = conv.groups;
+  for (int a = 0; a < 3; ++a) {
+    key.in[a] = conv.in[a], key.out[a] = conv.out[a], key.kernel[a] = conv.kernel[a];
+    key.stride[a] = conv.stride[a], key.dilation[a] = conv.dilation[a], key.pad[a] = conv.pad[a];
+  }
+  key.packed = packed;
+  int i = 0;
+  const tir_byoc_epilogue &epilogue = conv.epilogue;
+  if (i < epilogue.count && epilogue.op[i].code == TIR_BYOC_OP_BIAS) key.bias = true, ++i;
+  for (; i < epilogue.count; ++i) {
+    const int32_t code = epilogue.op[i].code;
+    if (code == TIR_BYOC_OP_RELU || code == TIR_BYOC_OP_RELU_KEEP_NAN) {
+      if (FusedRelu() != code) break;
+      key.post.push_back(Post::kRelu);
+    } else if (code == TIR_BYOC_OP_ADD) {
+      key.post.push_back(Post::kAdd);
+    } else if (code == TIR_BYOC_OP_CHANNEL_SCALE) {
+      key.post.push_back(Post::kChannelScale);
+    } else {
+      break;
+    }
+  }
+  *fused = i;
+  return key;
+}
+
+/* Run a conv call whose weight `w` is in the form of `key`; the unfused ops in C after. */
+int32_t Run(const tir_byoc_conv &conv, const Key &key, int fused, const void *w) {
+  std::shared_ptr<const Entry> entry = Get(key);
+  const void *operands[TIR_BYOC_MAX_OPS] = {nullptr};
+  const int first = key.bias ? 1 : 0;
+  for (size_t i = 0; i < key.post.size(); ++i) operands[i] = conv.epilogue.op[first + i].tensor;
+  const void *bias = key.bias ? conv.epilogue.op[0].tensor : nullptr;
+  int32_t status = Execute(*entry, key, conv.x, w, bias, operands, conv.y);
+  if (status != TIR_BYOC_OK) return status;
+  tir_byoc_conv_epilogue(&conv.epilogue, fused, &conv);
+  return TIR_BYOC_OK;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Packed weights: a 64-byte header, then the weight reordered into the layout the primitive
+ * created with format_tag::any asks for.  The header names that layout (a hash of the memory
+ * descriptor and of oneDNN's kernel name), so a block made for another shape, epilogue, CPU or
+ * oneDNN version gives TIR_BYOC_EPACKED.
+ */
+struct PackHeader {
+  char magic[8];
+  uint64_t layout;
+  uint64_t bytes;
+  uint64_t form;
+  uint64_t reserved[4];
+};
+static_assert(sizeof(PackHeader) == 64, "the packed data starts 64-byte aligned");
+constexpr char kPackMagic[8] = {'t', 'i', 'r', 'b', 'y', 'o', 'c', 'C'};
+
+uint64_t LayoutHash(const Entry &entry) {
+  const dnnl::memory::desc &md = entry.weights;
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](uint64_t part) { h = (h ^ part) * 1099511628211ull; };
+  auto mix_all = [&mix](const dims &values) {
+    mix(values.size());
+    for (int64_t v : values) mix(static_cast<uint64_t>(v));
+  };
+  mix(static_cast<uint64_t>(md.get_format_kind()));
+  mix(md.get_size());
+  mix_all(md.get_dims());
+  mix_all(md.get_padded_dims());
+  mix_all(md.get_strides());
+  mix_all(md.get_inner_blks());
+  mix_all(md.get_inner_idxs());
+  for (char ch : entry.implementation) mix(static_cast<uint64_t>(ch));
+  return h;
+}
+
+void Reorder(const Key &plain, const void *w, const Entry &entry, void *out) {
+  dnnl::memory source(PlainWeights(plain), Engine(), const_cast<void *>(w));
+  dnnl::memory target(entry.weights, Engine(), out);
+  dnnl::reorder(source, target).execute(Stream(), source, target);
+  Stream().wait();
+}
+
+struct Scratch {
+  std::unique_ptr<void, decltype(&std::free)> data{nullptr, &std::free};
+  explicit Scratch(size_t bytes)
+      : data(std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64), &std::free) {
+    if (data == nullptr) throw std::bad_alloc();
+    std::memset(data.get(), 0, (bytes + 63) / 64 * 64 + 64);
+  }
+  void *get() const { return data.get(); }
+};
+
+/* Median seconds of the call with the plain weight and with the packed one, interleaved,
+ * after a warm-up: at least 3 and at most 9 rounds, stopping after 0.3 s. */
+std::array<double, 2> TimeForms(const Key &plain, const Key &packed, const void *w) {
+  const int64_t x_count = plain.n * plain.c * plain.in[0] * plain.in[1] * plain.in[2];
+  const int64_t y_count = plain.n * plain.o * plain.out[0] * plain.out[1] * plain.out[2];
+  Scratch x(x_count * sizeof(float)), y(y_count * sizeof(float)), residual(y_count * sizeof(float)),
+      vector(plain.o * sizeof(float));
+  float *xs = static_cast<float *>(x.get());
+  uint32_t state = 12345;
+  for (int64_t i = 0; i < x_count; ++i) {
+    state = state * 1664525u + 1013904223u;
+    xs[i] = static_cast<float>(state >> 8) / static_cast<float>(1u << 23) - 1.0f;
+  }
+  std::shared_ptr<const Entry> entries[2] = {Get(plain), Get(packed)};
+  Scratch block(entries[1]->weights.get_size());
+  Reorder(plain, w, *entries[1], block.get());
+  const void *weights[2] = {w, block.get()};
+  const void *operands[TIR_BYOC_MAX_OPS];
+  for (size_t i = 0; i < plain.post.size(); ++i)
+    operands[i] = plain.post[i] == Post::kAdd ? residual.get() : vector.get();
+  auto run = [&](int form) {
+    if (Execute(*entries[form], form ? packed : plain, x.get(), weights[form], vector.get(),
+                operands, y.get()) != TIR_BYOC_OK)
+      throw std::runtime_error("a form failed to run");
+  };
+  using clock = std::chrono::steady_clock;
+  std::vector<double> times[2];
+  run(0), run(1);
+  const clock::time_point start = clock::now();
+  for (int round = 0; round < 9; ++round) {
+    for (int form = 0; form < 2; ++form) {
+      const clock::time_point before = clock::now();
+      run(form);
+      times[form].push_back(std::chrono::duration<double>(clock::now() - before).count());
+    }
+    if (round >= 2 && clock::now() - start > std::chrono::milliseconds(300)) break;
+  }
+  std::array<double, 2> medians;
+  for (int form = 0; form < 2; ++form) {
+    std::sort(times[form].begin(), times[form].end());
+    medians[form] = times[form][times[form].size() / 2];
+  }
+  return medians;
+}
+
+/* The form to keep: the packed weight unless it is not 5 % faster than the plain one. */
+int32_t ChooseForm(const Key &plain, const Key &packed, const void *w) {
+  if (const char *setting = std::getenv("TIR_BYOC_ONEDNN_PACK")) {
+    const std::string named = setting;
+    if (named == "library" || named == "always") return TIR_BYOC_PACK_LIBRARY;
+    if (named == "plain") return TIR_BYOC_PACK_PLAIN;
+  }
+  const std::array<double, 2> medians = TimeForms(plain, packed, w);
+  return medians[1] <= 0.95 * medians[0] ? TIR_BYOC_PACK_LIBRARY : TIR_BYOC_PACK_PLAIN;
+}
+
+/* A whole conv call (TIR_BYOC_DEFINE_CONV has checked the geometry, pointers and epilogue). */
+int32_t Conv(const tir_byoc_conv *conv) {
+  const int32_t flags = TIR_BYOC_FLAGS_OF(conv->dtypes);
+  if (TIR_BYOC_SIGNATURE_OF(conv->dtypes) != TIR_BYOC_SIG_F32) return TIR_BYOC_EDTYPE;
+  if ((flags & ~TIR_BYOC_PACKED_WEIGHT) != 0) return TIR_BYOC_EDTYPE;
+  const bool packed = (flags & TIR_BYOC_PACKED_WEIGHT) != 0;
+  if (conv->n == 0) return TIR_BYOC_OK;
+  try {
+    int fused = 0;
+    const Key key = KeyOf(*conv, packed, &fused);
+    if (!packed) return Run(*conv, key, fused, conv->w);
+    const PackHeader *header = static_cast<const PackHeader *>(conv->w);
+    std::shared_ptr<const Entry> entry = Get(key);
+    if (std::memcmp(header->magic, kPackMagic, sizeof kPackMagic) != 0 ||
+        header->form != TIR_BYOC_PACK_LIBRARY || header->layout != LayoutHash(*entry) ||
+        header->bytes != entry->weights.get_size())
+      return TIR_BYOC_EPACKED;
+    return Run(*conv, key, fused, header + 1);
+  } catch (...) {
+    return TIR_BYOC_EBACKEND;
+  }
+}
+
+}  // namespace
+
+TIR_BYOC_DEFINE_CONV(onednn, Conv)
+
+/* Pack the plain weight w of a conv call (tir_byoc.h): with out == NULL set *size (0 for
+ * TIR_BYOC_PACK_PLAIN), first choosing *form if it is TIR_BYOC_PACK_CHOOSE; else write the
+ * block.  The epilogue's op codes shape the primitive (its fused post-ops); its constants do
+ * not, and are ignored. */
+extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_conv_pack(
+    const void *w, int32_t dtypes, int32_t layout, int32_t weight_layout,
+    TIR_BYOC_CONV_SHAPE_PARAMS_, int64_t ops, double c0, double c1, double c2, double c3,
+    double c4, double c5, int32_t *form, void *out, int64_t *size) {
+  (void)c0, (void)c1, (void)c2, (void)c3, (void)c4, (void)c5;
+  if (w == nullptr || form == nullptr || size == nullptr) return TIR_BYOC_ENULL;
+  if (dtypes != TIR_BYOC_SIG_F32) return TIR_BYOC_EDTYPE;
+  tir_byoc_conv conv;
+  std::memset(&conv, 0, sizeof conv);
+  TIR_BYOC_CONV_OF_PARAMS_(conv);
+  int32_t status = tir_byoc_check_conv(&conv);
+  if (status != TIR_BYOC_OK) return status;
+  const double constants[TIR_BYOC_MAX_CONSTANTS] = {0};
+  const void *const tensors[TIR_BYOC_MAX_TENSORS] = {nullptr};
+  const int64_t n_saved = conv.n;
+  conv.n = 0;  // the tensors may be NULL here
+  if ((status = tir_byoc_conv_decode_epilogue(&conv, ops, constants, tensors)) != TIR_BYOC_OK)
+    return status;
+  conv.n = n_saved;
+  try {
+    int fused = 0;
+    const Key plain = KeyOf(conv, false, &fused), packed = KeyOf(conv, true, &fused);
+    if (*form == TIR_BYOC_PACK_CHOOSE && out == nullptr) *form = ChooseForm(plain, packed, w);
+    if (*form == TIR_BYOC_PACK_PLAIN && out == nullptr) {
+      *size = 0;
+      return TIR_BYOC_OK;
+    }
+    if (*form != TIR_BYOC_PACK_LIBRARY) return TIR_BYOC_EDTYPE;
+    std::shared_ptr<const Entry> entry = Get(packed);
+    const int64_t bytes = static_cast<int64_t>(sizeof(PackHeader) + entry->weights.get_size());
+    if (out == nullptr) {
+      *size = bytes;
+      return TIR_BYOC_OK;
+    }
+    if (*size < bytes) return TIR_BYOC_ESHAPE;
+    PackHeader *header = static_cast<PackHeader *>(out);
+    std::memset(header, 0, sizeof *header);
+    std::memcpy(header->magic, kPackMagic, sizeof kPackMagic);
+    header->layout = LayoutHash(*entry);
+    header->bytes = entry->weights.get_size();
+    header->form = TIR_BYOC_PACK_LIBRARY;
+    Reorder(plain, w, *entry, header + 1);
+  } catch (...) {
+    return TIR_BYOC_EBACKEND;
+  }
+  return TIR_BYOC_OK;
+}
+
+/* The oneDNN implementation a conv call runs with the plain weight (packed = 0) or a packed
+ * one, written to out (at most size bytes, NUL-terminated); for reports and benchmarks. */
+extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_conv_implementation(
+    int32_t packed, int32_t layout, int32_t weight_layout, int64_t n, int64_t c, int64_t o,
+    int64_t groups, const int64_t *geometry, char *out, int64_t size) {
+  tir_byoc_conv conv;
+  std::memset(&conv, 0, sizeof conv);
+  conv.layout = (tir_byoc_conv_layout)layout;
+  conv.weight_layout = (tir_byoc_conv_weight_layout)weight_layout;
+  conv.n = n, conv.c = c, conv.o = o, conv.groups = groups;
+  int64_t *fields[6] = {conv.in, conv.out, conv.kernel, conv.stride, conv.dilation, conv.pad};
+  for (int f = 0; f < 6; ++f) std::memcpy(fields[f], geometry + 3 * f, 3 * sizeof(int64_t));
+  if (tir_byoc_check_conv(&conv) != TIR_BYOC_OK || out == nullptr || size < 1)
+    return TIR_BYOC_ESHAPE;
+  try {
+    int fused = 0;
+    std::shared_ptr<const Entry> entry = Get(KeyOf(conv, packed != 0, &fused));
+    std::snprintf(out, static_cast<size_t>(size), "%s", entry->implementation.c_str());
+  } catch (...) {
+    return TIR_BYOC_EBACKEND;
+  }
+  return TIR_BYOC_OK;
+}
