@@ -97,8 +97,9 @@ def _site(function: str, var, call: relax.Call) -> PoolSite | str | None:
     before, after = padding[:spatial], padding[spatial:] or padding[:spatial]
     padded = [n + b + a for n, b, a in zip(sizes, before, after)]
     # Step 1. Is it a candidate: does a window reach past the input on an axis of one output?
-    covers = [o == 1 and k - b >= n for o, k, b, n in zip(outs, kernel, before, sizes)]
-    beyond = [o == 1 and k - b > n for o, k, b, n in zip(outs, kernel, before, sizes)]
+    reach = [(k - 1) * d + 1 for k, d in zip(kernel, _ints(attrs.dilation))]
+    covers = [o == 1 and r - b >= n for o, r, b, n in zip(outs, reach, before, sizes)]
+    beyond = [o == 1 and r - b > n for o, r, b, n in zip(outs, reach, before, sizes)]
     if not any(beyond):
         return None
     # Step 2. What it must be to be rewritten.
