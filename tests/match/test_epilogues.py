@@ -338,6 +338,14 @@ def test_a_near_miss_names_the_op_and_what_differs(fn, nearest, reason):
     assert rejection.nearest == nearest and reason in rejection.reason, rejection
 
 
+def test_a_leaky_relu_of_slope_0_is_read_as_tvm_folds_it():
+    # TE folds z * 0 to 0: the select is then a relu whose NaN becomes 0, as TVM computes it.
+    # Left unfolded (as tir_byoc.testing's builder writes it), it is refused, because TVM
+    # folds it only later: tests/testing/test_programs.py, the mutation leaky_slope_zero.
+    folded = only_match(_dense_then(lambda z: tirx.Select(z > f32(0.0), z, z * f32(0.0))))
+    assert folded.pattern == "dense_relu" and folded.relu_nan == "zero"
+
+
 def test_clip_records_what_its_spelling_makes_of_nan():
     # max(min(z, 6), 0): min(NaN, 6) is 6, max(6, 0) is 6; min(6, z) keeps NaN, max(NaN, 0) is 0.
     first = only_match(_dense_then(lambda z: te.max(te.min(z, f32(6.0)), f32(0.0))))

@@ -280,7 +280,7 @@ def test_a_mutation_that_breaks_an_epilogue_op_stops_the_chain_before_it(name, s
     assert MUTATIONS[name].refusal is None or MUTATIONS[name].refusal in reason
 
 
-# The one reason a Rejection gives for the blocks after a chain's end is the broken op's even
+# The one reason a Decline gives for the blocks after a chain's end is the broken op's even
 # when a shorter cut inside a spelling of several blocks was refused first
 # (tests/properties/README.md); ops out of slot order before such a spelling scan whole.
 def test_a_near_miss_in_a_spelling_of_several_blocks_is_explained_by_its_op():
@@ -365,7 +365,7 @@ def test_epilogue_specs_that_cannot_be_built_name_the_problem():
         "expected clip bounds lo < hi": dict(
             activation="clip: max(min(z, hi), lo)", bounds=(1.0, 1.0)
         ),
-        r"expected a leaky relu slope in \[0, 1\]": dict(slope=1.5),
+        r"expected a leaky relu slope in \(0, 1\]": dict(slope=1.5),
         "expected a nonzero finite factor": dict(scale="z * c", factor=0.0),
         "init 'bias' adds the bias before the scale": dict(
             scale="z / c", bias="vector", init="bias"

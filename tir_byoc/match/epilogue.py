@@ -346,6 +346,14 @@ class EpilogueParser:
                 f"leaky relu slope {slope} is outside [0, 1]: {spelled} is not a leaky relu then",
                 op="leaky_relu",
             )
+        if slope == 0:
+            # TVM's simplifier folds z * 0 to 0, so the TIR turns -inf and NaN into 0 where
+            # the library's leaky relu gives NaN; which one a build computes is not ours to know.
+            raise Declined(
+                f"leaky relu slope 0: TVM folds the z * 0 of {spelled} to 0, so -inf and NaN "
+                "give 0 there and NaN in the library; spell it as a relu",
+                op="leaky_relu",
+            )
         return Step("leaky_relu", OPS["leaky_relu"].code, (float(slope),))
 
     def _relu(self, nan) -> Step:

@@ -155,7 +155,7 @@ def _read_as(chain: ChainSpec, op: str) -> str | None:
         return None
     if op == "clip" and knobs.clip_swapped:
         return None
-    if op == "leaky_relu" and knobs.slope is not None and not 0 <= knobs.slope <= 1:
+    if op == "leaky_relu" and knobs.slope is not None and not 0 < knobs.slope <= 1:
         return None
     if op in ("add", "mul") and knobs.tail_form != "full":
         # R[0, j] of a (1, N) tensor is a bias, G[0, j] a layer scale; an (M, 1) is refused.

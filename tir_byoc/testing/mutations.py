@@ -286,6 +286,14 @@ MUTATIONS: dict[str, Mutation] = {
         stops=True,
         wants={"activation": _spellings(lambda s: s.op == "leaky_relu")},
     ),
+    "leaky_slope_zero": Mutation(
+        "a leaky relu of slope 0",
+        {"slope": 0.0},
+        activation("leaky_relu"),
+        refusal="leaky relu slope 0: TVM folds the z * 0",
+        stops=True,
+        wants={"activation": _spellings(lambda s: s.op == "leaky_relu")},
+    ),
     "leaky_slope_negative": Mutation(
         "a leaky relu of slope -0.5",
         {"slope": -0.5},

@@ -76,7 +76,7 @@ class ChainSpec:
     bounds : tuple of float
         The clip's (lower, upper) bound.
     slope : float
-        The leaky relu's slope, in [0, 1].
+        The leaky relu's slope, in (0, 1] (TVM folds a slope of 0 away).
     alpha : float
         The swish's alpha (``z * sigmoid(alpha * z)``), finite.
     tail : str or None
@@ -382,7 +382,7 @@ def _epilogue_problem(chain: ChainSpec) -> str | None:
             math.isfinite(lo) and math.isfinite(hi) and lo < hi,
             f"expected clip bounds lo < hi, got {chain.bounds}",
         ),
-        (0 <= chain.slope <= 1, f"expected a leaky relu slope in [0, 1], got {chain.slope}"),
+        (0 < chain.slope <= 1, f"expected a leaky relu slope in (0, 1], got {chain.slope}"),
         (math.isfinite(chain.alpha), f"expected a finite swish alpha, got {chain.alpha}"),
         (
             not (chain.scale and chain.init == "bias"),

@@ -74,8 +74,8 @@ FACTORS = (0.125, 1 / 32**0.5, -0.5, 2.0, 3.0, -1.0, 1e-3, 1e3)
 CLIP_LOWER = (0.0, -1.0, -6.0, -0.5, 0.25, 2.0)
 CLIP_WIDTH = (6.0, 1.0, 0.5, 100.0)
 
-#: Leaky relu slopes drawn, both ends of [0, 1] included.
-SLOPES = (0.01, 0.0, 0.1, 0.2, 0.5, 1.0)
+#: Leaky relu slopes drawn, the top of (0, 1] included (slope 0 is a refusal: see mutations).
+SLOPES = (0.01, 0.1, 0.2, 0.5, 1.0)
 
 #: Swish alphas drawn: CLIP's quick_gelu, silu's 1 (written as a multiply), a negative one.
 ALPHAS = (1.702, 1.0, 0.5, -1.0)
