@@ -23,7 +23,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, s_tir, tirx
 
-from . import frontend, profiling, schedules
+from . import dynamic, frontend, profiling, schedules
 from .export import export_library
 from .profiling import DLIGHT, OFFLOADED, UNSCHEDULED, Profile
 from .rewrite import intrinsic_calls
@@ -173,22 +173,17 @@ class Model:
         entry writes is always copied from what the caller gave.
         """
         expected = self._expected_inputs(len(inputs))
-        if len(inputs) != len(expected):
+        if len(inputs) != len(expected.inputs):
             raise ValueError(
-                f"tir_byoc.Model: {self.entry} expected {len(expected)} inputs "
-                f"({', '.join(name for name, _, _ in expected)}), got {len(inputs)}"
+                f"tir_byoc.Model: {self.entry} expected {len(expected.inputs)} inputs "
+                f"({', '.join(item.name for item in expected.inputs)}), got {len(inputs)}"
             )
         written = () if self.is_relax else self._tir_signature.written
         tensors = [
-            to_tvm(value, i, copy=name in written)
-            for i, (value, (name, _, _)) in enumerate(zip(inputs, expected, strict=True))
+            to_tvm(value, i, copy=item.name in written)
+            for i, (value, item) in enumerate(zip(inputs, expected.inputs, strict=True))
         ]
-        for i, (tensor, (name, shape, dtype)) in enumerate(zip(tensors, expected, strict=True)):
-            if not _conforms(tuple(tensor.shape), str(tensor.dtype), shape, dtype):
-                raise ValueError(
-                    f"tir_byoc.Model: input {i} ({name}) expected shape {_shape_text(shape)} "
-                    f"{dtype}, got {tuple(tensor.shape)} {tensor.dtype}"
-                )
+        expected.check([(tuple(t.shape), str(t.dtype)) for t in tensors])
         if not self.is_relax and len(tensors) < len(self._tir_signature.params):
             tensors = self._with_outputs(tensors)
         return tensors
@@ -226,24 +221,34 @@ class Model:
             return result
         return _pytree.tree_unflatten(leaves, self._output_spec)
 
-    def _expected_inputs(self, given: int) -> tuple[tuple[str, tuple, str], ...]:
-        """(name, shape, dtype) of each input a call of ``given`` inputs takes; read from the
-        entry once per count (reading the IR costs more than the rest of a small call)."""
+    def _expected_inputs(self, given: int) -> dynamic.Signature:
+        """Each input a call of ``given`` inputs takes (name, dims, dtype), and the bounds of
+        the symbolic dims; read from the entry once per count (reading the IR costs more than
+        the rest of a small call)."""
         expected = self._expected.get(given)
         if expected is not None:
             return expected
         func = self.module[self.entry]
         if self.is_relax:
-            expected = tuple((p.name, _relax_shape(p.ty), str(p.ty.dtype)) for p in func.params)
+            items = tuple(
+                dynamic.Input(p.name, _relax_dims(p.ty), str(p.ty.dtype)) for p in func.params
+            )
         else:
             signature = self._tir_signature
-            expected = tuple(
-                (p.name, tuple(_static(e) for e in p.ty.shape), str(p.ty.dtype))
+            items = tuple(
+                dynamic.Input(p.name, tuple(_dim(e) for e in p.ty.shape), str(p.ty.dtype))
                 for p in func.params
                 if given == len(signature.params) or p.name not in signature.written
             )
-        self._expected[given] = expected
+        expected = self._expected[given] = dynamic.Signature(items, dynamic.bounds_of(func))
         return expected
+
+    @property
+    def dynamic_dims(self) -> dict[str, tuple[int, int | None]]:
+        """Each symbolic dim of the inputs, by name, with its (lower, upper) bound (None: no
+        upper bound); empty for a model built at one shape."""
+        func = self.module[self.entry]
+        return self._expected_inputs(len(func.params)).dims
 
     def _with_outputs(self, tensors):
         signature = self._tir_signature
@@ -327,27 +332,16 @@ def _static(expr) -> int | None:
     return int(expr.value) if isinstance(expr, tirx.IntImm) else None
 
 
-def _relax_shape(ty) -> tuple | None:
+def _dim(expr):
+    """A dim as :class:`tir_byoc.dynamic.Input` holds it: an int, or the expression."""
+    return int(expr.value) if isinstance(expr, tirx.IntImm) else expr
+
+
+def _relax_dims(ty) -> tuple | None:
     shape = getattr(ty, "shape", None)
     if shape is None or not hasattr(shape, "values"):
         return None
-    return tuple(_static(e) for e in shape.values)
-
-
-def _shape_text(shape) -> str:
-    if shape is None:
-        return "(any)"
-    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
-
-
-def _conforms(shape: tuple, dtype: str, expected_shape, expected_dtype: str) -> bool:
-    if dtype != expected_dtype:
-        return False
-    if expected_shape is None:
-        return True
-    return len(shape) == len(expected_shape) and all(
-        d is None or d == n for d, n in zip(expected_shape, shape, strict=True)
-    )
+    return tuple(_dim(e) for e in shape.values)
 
 
 __all__ = ["DLIGHT", "OFFLOADED", "UNSCHEDULED", "Model", "TirSignature", "profile"]

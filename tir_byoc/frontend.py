@@ -38,6 +38,7 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
+from . import dynamic
 from .frontend_ops import CONVERTERS, UnsupportedModel, boolean_logic
 
 
@@ -273,8 +274,12 @@ def symptom_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {shown}" if shown else first_line(error)
 
 
-def import_torch(model, example_inputs):
+def import_torch(model, example_inputs, dynamic_shapes=None):
     """Export ``model`` with ``example_inputs`` and import it into Relax.
+
+    ``dynamic_shapes`` is passed to ``torch.export`` (:func:`tir_byoc.dynamic.export_spec`
+    makes it from the short form); the module's symbolic dims then carry the names the user
+    gave them, and their bounds.
 
     Returns
     -------
@@ -303,8 +308,10 @@ def import_torch(model, example_inputs):
     # Step 2. torch.export.
     try:
         with torch.no_grad():
-            exported = torch.export.export(model, inputs)
+            exported = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes)
     except Exception as error:
+        if dynamic_shapes is not None and "Constraints violated" in str(error):
+            raise ValueError(f"tir_byoc.build_model: {dynamic.constraint_advice(error)}") from None
         _fail("export", error)
     # Step 3. Into Relax; torch's decompositions run here.
     divide_in_float(exported)
@@ -316,6 +323,7 @@ def import_torch(model, example_inputs):
         mod = from_exported_program(exported, custom_convert_map=CONVERTERS)
     except Exception as error:
         _fail("import", error, graph_ops=ops)
+    mod = dynamic.name_dims(mod, dynamic.user_names(exported, dynamic_shapes))
     return boolean_logic(mod), exported.call_spec.out_spec
 
 

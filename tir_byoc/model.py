@@ -32,6 +32,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.target import codegen
 
+from . import dynamic as dynamic_dims
 from . import frontend, meta_schedule
 from .built_model import Model, TirSignature
 from .meta_schedule.tune import check_budget
@@ -111,6 +112,8 @@ def build_model(
     tune_trials: int = 0,
     work_dir: str | os.PathLike | None = None,
     tune_options: dict | None = None,
+    dynamic_shapes=None,
+    dynamic: dict | None = None,
 ) -> Model:
     """Lower, offload, schedule and build a model; the result runs with NumPy or torch inputs.
 
@@ -144,6 +147,14 @@ def build_model(
         are built without a new trial (tune once, build many times).
     tune_options : dict, optional
         With ``tune_trials``: more options of :func:`tir_byoc.meta_schedule.tune_tir`.
+    dynamic_shapes : dict or tuple, optional
+        For a torch model: its dynamic dims as ``torch.export`` takes them
+        (``{"input_ids": {0: torch.export.Dim("batch", max=64)}}``); the build then runs at
+        every size within the bounds ([dynamic shapes](docs/model-flow.md#dynamic-shapes)).
+    dynamic : dict, optional
+        The same in short: ``{"input_ids": {0: "batch", 1: "seq"}}`` (input by name or
+        position, axis to a dim's name, ``(name, min, max)`` or a ``Dim``); a name used on
+        several inputs is one dim.  A Relax or TIR module's own symbolic dims need neither.
 
     Returns
     -------
@@ -166,7 +177,14 @@ def build_model(
     _check_tuning(tune_trials, work_dir, tune_options)
     output_spec = None
     if kind == "torch":
-        mod, output_spec = frontend.import_torch(model, example_inputs)
+        inputs = frontend.example_tuple(example_inputs)
+        spec = dynamic_dims.export_spec(model, inputs, dynamic_shapes, dynamic)
+        mod, output_spec = frontend.import_torch(model, inputs, spec)
+    elif dynamic_shapes is not None or dynamic is not None:
+        raise ValueError(
+            "tir_byoc.build_model: dynamic_shapes= and dynamic= are for a torch model, got "
+            f"them with a {type(model).__name__} (a module's own symbolic dims are used)"
+        )
     elif example_inputs is not None:
         raise ValueError(
             "tir_byoc.build_model: example_inputs are only for a torch model, got them with "

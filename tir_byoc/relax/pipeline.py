@@ -1,8 +1,9 @@
 """tir_byoc's Relax pipeline: the whole order, from a Relax module to what the Relax VM runs.
 
 1. :data:`BEFORE_LEGALIZE`, the Relax rewrites that put each GEMM next to its epilogue:
-   negative gather indices read as torch reads them (TVM 0.27's import reads them out of
-   bounds), each convolution of one group as im2col and a GEMM, the reshapes around each
+   shapes proved under the bounds of their symbolic dims (so that none is lost), negative
+   gather indices read as torch reads them (TVM 0.27's import reads them out of bounds),
+   each convolution of one group as im2col and a GEMM, the reshapes around each
    Linear on an N-D activation folded away (so its activation or residual add fuses with the
    GEMM), a packed q/k/v split read as slices, attention's ``q @ k^T`` on K as it is; and,
    before the convolutions, each eval-mode batch norm folded into the convolution or Linear
@@ -42,6 +43,7 @@ from ..planning import Planner
 from ..registry import REGISTRY, Registry
 from ..rewrite import calls_in_parallel_loops
 from .batch_norm import FoldBatchNorms
+from .bounded_shapes import BoundShapes
 from .convolutions import ConvolutionsAsGemms
 from .fuse_rows import FuseIntoRows
 from .linear_reshapes import FoldLinearReshapes
@@ -67,6 +69,7 @@ class RemoveDeadCode:
 
 #: Stage 1, before ``LegalizeOps``: the Relax rewrites, in order.
 BEFORE_LEGALIZE = (
+    BoundShapes,
     WrapIndices,
     FoldBatchNorms,
     ClipPoolWindows,
