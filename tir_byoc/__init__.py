@@ -7,7 +7,8 @@ Entry points
 ------------
 plan(mod)            what each PrimFunc matches and which intrinsic serves each match, once
 scan(mod)            the matches, with the intrinsic chosen for each (or why none)
-explain(mod)         blocks that looked like candidates but were refused, and why
+explain(mod)         every candidate left as it was, and why: the matcher's and, for Relax,
+                     the Relax rewrites' (``Decline`` records)
 offload(mod)         the rewritten module (also the module pass ``Offload``)
 export_library(ex, path)
                      a self-contained shared library of a ``tvm.compile`` result
@@ -31,11 +32,12 @@ _threads.configure_openmp_early()
 from . import backends as _bundled_backends  # noqa: F401  (registers the bundled intrinsics)
 from .built_model import Model, profile
 from .decline import Decline
+from .explanation import explain
 from .export import export_library
 from .frontend import UnsupportedModel
 from .match import FunctionScan, Match
 from .model import build_model
-from .offload import Offload, explain, offload, scan
+from .offload import Offload, offload, scan
 from .patterns import PATTERNS, Pattern, describe
 from .planning import Plan, plan
 from .profiling import FunctionTime, Profile

@@ -36,6 +36,7 @@ from .cli_output import (
     rejection_record,
 )
 from .cli_parser import EXIT_USAGE, PROG
+from .explanation import explain
 from .match import is_s_tir
 from .offload import apply, offload_plan
 from .planning import Choice, Plan
@@ -184,12 +185,13 @@ def cmd_scan(args, out: Output) -> int:
 
 
 def cmd_explain(args, out: Output) -> int:
-    """``explain FILE.py``: candidate blocks that were not matched, and why."""
+    """``explain FILE.py``: candidates that were not matched or rewritten, and why
+    (:func:`tir_byoc.explain`: the matcher's and, for a Relax module, the Relax rewrites')."""
     definitions = _definitions(args)
     rows = [
         (definition, rejection)
         for definition in definitions
-        for rejection in offload_plan(definition.module).rejections
+        for rejection in explain(definition.module)
         if args.func is None or rejection.func == args.func
     ]
     if args.json:

@@ -29,7 +29,8 @@ WEIGHT_COPY = "weight copy"
 COPY_PROOF = "copy proof"
 #: A Relax convolution left to TVM (``nearest``: its operator, e.g. ``relax.nn.conv2d``).
 CONVOLUTION = "convolution as GEMM"
-#: A Relax reshape of a matmul's result that :mod:`tir_byoc.relax.linear_reshapes` kept.
+#: A Relax reshape of a matmul's result that :mod:`tir_byoc.relax.linear_reshapes` kept
+#: (``nearest``: ``relax.reshape``).
 RESHAPE_FOLD = "reshape fold"
 
 #: How the message of each kind reads (the words users and logs have always seen).  A kind

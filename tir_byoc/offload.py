@@ -1,11 +1,10 @@
 """The driver: views of a :class:`~tir_byoc.planning.Plan`, and the rewrite it plans.
 
 Entry points: :func:`scan` (what would be offloaded, with the intrinsic chosen or the reason
-none was), :func:`explain` (blocks that looked like candidates and why they were refused, and
-weight copies that still feed a GEMM and why they were not folded), :func:`offload` and its
-module-pass form :class:`Offload`.  Each computes one plan, :func:`offload_plan`, and reads it;
-:func:`offload` then hands the planned matches to :func:`tir_byoc.rewrite.rewrite_function`
-(:func:`apply`).
+none was), :func:`offload` and its module-pass form :class:`Offload`.  Each computes one plan,
+:func:`offload_plan`, and reads it; :func:`offload` then hands the planned matches to
+:func:`tir_byoc.rewrite.rewrite_function` (:func:`apply`).  :func:`tir_byoc.explain`
+(:mod:`tir_byoc.explanation`) lists the same plan's declines.
 
 The offload runs in this order (:mod:`tir_byoc.relax.pipeline` places it in the whole
 pipeline): for a Relax module, the weight copies folded into the GEMMs that read them
@@ -25,7 +24,6 @@ import tvm
 from tvm import relax
 
 from . import toolchain
-from .decline import Decline
 from .packing import pack_constant_weights
 from .planning import Choice, Plan, Planner, as_module
 from .registry import REGISTRY, Registry
@@ -107,23 +105,6 @@ def scan(
     return offload_plan(
         mod_or_func, backends=backends, registry=registry, fold_transposes=fold_transposes
     ).choices
-
-
-def explain(mod_or_func) -> list[Decline]:
-    """Blocks that looked like part of a chain but were not matched, with the reason.
-
-    For a Relax module, the blocks are those of the module :func:`offload` rewrites (weight
-    copies folded), followed by the copies of weights that still feed a GEMM, each with the
-    reason the fold kept it.  Deciding a fold asks which intrinsics would serve the result,
-    so for a Relax module ``explain`` resolves the backends as :func:`scan` does.
-
-    Returns
-    -------
-    list of Decline
-        Each names the function, the blocks, the kind of site, the nearest pattern and the
-        first failed condition.
-    """
-    return offload_plan(mod_or_func).rejections
 
 
 def offload(

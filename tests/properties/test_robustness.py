@@ -1,9 +1,9 @@
 """Property 5, robustness: scan, explain and offload never crash on what the generators build.
 
-A refusal is a value with a reason: a Rejection (falsy, with a non-empty reason and a
+A refusal is a value with a reason: a Decline (falsy, with a non-empty reason and a
 printable form), or a Match without an intrinsic whose reason says why (a chain cut to the
 prefix a backend serves has both: the intrinsic of the prefix, and why not the whole).  A
-near miss that is not offloaded whole is explained by a Rejection naming one of its blocks,
+near miss that is not offloaded whole is explained by a Decline naming one of its blocks,
 in the words its mutation names (``Mutation.refusal``) where it names them.  Plain loops are
 drawn over every integer dtype a loop can have (``range(T.uint32(M))``), not only the int32
 and int64 TVM's lowering gives.

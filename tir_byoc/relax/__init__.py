@@ -16,8 +16,9 @@ One protocol for every rewrite: find the sites and the declines, then rewrite.  
 module has
 
 - ``find(mod) -> (sites, declines)``: the places it rewrites, as immutable records, and the
-  candidates it leaves alone, each with the reason (empty where the rewrite has none to
-  report); nothing is rewritten;
+  candidates it leaves alone, each a :class:`~tir_byoc.decline.Decline` with the reason (empty
+  where the rewrite has none to report), which :func:`tir_byoc.explain` lists; nothing is
+  rewritten;
 - ``rewrite(mod, sites) -> IRModule``: those sites rewritten; ``mod`` itself when there are
   none, and ``mod`` is never modified;
 - its module pass, a ``@tvm.transform.module_pass`` class that runs the two

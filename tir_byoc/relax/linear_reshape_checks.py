@@ -266,7 +266,10 @@ def find(mod: tvm.IRModule) -> tuple[tuple[LinearReshape, ...], tuple[Decline, .
             try:
                 folds.append(_check(context, output, chain, values, _Dims()))
             except Declined as refused:
-                declines.append(Decline(context.name, (output.name,), RESHAPE_FOLD, refused.reason))
+                why = refused.reason
+                declines.append(
+                    Decline(context.name, (output.name,), RESHAPE_FOLD, why, "relax.reshape")
+                )
     return tuple(folds), tuple(declines)
 
 
