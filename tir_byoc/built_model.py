@@ -115,7 +115,7 @@ class Model:
         }
         self.intrinsics = MappingProxyType({n: tuple(sorted(c)) for n, c in calls.items() if c})
         seen = set(report.rules) | set(report.unscheduled) | set(self.intrinsics)
-        later = {n: _why_unseen(module[n]) for n in calls if n not in seen}
+        later = {n: _why_unseen(n, module[n]) for n in calls if n not in seen}
         self.unscheduled = MappingProxyType({**report.unscheduled, **later})
         self.schedules = MappingProxyType(
             {
@@ -313,10 +313,12 @@ def profile(model: Model, *inputs, repeat: int = 20, warmup: int = 10) -> Profil
     return model.profile(*inputs, repeat=repeat, warmup=warmup)
 
 
-def _why_unseen(func: tirx.PrimFunc) -> str:
+def _why_unseen(name: str, func: tirx.PrimFunc) -> str:
     """Why a PrimFunc the default rules never saw runs as it does: TVM's Relax build pipeline
     writes it after they ran (``DispatchSortScan`` turns ``cumsum``, ``sort`` and ``topk`` into
     TOPI's functions, whose loops TOPI schedules itself)."""
+    if name.startswith("shape_func"):
+        return _SHAPE_FUNC
     parallel = []
     tvm_ffi.structural_walk(
         func.body, (tirx.For, lambda loop: parallel.append(loop.kind == tirx.ForKind.PARALLEL))
@@ -326,6 +328,14 @@ def _why_unseen(func: tirx.PrimFunc) -> str:
         "added by TVM's Relax build pipeline after the default rules ran (a scan or sort it "
         f"writes with TOPI): runs as TOPI wrote it, {how}"
     )
+
+
+#: Why ``shape_func`` runs as TVM wrote it.
+_SHAPE_FUNC = (
+    "added by TVM's Relax build pipeline (VMShapeLower) for the symbolic dims: computes the "
+    "shapes of a call's values from its inputs' dims, a few scalar operations a call, nothing "
+    "to schedule"
+)
 
 
 def _static(expr) -> int | None:

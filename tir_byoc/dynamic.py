@@ -243,11 +243,13 @@ def _evaluate(expr, values: dict) -> int | None:
 
 
 def constraint_advice(error: BaseException) -> str:
-    """torch.export's refusal of the dynamic dims as given, in one line: which dims, and the
-    change torch suggests (``seq = Dim('seq', max=32)``)."""
+    """torch.export's refusal of the dynamic dims as given, in one line: which dims, why (the
+    guard the model's code needs) and the change torch suggests, if any."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     first = next((ln for ln in lines if "Constraints violated" in ln), lines[0] if lines else "")
-    fixes = [ln for ln in lines if "= Dim(" in ln]
-    fixes = [ln for ln in fixes if not ln.startswith(("def ", "dynamic_shapes"))]
-    advice = f"; torch suggests: {', '.join(fixes[:4])}" if fixes else ""
-    return f"torch.export cannot keep the dims dynamic as given ({first}){advice}"
+    first = first.split("! For more information")[0]
+    why = [ln.lstrip("- ") for ln in lines if ln.startswith("- ")]
+    fixes = [ln for ln in lines if "= Dim(" in ln and not ln.startswith("def ")]
+    text = f"torch.export cannot keep the dims dynamic as given ({first}"
+    text += f": {'; '.join(why[:2])})" if why else ")"
+    return text + (f"; torch suggests {', '.join(fixes[:4])}" if fixes else "")

@@ -123,3 +123,84 @@ def test_dynamic_only_for_torch():
         bb.emit_func_output(x)
     with pytest.raises(ValueError, match="are for a torch model"):
         tir_byoc.build_model(bb.get(), dynamic={"x": {0: "n"}})
+
+
+# -- transformers: batch and sequence -------------------------------------------------------
+
+try:  # the small real models, wherever the move left them
+    from tir_byoc.testing import models as real_models
+except ImportError:
+    from support import real_models
+
+#: The longest sequence the small models take (their position tables have 32 rows).
+LONGEST = 32
+#: (batch, sequence) each model is called at: 1, and sizes that are no power of two.
+SIZES = [(1, 1), (1, 7), (3, 16), (2, LONGEST), (5, 13)]
+
+
+class DynamicCausal(torch.nn.Module):
+    """A decoder's logits under the additive causal mask, sliced to the sequence's length.
+
+    The mask has one row more than the longest sequence: a slice that takes a whole tensor
+    is one torch.export specializes (its guard ``seq != 32`` would refuse the bound)."""
+
+    def __init__(self, decoder):
+        super().__init__()
+        self.decoder = decoder
+        self.register_buffer("mask", tir_byoc.frontend.causal_mask(LONGEST + 1))
+
+    def forward(self, ids):
+        s = ids.shape[1]
+        mask = self.mask[:, :, :s, :s]
+        return self.decoder(input_ids=ids, attention_mask=mask, use_cache=False).logits
+
+
+def _transformer(name):
+    real = getattr(real_models, name)()
+    module = real.module if name == "bert" else DynamicCausal(real.module.decoder).eval()
+    return module, real.inputs
+
+
+@pytest.fixture(scope="module", params=["bert", "gpt2", "llama"])
+def transformer(request):
+    pytest.importorskip("transformers")
+    module, inputs = _transformer(request.param)
+    built = tir_byoc.build_model(
+        module, inputs, dynamic={0: {0: ("batch", 1, 16), 1: ("seq", 1, LONGEST)}}
+    )
+    return module, built
+
+
+def test_transformer_every_size(transformer):
+    module, built = transformer
+    assert built.dynamic_dims == {"batch": (1, 16), "seq": (1, LONGEST)}
+    generator = torch.Generator().manual_seed(3)
+    for batch, sequence in SIZES:
+        ids = torch.randint(0, real_models.VOCAB, (batch, sequence), generator=generator)
+        _close(built, module, ids)
+
+
+def test_transformer_gemms_all_served(transformer):
+    _, built = transformer
+    # Every GEMM a library serves at one shape is served at every shape: no GEMM is left to
+    # TVM, and nothing runs unscheduled but the shape computation TVM adds.
+    assert not [n for n, rule in built.rules.items() if "matmul" in n]
+    assert set(built.unscheduled) <= {"shape_func"}
+    assert all("symbolic dims" in why for why in built.unscheduled.values())
+
+
+def test_transformer_out_of_bounds_then_usable(transformer):
+    module, built = transformer
+    with pytest.raises(
+        ValueError,
+        match=rf"^tir_byoc.Model: input 0 \(\w+\) dim 1 \(seq\) is 40, expected 1..{LONGEST}$",
+    ):
+        built(torch.zeros(2, 40, dtype=torch.int64))
+    _close(built, module, torch.randint(0, real_models.VOCAB, (2, 9)))
+
+
+def test_sequence_beyond_the_model_names_torchs_guard():
+    pytest.importorskip("transformers")
+    module, inputs = _transformer("bert")
+    with pytest.raises(ValueError, match=r"cannot keep the dims dynamic as given.*seq"):
+        tir_byoc.build_model(module, inputs, dynamic={0: {1: ("seq", 1, 64)}})
