@@ -37,7 +37,7 @@ from . import frontend, meta_schedule
 from .built_model import Model, TirSignature
 from .meta_schedule.tune import check_budget
 from .offload import offload as offload_module
-from .relax import pipeline
+from .relax import conv_choice, pipeline
 
 
 def host_target() -> tvm.target.Target:
@@ -201,7 +201,8 @@ def build_model(
     # the offload or tuning, dead code eliminated (Relax: the weight copies folded away).
     tuned = tune_trials != 0 or work_dir is not None
     if is_relax:
-        mod = pipeline.lower(mod)
+        with conv_choice.backends_in_scope(backends):  # which convolutions stay whole
+            mod = pipeline.lower(mod)
     signature = TirSignature.of(mod[entry]) if not is_relax else None
     if tuned:
         mod = _tune(mod, resolved, is_relax, tune_trials, work_dir, offload, backends, tune_options)

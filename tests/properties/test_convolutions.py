@@ -18,6 +18,7 @@ import itertools
 import math
 
 import numpy as np
+import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 from properties.harness import profile
@@ -25,6 +26,7 @@ from tvm import relax
 from tvm.script import relax as R
 
 import tir_byoc
+from tir_byoc.relax import conv_choice
 from tir_byoc.relax import convolutions as relax_convolutions
 
 ACTIVATIONS = {
@@ -39,6 +41,15 @@ ACTIVATIONS = {
     "sigmoid": (R.sigmoid, lambda z: 1 / (1 + np.exp(-z))),
     "tanh": (R.tanh, np.tanh),
 }
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _im2col():
+    """These tests are im2col's: with oneDNN installed, tir_byoc.relax.conv_choice would keep
+    the convolutions whole for its convolution primitive."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(conv_choice.MODE_ENV, "im2col")
+        yield
 
 
 @st.composite

@@ -84,6 +84,8 @@ import tvm
 from tvm import ir, relax
 
 from ..decline import CONVOLUTION, Decline
+from ..match.conv_records import CHANNELS_FIRST, WEIGHT_OIK, ConvGeometry
+from . import conv_choice
 from .analysis import static_dims, variable_uses
 from .im2col import ConvolutionSite, build
 
@@ -128,6 +130,9 @@ def _site(function: str, out_var, call: relax.Call) -> ConvolutionSite | str:
     strides, padding = _ints(attrs.strides), _ints(attrs.padding)
     batch, channels = x_dims[:2]
     groups = int(attrs.groups)
+    native = conv_choice.native_convolution() if conv_choice.mode() != "im2col" else None
+    if groups > 1 and w_dims[1] == 1 and native is not None:
+        return f"depthwise (groups = {groups}): kept whole for {native}, matched in TIR"
     if groups > 1 and w_dims[1] == 1:
         # One input channel per group: G products of (positions x window) by (window x O/G),
         # which ran slower as a batched call than TVM's own loop (ConvNeXt's 7 x 7 over 96
@@ -142,6 +147,25 @@ def _site(function: str, out_var, call: relax.Call) -> ConvolutionSite | str:
         return f"its im2col columns would hold {columns} elements, more than {MAX_COLUMNS}"
     dilation = _ints(attrs.dilation)
     after = padding[spatial:] if len(padding) == 2 * spatial else padding[:spatial]
+    # A backend's own convolution, where one serves and measures faster (conv_choice).
+    geometry = ConvGeometry(
+        CHANNELS_FIRST,
+        WEIGHT_OIK,
+        batch,
+        channels,
+        w_dims[0],
+        groups,
+        tuple(x_dims[2:]),
+        tuple(out_dims[2:]),
+        kernel,
+        strides,
+        dilation,
+        padding[:spatial],
+    )
+    native, why = conv_choice.choose(geometry)
+    if native:
+        return f"kept whole for {conv_choice.native_convolution()}, matched in TIR: {why}"
+    logger.info("%s: %s = %s as im2col + GEMM: %s", function, out_var.name, call.op.name, why)
     return ConvolutionSite(
         function,
         out_var,
