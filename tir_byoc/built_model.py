@@ -12,6 +12,7 @@ functions and blocks still run on one thread as TVM wrote them, and why).
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from dataclasses import dataclass
@@ -87,6 +88,8 @@ class Model:
         reason.
     dlight_failures : Mapping[str, str]
         PrimFuncs a rule raised on, with the error's first line.
+    declines : tuple of Decline
+        Each site tir_byoc left as it was, and why (computed when first read).
     """
 
     def __init__(
@@ -99,6 +102,7 @@ class Model:
         schedule_report: schedules.ScheduleReport | None = None,
         output_spec=None,
         tir_signature=None,
+        source: tvm.IRModule | None = None,
     ):
         self.executable = executable
         self.module = module
@@ -124,11 +128,23 @@ class Model:
             }
         )
         self._output_spec = output_spec
+        self._source = source  # what build_model lowered, for declines
         self._tir_signature = tir_signature
         self._per_thread = threading.local()  # each calling thread's Relax VM and entry
         self._expected: dict[int, tuple] = {}  # _expected_inputs, by the number given
         # Outputs that may share memory with what the model keeps (copied for torch).
         self._kept_outputs = kept_outputs(module[entry]) if tir_signature is None else frozenset()
+
+    @functools.cached_property
+    def declines(self) -> tuple:
+        """Every site tir_byoc left as it was in the model, and why: :func:`tir_byoc.explain` of
+        the module :func:`build_model` lowered (the Relax rewrites' declines, such as a
+        convolution whose batch is symbolic, then the matcher's); empty if it was not kept."""
+        if self._source is None:
+            return ()
+        from .explanation import explain
+
+        return tuple(explain(self._source))
 
     @property
     def is_relax(self) -> bool:

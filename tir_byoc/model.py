@@ -196,6 +196,7 @@ def build_model(
     else:
         mod = model
     is_relax = kind != "tir"
+    source = mod  # before the lowering: what Model.declines explains
     entry = _entry(mod, relax.Function if is_relax else tirx.PrimFunc, entry)
     # Step 2. The pipeline's stages in order (tir_byoc.relax.pipeline): the lowering (Relax),
     # the offload or tuning, dead code eliminated (Relax: the weight copies folded away).
@@ -227,6 +228,7 @@ def build_model(
         schedule_report=report,
         output_spec=output_spec,
         tir_signature=signature,
+        source=source,
     )
 
 

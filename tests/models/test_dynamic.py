@@ -6,6 +6,10 @@ torch's at that size.  A call outside the declared bounds, or whose dims disagre
 one-line error naming the input and the dim, and the model stays usable.
 """
 
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -204,3 +208,71 @@ def test_sequence_beyond_the_model_names_torchs_guard():
     module, inputs = _transformer("bert")
     with pytest.raises(ValueError, match=r"cannot keep the dims dynamic as given.*seq"):
         tir_byoc.build_model(module, inputs, dynamic={0: {1: ("seq", 1, 64)}})
+
+
+# -- a CNN: batch -------------------------------------------------------------------------------
+
+
+class SmallCNN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(16, 32, 3, stride=2, padding=1)
+        self.fc = torch.nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = torch.nn.functional.max_pool2d(torch.relu(self.c1(x)), 2)
+        return self.fc(torch.relu(self.c2(x)).mean(dim=(2, 3)))
+
+
+def test_cnn_every_batch_and_what_it_leaves_says_why():
+    torch.manual_seed(0)
+    module = SmallCNN().eval()
+    built = tir_byoc.build_model(
+        module, (torch.randn(4, 3, 32, 32),), dynamic={"x": {0: ("batch", 1, 64)}}
+    )
+    for batch in (1, 3, 4, 17):
+        _close(built, module, torch.randn(batch, 3, 32, 32))
+    with pytest.raises(ValueError, match=r"dim 0 \(batch\) is 65, expected 1..64$"):
+        built(torch.randn(65, 3, 32, 32))
+    # Each convolution is a library call, or left to TVM with its reason in the model's report.
+    served = [n for n in built.intrinsics if "conv" in n or "matmul" in n]
+    declined = [d for d in built.declines if "conv2d" in str(d)]
+    assert len(served) + len(declined) >= 3
+    assert all("static" in str(d) or "symbolic" in str(d) for d in declined)
+
+
+# -- export ---------------------------------------------------------------------------------
+
+
+def test_dynamic_export_runs_at_every_batch_in_a_fresh_process(mlp, tmp_path):
+    module, built = mlp
+    library = built.export_library(tmp_path / "mlp.so")
+    inputs = {
+        f"x{b}": np.random.default_rng(b).standard_normal((b, 64), "float32") for b in (1, 37)
+    }
+    np.savez(tmp_path / "in.npz", **inputs)
+    script = f"""
+        import sys
+        sys.modules["torch"] = None  # the exported library must not need torch
+        import numpy as np, tvm
+        from tvm import relax
+        vm = relax.VirtualMachine(tvm.runtime.load_module("{library}"), tvm.cpu())
+        data = np.load("in.npz")
+        outs = {{k: vm["main"](tvm.runtime.tensor(data[k]))[0].numpy() for k in data}}
+        np.savez("out.npz", **outs)
+        assert "tir_byoc" not in sys.modules, "the library needed tir_byoc"
+    """
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    outs = np.load(tmp_path / "out.npz")
+    for key, x in inputs.items():
+        assert outs[key].shape == (x.shape[0], 10)
+        np.testing.assert_array_equal(outs[key], built(x))
+        _close(built, module, torch.from_numpy(x))
