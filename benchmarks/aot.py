@@ -1,7 +1,7 @@
 """The model as plain C (``tir_byoc.aot``) against the Relax VM build and torch eager, 1 thread.
 
 For the forum MLP (64 x 800 -> 500 -> 10), the BERT-like encoder and the small CNN of
-``tests/aot/aot_models.py``, each built once by :func:`tir_byoc.aot.build` (whose
+:data:`tir_byoc.testing.models.AOT_MODELS`, each built once by :func:`tir_byoc.aot.build` (whose
 ``Artifact.model`` is the Relax VM build of the very same lowering, offload and schedules):
 
 - time: the median of ``--rounds`` interleaved rounds, each the median of ``--runs`` calls of
@@ -44,15 +44,13 @@ for _variable in ("OMP_NUM_THREADS", "TVM_NUM_THREADS", "MKL_NUM_THREADS", "OPEN
     os.environ[_variable] = "1"  # before TVM, torch and the libraries read them
 
 HERE = Path(__file__).resolve().parent
-# The models the AOT tests build, and the real-model tests' transformers they take.
-sys.path[:0] = [str(HERE.parent / "tests")]
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import tvm  # noqa: E402
-from support import aot_models  # noqa: E402
 
 import tir_byoc.aot as aot  # noqa: E402
+from tir_byoc.testing import models  # noqa: E402
 
 RESULTS = HERE / "results" / "aot"
 GNU_TIME = "/usr/bin/time"
@@ -74,13 +72,13 @@ _VM_PROCESS = textwrap.dedent(
 _TORCH_PROCESS = textwrap.dedent(
     """
     import sys
-    sys.path[:0] = sys.argv[1].split(":")
-    import torch
-    from support import aot_models
+    # What the AOT tests' models module imported, so that the footprint is the same.
+    import torch, transformers, tvm, tir_byoc
+    from tir_byoc.testing import models
     torch.set_num_threads(1)
-    model = aot_models.MODELS[sys.argv[2]]()
+    model = models.AOT_MODELS[sys.argv[1]]()
     with torch.no_grad():
-        for _ in range(int(sys.argv[3])):
+        for _ in range(int(sys.argv[2])):
             model.module(*model.inputs)
     """
 )
@@ -143,7 +141,7 @@ def _tvm_runtime_bytes() -> int:
 
 def measure(name: str, args, work: Path) -> dict:
     # Step 1. One build: the C folder and, as artifact.model, the VM build of the same module.
-    model = aot_models.MODELS[name]()
+    model = models.AOT_MODELS[name]()
     artifact = aot.build(
         model.module, model.inputs, out_dir=work / name, name=name, backends=args.backends
     )
@@ -182,9 +180,8 @@ def measure(name: str, args, work: Path) -> dict:
     # Step 3. Sizes and peak memory, each way in a process of its own.
     library = built.export_library(work / f"{name}_vm.so")
     np.savez(io / "inputs.npz", **{f"input{i}": x for i, x in enumerate(inputs)})
-    tests = ":".join((str(HERE.parent / "tests" / "aot"), str(HERE.parent / "tests")))
     vm_command = [sys.executable, "-c", _VM_PROCESS, str(library), str(io / "inputs.npz")]
-    torch_command = [sys.executable, "-c", _TORCH_PROCESS, tests, name]
+    torch_command = [sys.executable, "-c", _TORCH_PROCESS, name]
     rss = {
         "aot": _peak_rss_kib(command),
         "vm": _peak_rss_kib([*vm_command, str(args.runs)]),

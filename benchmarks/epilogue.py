@@ -124,8 +124,7 @@ def main(argv=None) -> int:
         results = measure(args.backend, args.rows, args.cols, args.child, args.budget)
         print(json.dumps(results))
         return 0
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from report import machine
+    from report import machine  # beside this script, on the path as the script's folder
 
     rows = []
     for threads in (int(t) for t in counts):

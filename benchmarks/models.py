@@ -111,104 +111,61 @@ TOLERANCE = 1e-3
 
 
 def build(name: str, layers: int, batch: int, sequence: int):
-    """(torch module in eval mode, example input) of one model; random weights, seed 0."""
-    import transformers
+    """(torch module in eval mode, example input) of one model; random weights, seed 0.
 
+    Built as the tests' models are (:func:`tir_byoc.testing.models.from_config`), at the base
+    models' widths: BERT-base's (768 hidden, 12 heads, 3072) but for LLaMA's (4 key/value
+    heads, 2048, 32000 tokens); ``vit`` and ``convnext`` (ConvNeXt-T's widths, ``layers``
+    blocks per stage) on 224 x 224 images, ``whisper`` (Whisper-small's encoder) on
+    ``2 x sequence`` frames of 80 mel bins, ``wav2vec2`` (Wav2Vec2-base) on the raw 16 kHz
+    samples making ``sequence`` frames of 20 ms.  Decoders return the last hidden state under
+    the causal mask.
+    """
+    from tir_byoc.testing import models
+
+    if name not in MODELS + CONV_MODELS:
+        raise ValueError(
+            f"benchmarks/models.py: expected a model of {MODELS + CONV_MODELS}, got {name!r}"
+        )
     torch.manual_seed(0)
-    ids = torch.randint(0, 1000, (batch, sequence), generator=torch.Generator().manual_seed(1))
+
+    def drawn(*shape):
+        return torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+
     if name == "encoder":
         layer = torch.nn.TransformerEncoderLayer(
             HIDDEN, HEADS, INTERMEDIATE, dropout=0.0, batch_first=True
         )
         model = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-        x = torch.randn(batch, sequence, HIDDEN, generator=torch.Generator().manual_seed(1))
-        return model.eval(), x
-    if name == "bert":
-        config = transformers.BertConfig(
-            hidden_size=HIDDEN,
-            num_hidden_layers=layers,
-            num_attention_heads=HEADS,
-            intermediate_size=INTERMEDIATE,
-            attn_implementation="eager",
-        )
-        return _Hidden(transformers.BertModel(config, add_pooling_layer=False), None).eval(), ids
-    if name == "gpt2":
-        config = transformers.GPT2Config(
-            n_embd=HIDDEN,
-            n_layer=layers,
-            n_head=HEADS,
-            n_inner=INTERMEDIATE,
-            use_cache=False,
-            attn_implementation="eager",
-        )
-        return _Hidden(transformers.GPT2Model(config), causal_mask(sequence)).eval(), ids
-    if name == "llama":
-        config = transformers.LlamaConfig(
-            hidden_size=HIDDEN,
-            num_hidden_layers=layers,
-            num_attention_heads=HEADS,
-            num_key_value_heads=4,
-            intermediate_size=2048,
-            vocab_size=32000,
-            use_cache=False,
-            attn_implementation="eager",
-        )
-        return _Hidden(transformers.LlamaModel(config), causal_mask(sequence)).eval(), ids
-    if name == "whisper":  # Whisper-small's encoder: 2 x sequence frames of 80 mel bins
-        from transformers.models.whisper.modeling_whisper import WhisperEncoder
-
-        config = transformers.WhisperConfig(
-            d_model=HIDDEN,
-            encoder_layers=layers,
-            encoder_attention_heads=HEADS,
-            encoder_ffn_dim=INTERMEDIATE,
-            num_mel_bins=80,
-            max_source_positions=sequence,
-            attn_implementation="eager",
-        )
-        frames = torch.randn(batch, 80, 2 * sequence, generator=torch.Generator().manual_seed(1))
-        return _Hidden(WhisperEncoder(config), None, "input_features").eval(), frames
-    if name == "vit":  # ViT-base on 224 x 224 images (196 patches of 16 x 16): not `sequence`
-        config = transformers.ViTConfig(
-            hidden_size=HIDDEN,
-            num_hidden_layers=layers,
-            num_attention_heads=HEADS,
-            intermediate_size=INTERMEDIATE,
-            attn_implementation="eager",
-        )
-        pixels = torch.randn(batch, 3, 224, 224, generator=torch.Generator().manual_seed(1))
-        model = transformers.ViTModel(config, add_pooling_layer=False)
-        return _Hidden(model, None, "pixel_values").eval(), pixels
-    if name == "convnext":  # ConvNeXt-T's widths, `layers` blocks per stage, 224 x 224 images
-        config = transformers.ConvNextConfig(depths=[layers] * 4)
-        pixels = torch.randn(batch, 3, 224, 224, generator=torch.Generator().manual_seed(1))
-        return _Hidden(transformers.ConvNextModel(config), None, "pixel_values").eval(), pixels
-    if name == "wav2vec2":  # Wav2Vec2-base: raw 16 kHz samples, `sequence` frames of 20 ms
-        config = transformers.Wav2Vec2Config(
-            num_hidden_layers=layers, attn_implementation="eager"
-        )  # base widths; seven convolutions of 512 channels, strides 5 2 2 2 2 2 2
-        samples = torch.randn(
-            batch, 320 * (sequence - 1) + 400, generator=torch.Generator().manual_seed(1)
-        )
-        return _Hidden(transformers.Wav2Vec2Model(config), None, "input_values").eval(), samples
-    raise ValueError(
-        f"benchmarks/models.py: expected a model of {MODELS + CONV_MODELS}, got {name!r}"
-    )
+        return model.eval(), drawn(batch, sequence, HIDDEN)
+    base = dict(hidden_size=HIDDEN, num_hidden_layers=layers, num_attention_heads=HEADS)
+    base["intermediate_size"] = INTERMEDIATE
+    llama = dict(base, num_key_value_heads=4, intermediate_size=2048, vocab_size=32000)
+    gpt2 = dict(n_embd=HIDDEN, n_layer=layers, n_head=HEADS, n_inner=INTERMEDIATE)
+    whisper = dict(d_model=HIDDEN, encoder_layers=layers, encoder_attention_heads=HEADS)
+    whisper.update(encoder_ffn_dim=INTERMEDIATE, num_mel_bins=80, max_source_positions=sequence)
+    images, frames = (batch, 3, 224, 224), (batch, 80, 2 * sequence)
+    samples = (batch, 320 * (sequence - 1) + 400)  # Wav2Vec2's strides: 5 2 2 2 2 2 2
+    convnext, wav2vec2 = dict(depths=[layers] * 4), dict(num_hidden_layers=layers)
+    # name: (config, model, settings, model arguments, argument, input shape or None: ids)
+    specs = {
+        "bert": ("BertConfig", "BertModel", base, NO_POOLER, "input_ids", None),
+        "gpt2": ("GPT2Config", "GPT2Model", dict(gpt2, **NO_CACHE), None, "input_ids", None),
+        "llama": ("LlamaConfig", "LlamaModel", dict(llama, **NO_CACHE), None, "input_ids", None),
+        "whisper": ("WhisperConfig", WHISPER, whisper, None, "input_features", frames),
+        "vit": ("ViTConfig", "ViTModel", base, NO_POOLER, "pixel_values", images),
+        "convnext": ("ConvNextConfig", "ConvNextModel", convnext, None, "pixel_values", images),
+        "wav2vec2": ("Wav2Vec2Config", "Wav2Vec2Model", wav2vec2, None, "input_values", samples),
+    }
+    config, model_class, settings, model_args, argument, shape = specs[name]
+    model = models.from_config(config, model_class, settings, model_args)
+    mask = causal_mask(sequence) if name in ("gpt2", "llama") else None
+    ids = torch.randint(0, 1000, (batch, sequence), generator=torch.Generator().manual_seed(1))
+    return models.last_hidden_state(model, argument, mask), ids if shape is None else drawn(*shape)
 
 
-class _Hidden(torch.nn.Module):
-    """``forward(x)`` -> a transformers model's ``last_hidden_state`` for ``argument=x``
-    (token ids by default), under ``mask``."""
-
-    def __init__(self, backbone, mask, argument: str = "input_ids"):
-        super().__init__()
-        self.backbone = backbone.eval()
-        self.register_buffer("mask", mask)
-        self.argument = argument
-
-    def forward(self, x):
-        kwargs = {} if self.mask is None else {"attention_mask": self.mask}
-        return self.backbone(**{self.argument: x}, **kwargs).last_hidden_state
+NO_POOLER, NO_CACHE = {"add_pooling_layer": False}, {"use_cache": False}
+WHISPER = "models.whisper.modeling_whisper.WhisperEncoder"
 
 
 # --------------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ downloaded) and goes, in a child process of its own, through:
 
 - :func:`tir_byoc.build_model`, the flow a user takes, its output compared with torch eager's
   (fp32, rtol = atol = 1e-4), and its PrimFuncs that run as TVM wrote them, with why;
-- the steps of ``tests/real_models.py``, which the real-model tests use: the GEMM FLOPs the
-  offloaded module hands to a library against torch's count of the model's GEMM work, the
+- the steps of ``tests/support/real_models.py``, which the real-model tests use: the GEMM
+  FLOPs the offloaded module hands to a library against torch's count of the model's GEMM work, the
   epilogue blocks left as TVM code beside a library call, and tir_byoc's reasons for any
   GEMM work it refused.  A convolution's work counts as the GEMM of its im2col, which is how
   tir_byoc serves it (:mod:`tir_byoc.relax.convolutions`); a convolution it leaves to TVM says why.
@@ -33,34 +33,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# The models' sizes and how they are built: the real-model tests' own (torch-free to import).
+from tir_byoc.testing import models
+from tir_byoc.testing.models import HEAD_DIM, HEADS, HIDDEN, INTERMEDIATE, LAYERS, POSITIONS, VOCAB
+
 HERE = Path(__file__).resolve().parent
 TESTS = HERE.parent / "tests"
 RESULTS = HERE / "results" / "zoo"
 
-sys.path.insert(0, str(TESTS))  # the settings shared with the real-model tests (torch-free)
-from support import model_settings  # noqa: E402
-
-#: A small model's dimensions (those of tests/real_models.py), shared by every config.
-HIDDEN, LAYERS, HEADS, KV_HEADS, INTERMEDIATE, VOCAB, POSITIONS = 64, 2, 4, 2, 128, 100, 32
-HEAD_DIM = HIDDEN // HEADS
-_BERT = dict(
-    hidden_size=HIDDEN,
-    num_hidden_layers=LAYERS,
-    num_attention_heads=HEADS,
-    intermediate_size=INTERMEDIATE,
-    vocab_size=VOCAB,
-    max_position_embeddings=POSITIONS,
-)
-_LLAMA = dict(_BERT, num_key_value_heads=KV_HEADS)
+#: A small model's dimensions (those of the real-model tests), shared by every config.
+_BERT = models.BERT_LIKE
+_LLAMA = dict(_BERT, num_key_value_heads=models.KV_HEADS)
 #: A vision transformer's: 32 x 32 images in patches of 8 x 8.
-_VISION = dict(
-    hidden_size=HIDDEN,
-    num_hidden_layers=LAYERS,
-    num_attention_heads=HEADS,
-    intermediate_size=INTERMEDIATE,
-    image_size=32,
-    patch_size=8,
-)
+_VISION = models.VISION
 _TOKENS = dict(bos_token_id=0, eos_token_id=0)
 
 
@@ -114,7 +99,7 @@ ZOO: dict[str, Arch] = {
         "DebertaV2Config",
         "DebertaV2Model",
         "encoder",
-        dict(_BERT, **model_settings.DEBERTA_V3),
+        dict(_BERT, **models.DEBERTA_V3),
     ),
     "MPNet": Arch("MPNetConfig", "MPNetModel", "encoder", _BERT, {"add_pooling_layer": False}),
     "T5 encoder": Arch(
@@ -280,7 +265,7 @@ ZOO: dict[str, Arch] = {
         "Wav2Vec2Config",
         "Wav2Vec2Model",
         "waveform",
-        dict(_BERT, **model_settings.WAV2VEC2_CONVOLUTIONS),
+        dict(_BERT, **models.WAV2VEC2_CONVOLUTIONS),
     ),
     "VideoMAE": Arch(
         "VideoMAEConfig",
@@ -305,82 +290,18 @@ ZOO: dict[str, Arch] = {
 
 
 def build(name: str):
-    """The :class:`real_models.RealModel` of architecture ``name`` (in a child process)."""
-    import importlib
-
-    import torch
-    import transformers
-    from support import real_models
-
+    """The :class:`tir_byoc.testing.models.RealModel` of architecture ``name``: built by
+    :func:`~tir_byoc.testing.models.from_config`, inputs drawn with seed 1."""
     arch = ZOO[name]
-    config = getattr(transformers, arch.config)(**arch.settings, attn_implementation="eager")
-    module_path, _, class_name = arch.model.rpartition(".")
-    owner = importlib.import_module(f"transformers.{module_path}") if module_path else transformers
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = getattr(owner, class_name)(config, **arch.model_args).eval()
-    if arch.part:
-        model = getattr(model, arch.part)().eval()
-    generator = torch.Generator().manual_seed(1)
-    if arch.kind == "vision":
-        inputs = (torch.randn(real_models.BATCH, 3, 32, 32, generator=generator),)
-        return real_models.RealModel(name, _Output(model, "pixel_values"), inputs)
-    if arch.kind == "audio":  # two convolutions, the second of stride 2: 32 frames -> 16
-        inputs = (torch.randn(real_models.BATCH, 16, 32, generator=generator),)
-        return real_models.RealModel(name, _Output(model, "input_features"), inputs)
-    if arch.kind == "waveform":  # raw samples; convolutions of stride 5 and 2: 39 frames
-        samples = model_settings.WAV2VEC2_SAMPLES
-        inputs = (torch.randn(real_models.BATCH, samples, generator=generator),)
-        return real_models.RealModel(name, _Output(model, "input_values"), inputs)
-    if arch.kind == "video":  # 4 frames of 32 x 32, in tubelets of 2 x 8 x 8
-        inputs = (torch.randn(real_models.BATCH, 4, 3, 32, 32, generator=generator),)
-        return real_models.RealModel(name, _Output(model, "pixel_values"), inputs)
-    ids = (torch.randint(0, VOCAB, (real_models.BATCH, real_models.SEQUENCE), generator=generator),)
-    if arch.kind == "encoder":
-        return real_models.RealModel(name, _Output(model, "input_ids"), ids)
-    return real_models.RealModel(name, _Logits(model, arch.kind), ids)
-
-
-def _Output(model, argument: str):
-    import torch
-
-    class Output(torch.nn.Module):
-        """``last_hidden_state`` of the model called with ``argument=x``."""
-
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, x):
-            return self.model(**{argument: x}).last_hidden_state
-
-    return Output().eval()
-
-
-def _Logits(model, kind: str):
-    import torch
-    from support import real_models
-
-    from tir_byoc.frontend import causal_mask
-
-    class Logits(torch.nn.Module):
-        """The decoder's logits, with the mask and positions ``kind`` says."""
-
-        def __init__(self):
-            super().__init__()
-            self.model = model
-            self.register_buffer("mask", causal_mask(real_models.SEQUENCE))
-            self.register_buffer("positions", torch.arange(real_models.SEQUENCE)[None])
-
-        def forward(self, ids):
-            if kind == "decoder-own-mask":
-                return self.model(input_ids=ids, use_cache=False).logits
-            extra = {"position_ids": self.positions} if kind == "decoder-positions" else {}
-            return self.model(
-                input_ids=ids, attention_mask=self.mask, use_cache=False, **extra
-            ).logits
-
-    return Logits().eval()
+    model = models.from_config(arch.config, arch.model, arch.settings, arch.model_args, arch.part)
+    # "vision", "audio" (32 frames -> 16), "waveform" (39 frames), "video" (4 frames)
+    kind = arch.kind if arch.kind in models.INPUTS else "tokens"
+    inputs = models.inputs_for(kind, 1)
+    if arch.kind.startswith("decoder"):
+        module = models.causal_logits(model, models.SEQUENCE, arch.kind)
+    else:
+        module = models.last_hidden_state(model, models.INPUTS[kind][0])
+    return models.RealModel(name, module, inputs)
 
 
 def _flops(model) -> tuple[int, int]:

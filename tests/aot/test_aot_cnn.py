@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import torch
 from support import aot_harness as harness
-from support import aot_models
 
 import tir_byoc.aot as aot
+from tir_byoc.testing import models
 
 SANITIZE = "-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all"
 
 
 @pytest.fixture(scope="module")
 def cnn(tmp_path_factory):
-    model = aot_models.small_cnn()
+    model = models.small_cnn()
     artifact = aot.build(
         model.module,
         model.inputs,

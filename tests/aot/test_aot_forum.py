@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 import torch
 from support import aot_harness as harness
-from support import aot_models
+from support.files import import_file
 
 import tir_byoc.aot as aot
 from tir_byoc import REGISTRY, toolchain
 from tir_byoc.demo import lowered_mlp, mlp_reference, mlp_weights
+from tir_byoc.testing import models
 
 TOY = Path(__file__).resolve().parents[2] / "examples" / "toy_cg_thflow"
 
@@ -33,7 +34,7 @@ def relax_mlp(tmp_path_factory):
 @pytest.fixture(scope="module")
 def torch_mlp(tmp_path_factory):
     """The forum MLP as a torch model (weights are constants), reference kernels."""
-    model = aot_models.forum_mlp()
+    model = models.forum_mlp()
     artifact = aot.build(
         model.module,
         model.inputs,
@@ -128,9 +129,9 @@ def test_a_library_backend_links_its_library(tmp_path):
 def toy(tmp_path_factory):
     """The toy_cg_thflow example's MLP as C: the example's module registers the toy kernel,
     which is unregistered again afterwards (it would serve every later dense_bias_relu)."""
-    sys.path.insert(0, str(TOY))
     try:
-        import run_mlp  # registers toy_cg_thflow.dense_bias_relu, as the example does
+        import_file(TOY / "toy_intrinsic.py")  # run_mlp imports it by its bare name
+        run_mlp = import_file(TOY / "run_mlp.py")  # registers toy_cg_thflow.dense_bias_relu
 
         return aot.build(
             run_mlp.lower_mlp(),
@@ -139,7 +140,6 @@ def toy(tmp_path_factory):
             backends="toy_cg_thflow,ref",
         )
     finally:
-        sys.path.remove(str(TOY))
         for module in ("run_mlp", "toy_intrinsic"):
             sys.modules.pop(module, None)
         if "toy_cg_thflow.dense_bias_relu" in REGISTRY:

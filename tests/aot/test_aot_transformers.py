@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 from support import aot_harness as harness
-from support import aot_models
 
 import tir_byoc.aot as aot
 from tir_byoc.aot.program import TensorRef, read_program
+from tir_byoc.testing import models
 
 CROSS_CC, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
 #: ELF's e_machine of AArch64.
@@ -39,7 +39,7 @@ def builds(tmp_path_factory):
 
     def build(name):
         if name not in made:
-            model = aot_models.MODELS[name]()
+            model = models.AOT_MODELS[name]()
             artifact = aot.build(
                 model.module,
                 model.inputs,

@@ -3,15 +3,11 @@ command refuses an unknown architecture in one line before anything runs."""
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
-
-import zoo  # noqa: E402
+import zoo  # benchmarks/zoo.py: the folder is on the path (pyproject.toml's pythonpath)
+from support.benchmark_modules import BENCHMARKS
 
 
 @pytest.mark.parametrize("name", list(zoo.ZOO))

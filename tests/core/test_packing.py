@@ -393,10 +393,12 @@ def test_every_2d_constant_weight_of_a_real_model_packs_and_the_result_equals_to
     ``from_exported_program``) is packed, only the attention's batched operands are not."""
     from support import real_models
 
+    from tir_byoc.testing import models
+
     # fp32 goes to MKL, whose packing is named by TIR_BYOC_MKL_PACK (oneDNN's for the record).
     monkeypatch.setenv("TIR_BYOC_MKL_PACK", "library")
     monkeypatch.setenv("TIR_BYOC_ONEDNN_PACK", "transposed")
-    model = real_models.MODELS[name]()
+    model = models.MODELS[name]()
     with caplog.at_level(logging.INFO, logger="tir_byoc"):
         compiled = real_models.compile_model(model)
     kept = [r.getMessage() for r in caplog.records if r.getMessage().startswith("not packed: ")]

@@ -15,11 +15,11 @@ import pytest
 pytest.importorskip("torch")
 
 import torch
-from support import real_models
 
 import tir_byoc
 from tir_byoc import tensors
 from tir_byoc.registry import REGISTRY
+from tir_byoc.testing import models
 
 THREADS, CALLS = 4, 25
 
@@ -54,7 +54,7 @@ def sine():
 
 @pytest.mark.parametrize("backend", REGISTRY.backends)
 def test_threads_calling_one_real_model_get_what_serial_calls_get(backend):
-    bert = real_models.bert()
+    bert = models.bert()
     model = tir_byoc.build_model(bert.module, bert.inputs, backends=backend)
     assert {i.split(".")[0] for c in model.intrinsics.values() for i in c} == {backend}
     serial = model(*bert.inputs).numpy()

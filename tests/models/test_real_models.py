@@ -22,6 +22,7 @@ from tvm.script import tirx as T
 
 import tir_byoc
 from tir_byoc import demo
+from tir_byoc.testing import models
 
 
 # fmt: off
@@ -81,14 +82,14 @@ def test_torch_flops_include_the_attention_matmuls():
     # nn.TransformerEncoderLayer's eval fast path and CPU flash attention count as zero
     # unless the counter runs them as plain matmuls.
     b, s, h, i = (
-        real_models.BATCH,
-        real_models.SEQUENCE,
-        real_models.HIDDEN,
-        real_models.INTERMEDIATE,
+        models.BATCH,
+        models.SEQUENCE,
+        models.HIDDEN,
+        models.INTERMEDIATE,
     )
     projections = 2 * b * s * (3 * h * h + h * h + 2 * h * i)
     attention = 2 * 2 * b * s * s * h
-    counts = real_models.torch_gemm_flops(real_models.encoder_layer())
+    counts = real_models.torch_gemm_flops(models.encoder_layer())
     assert sum(counts.values()) == projections + attention
 
 
@@ -104,7 +105,7 @@ class _ConvolutionGradient(torch.nn.Module):
 
 
 def test_torch_flops_refuse_work_that_is_not_a_gemm():
-    gradient = real_models.RealModel("grad", _ConvolutionGradient(), (torch.zeros(1, 4, 8),))
+    gradient = models.RealModel("grad", _ConvolutionGradient(), (torch.zeros(1, 4, 8),))
     with pytest.raises(ValueError, match="GEMM operators only"):
         real_models.torch_gemm_flops(gradient)
 
@@ -113,17 +114,17 @@ def test_torch_flops_count_a_convolution_as_the_gemm_of_its_im2col():
     b, c, o, k, length = 2, 4, 6, 3, 10
     conv = torch.nn.Conv1d(c, o, k, padding=1).eval()
     counts = real_models.torch_gemm_flops(
-        real_models.RealModel("conv", conv, (torch.zeros(b, c, length),))
+        models.RealModel("conv", conv, (torch.zeros(b, c, length),))
     )
     assert counts == {"aten.convolution": 2 * (b * length) * o * (c * k)}
 
 
-@pytest.fixture(scope="module", params=list(real_models.MODELS))
+@pytest.fixture(scope="module", params=list(models.MODELS))
 def compiled(request):
     """One model lowered, offloaded with every available backend, and built: once per model."""
     with pytest.MonkeyPatch.context() as env:
         env.delenv(tir_byoc.registry.BACKENDS_ENV, raising=False)
-        return real_models.compile_model(real_models.MODELS[request.param]())
+        return real_models.compile_model(models.MODELS[request.param]())
 
 
 def test_offloaded_model_agrees_with_torch(compiled):
@@ -155,11 +156,11 @@ def test_no_epilogue_stays_behind_an_offloaded_gemm(compiled):
     assert real_models.epilogues_left_behind(compiled.offloaded) == []
 
 
-@pytest.mark.parametrize("name", list(real_models.MODELS))
+@pytest.mark.parametrize("name", list(models.MODELS))
 def test_build_model_leaves_no_function_unscheduled_and_agrees_with_torch(name):
     """Issue 13, item 2: what tir_byoc leaves to TVM gets a default rule, every PrimFunc of it,
     and a block that still runs on one thread, or reduces a row serially, says why."""
-    model = real_models.MODELS[name]()
+    model = models.MODELS[name]()
     built = tir_byoc.build_model(model.module, model.inputs)
     assert dict(built.unscheduled) == {}
     assert set(built.rules) | set(built.intrinsics) == set(built.schedules)
@@ -177,7 +178,7 @@ def test_build_model_leaves_no_function_unscheduled_and_agrees_with_torch(name):
 
 
 def test_convnext_runs_its_depthwise_convolutions_in_the_window_rule_and_agrees_with_torch():
-    model = real_models.convnext()
+    model = models.convnext()
     built = tir_byoc.build_model(model.module, model.inputs)
     windows = {name for name, rule in built.rules.items() if rule == "SlidingWindow"}
     assert len(windows) == 2, dict(built.rules)  # one depthwise convolution per stage

@@ -1,6 +1,6 @@
 """Property: a real model of any size, built by tir_byoc, computes what torch computes.
 
-``tests/test_real_models.py`` runs twelve architectures at one size each (hidden 64, 4 heads,
+``tests/models/test_real_models.py`` runs twelve architectures at one size each (hidden 64, 4 heads,
 batch 2, 16 tokens).  The sizes a user picks reach other paths: one token (a product of one
 row), one head, a head dimension of 2, widths that no vector length divides, a feed-forward
 narrower than the model, more query heads than key/value heads.  Each example draws an
@@ -8,10 +8,10 @@ architecture and its sizes, builds the model from a transformers config (or torc
 ``nn.TransformerEncoderLayer``) with random weights, and compares what
 :func:`tir_byoc.build_model` makes of it (``torch.export``, tir_byoc's Relax passes, the
 offload on the default backend, the default rules) with the eager model: rtol and atol 1e-4,
-as for the real models.  It also counts the GEMM FLOPs as ``tests/test_real_models.py`` does
+as for the real models.  It also counts the GEMM FLOPs as ``tests/models/test_real_models.py`` does
 (torch's counter against the library calls of the offloaded module): all of them must be
 offloaded, at every size.  Encoders give their last hidden state, decoders their logits
-under a causal mask (the wrappers of ``tests/real_models.py``):
+under a causal mask (the wrappers of :mod:`tir_byoc.testing.models`):
 
 - ``bert`` (without the pooler); ``deberta``: DeBERTa-v3's relative attention;
   ``clip_text``: CLIP's text encoder (``quick_gelu``, its own causal mask);
@@ -37,12 +37,10 @@ import transformers
 from hypothesis import event, given
 from hypothesis import strategies as st
 from properties.harness import profile
-from support import (
-    model_settings,  # tests/, on the path through its conftest.py
-    real_models,  # tests/ too
-)
+from support import real_models
 
 import tir_byoc
+from tir_byoc.testing import models as model_zoo
 
 VOCAB = 50
 #: Special tokens inside the small vocabulary (transformers warns of its defaults, 50256...).
@@ -93,7 +91,7 @@ def models(draw):
 
 def _build(architecture, batch, sequence, heads, head_dim, intermediate, **extra):
     """(eager model, its input), random weights from torch's seed 0: an encoder's last hidden
-    state, a decoder's logits under a causal mask (``tests/real_models.py``'s wrappers)."""
+    state, a decoder's logits under a causal mask (:mod:`tir_byoc.testing.models`' wrappers)."""
     hidden = heads * head_dim
     with torch.random.fork_rng():
         torch.manual_seed(0)
@@ -125,7 +123,7 @@ def _build(architecture, batch, sequence, heads, head_dim, intermediate, **extra
             )
             model = transformers.ViTModel(config, add_pooling_layer=False)
             pixels = torch.randn(batch, 3, side, side)
-            return real_models.LastHiddenState(model.eval(), "pixel_values").eval(), pixels
+            return model_zoo.last_hidden_state(model, "pixel_values"), pixels
         if architecture == "whisper":  # 2 * sequence frames, made sequence by its convolutions
             from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
@@ -144,21 +142,21 @@ def _build(architecture, batch, sequence, heads, head_dim, intermediate, **extra
             )
             frames = torch.randn(batch, extra["mel_bins"], 2 * sequence)
             encoder = WhisperEncoder(config).eval()
-            return real_models.LastHiddenState(encoder, "input_features").eval(), frames
+            return model_zoo.last_hidden_state(encoder, "input_features"), frames
         if architecture in ("bert", "deberta", "clip_text"):
             if architecture == "bert":
                 model = transformers.BertModel(
                     transformers.BertConfig(**bert_like), add_pooling_layer=False
                 )
             elif architecture == "deberta":
-                config = transformers.DebertaV2Config(**bert_like, **model_settings.DEBERTA_V3)
+                config = transformers.DebertaV2Config(**bert_like, **model_zoo.DEBERTA_V3)
                 model = transformers.DebertaV2Model(config)
             else:
                 tokens = dict(pad_token_id=1, bos_token_id=0, eos_token_id=2)
                 model = transformers.CLIPTextModel(
                     transformers.CLIPTextConfig(**bert_like, **tokens)
                 )
-            return real_models.LastHiddenState(model.eval()).eval(), ids
+            return model_zoo.last_hidden_state(model), ids
         decoder = dict(use_cache=False, **_TOKENS_IN_VOCAB)
         if architecture == "gpt2":
             config = transformers.GPT2Config(
@@ -184,7 +182,7 @@ def _build(architecture, batch, sequence, heads, head_dim, intermediate, **extra
                 **bert_like, num_key_value_heads=extra["kv_heads"], **decoder
             )
             model = transformers.LlamaForCausalLM(config)
-        return real_models.CausalLogits(model.eval(), sequence).eval(), ids
+        return model_zoo.causal_logits(model, sequence), ids
 
 
 @profile(0.03, ci_share=0.03)
@@ -202,7 +200,7 @@ def test_a_real_model_of_any_size_computes_what_torch_computes(model):
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
     # Every GEMM FLOP torch counts is handed to a library, at every size.
-    real = real_models.RealModel(architecture, eager, (x,))
+    real = model_zoo.RealModel(architecture, eager, (x,))
     flops = sum(real_models.torch_gemm_flops(real).values())
     offloaded = tir_byoc.offload(real_models.lower(real))
     served = sum(call.flops for call in real_models.library_calls(offloaded))

@@ -31,4 +31,9 @@ script
 loop_dtypes
     :func:`retype_loops`: a function of plain loops with some loops over another integer
     dtype (``uint32``, ``int8``, ...), as TVMScript allows.
+models
+    The models the tests and the benchmarks build (transformers configs and torch.nn layers,
+    random weights, nothing downloaded) with their inputs: the real-model tests' small
+    transformers, ResNet-50, MobileNetV2 and a VGG-like network.  Needs torch and
+    transformers when a model is built, not when imported.
 """
