@@ -212,52 +212,30 @@ def test_a_dtype_no_intrinsic_implements_is_reported_and_left_alone():
 # --------------------------------------------------------------------------------------
 
 
-@T.prim_func(s_tir=True)
-def init_to_one(
-    X: T.Buffer((4, 8), "float32"), W: T.Buffer((6, 8), "float32"), Out: T.Buffer((4, 6), "float32")
-):
-    for i, j, k in T.grid(4, 6, 8):
-        with T.sblock("dense"):
-            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-            with T.init():
-                Out[vi, vj] = T.float32(1)
-            Out[vi, vj] = Out[vi, vj] + X[vi, vk] * W[vj, vk]
+def dense(name, *, init=0.0, rows=4, depth=8, combine=lambda total, product: total + product):
+    """``Out = X @ W.T`` (4 x 8 by 8 x 6) with one setting changed: the reduction's initial
+    value, the rows or the depth its loops cover, or how it combines a product with the sum."""
+
+    @T.prim_func(s_tir=True)
+    def func(
+        X: T.Buffer((4, 8), "float32"),
+        W: T.Buffer((6, 8), "float32"),
+        Out: T.Buffer((4, 6), "float32"),
+    ):
+        for i, j, k in T.grid(rows, 6, depth):
+            with T.sblock("dense"):
+                vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                with T.init():
+                    Out[vi, vj] = T.float32(init)
+                Out[vi, vj] = combine(Out[vi, vj], X[vi, vk] * W[vj, vk])
+
+    return func.with_attr("global_symbol", name)
 
 
-@T.prim_func(s_tir=True)
-def partial_k(
-    X: T.Buffer((4, 8), "float32"), W: T.Buffer((6, 8), "float32"), Out: T.Buffer((4, 6), "float32")
-):
-    for i, j, k in T.grid(4, 6, 5):
-        with T.sblock("dense"):
-            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-            with T.init():
-                Out[vi, vj] = T.float32(0)
-            Out[vi, vj] = Out[vi, vj] + X[vi, vk] * W[vj, vk]
-
-
-@T.prim_func(s_tir=True)
-def partial_rows(
-    X: T.Buffer((4, 8), "float32"), W: T.Buffer((6, 8), "float32"), Out: T.Buffer((4, 6), "float32")
-):
-    for i, j, k in T.grid(3, 6, 8):
-        with T.sblock("dense"):
-            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-            with T.init():
-                Out[vi, vj] = T.float32(0)
-            Out[vi, vj] = Out[vi, vj] + X[vi, vk] * W[vj, vk]
-
-
-@T.prim_func(s_tir=True)
-def product_accumulation(
-    X: T.Buffer((4, 8), "float32"), W: T.Buffer((6, 8), "float32"), Out: T.Buffer((4, 6), "float32")
-):
-    for i, j, k in T.grid(4, 6, 8):
-        with T.sblock("dense"):
-            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-            with T.init():
-                Out[vi, vj] = T.float32(0)
-            Out[vi, vj] = T.max(Out[vi, vj], X[vi, vk] * W[vj, vk])
+init_to_one = dense("init_to_one", init=1.0)
+partial_k = dense("partial_k", depth=5)
+partial_rows = dense("partial_rows", rows=3)
+product_accumulation = dense("product_accumulation", combine=T.max)
 
 
 @T.prim_func(s_tir=True)
