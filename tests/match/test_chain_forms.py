@@ -543,38 +543,37 @@ def test_an_epilogue_over_uint32_loops_stays_tvm_code_after_the_gemm():
 # --------------------------------------------------------------------------------------
 
 
-@T.prim_func(s_tir=True)
-def relu_as_if_then_else(
-    X: T.Buffer((5, 7), "float32"), W: T.Buffer((3, 7), "float32"), Out: T.Buffer((5, 3), "float32")
-):
-    Y = T.sblock_alloc_buffer((5, 3))
-    for i, j, k in T.grid(5, 3, 7):
-        with T.sblock("dense"):
-            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-            with T.init():
-                Y[vi, vj] = T.float32(0)
-            Y[vi, vj] = Y[vi, vj] + X[vi, vk] * W[vj, vk]
-    for i, j in T.grid(5, 3):
-        with T.sblock("relu"):
-            vi, vj = T.axis.remap("SS", [i, j])
-            Out[vi, vj] = T.if_then_else(Y[vi, vj] > T.float32(0), Y[vi, vj], T.float32(0))
+def dense_then_select(name, tested):
+    """A dense (5 x 7 by 7 x 3) then ``if_then_else(tested(X, Y, i, j) > 0, Y, 0)``."""
+
+    @T.prim_func(s_tir=True)
+    def func(
+        X: T.Buffer((5, 7), "float32"),
+        W: T.Buffer((3, 7), "float32"),
+        Out: T.Buffer((5, 3), "float32"),
+    ):
+        Y = T.sblock_alloc_buffer((5, 3))
+        for i, j, k in T.grid(5, 3, 7):
+            with T.sblock("dense"):
+                vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                with T.init():
+                    Y[vi, vj] = T.float32(0)
+                Y[vi, vj] = Y[vi, vj] + X[vi, vk] * W[vj, vk]
+        for i, j in T.grid(5, 3):
+            with T.sblock("relu"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                Out[vi, vj] = T.if_then_else(
+                    tested(X, Y, vi, vj) > T.float32(0), Y[vi, vj], T.float32(0)
+                )
+
+    return func.with_attr("global_symbol", name)
 
 
-@T.prim_func(s_tir=True)
-def if_then_else_on_another_value(
-    X: T.Buffer((5, 7), "float32"), W: T.Buffer((3, 7), "float32"), Out: T.Buffer((5, 3), "float32")
-):
-    Y = T.sblock_alloc_buffer((5, 3))
-    for i, j, k in T.grid(5, 3, 7):
-        with T.sblock("dense"):
-            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-            with T.init():
-                Y[vi, vj] = T.float32(0)
-            Y[vi, vj] = Y[vi, vj] + X[vi, vk] * W[vj, vk]
-    for i, j in T.grid(5, 3):
-        with T.sblock("relu"):
-            vi, vj = T.axis.remap("SS", [i, j])
-            Out[vi, vj] = T.if_then_else(X[vi, 0] > T.float32(0), Y[vi, vj], T.float32(0))
+relu_as_if_then_else = dense_then_select("relu_as_if_then_else", lambda x, y, i, j: y[i, j])
+#: The condition tests another value than the one it selects: no relu.
+if_then_else_on_another_value = dense_then_select(
+    "if_then_else_on_another_value", lambda x, y, i, j: x[i, 0]
+)
 
 
 def test_relu_spelled_with_if_then_else():

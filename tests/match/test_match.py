@@ -280,115 +280,66 @@ def test_reduction_refusals(func, reason):
     tvm.ir.assert_structural_equal(tir_byoc.offload(func), func)
 
 
-@T.prim_func(s_tir=True)
-def bias_by_row(
-    X: T.Buffer((6, 8), "float32"),
-    W: T.Buffer((6, 8), "float32"),
-    B: T.Buffer((6,), "float32"),
-    Out: T.Buffer((6, 6), "float32"),
-):
-    Y = T.sblock_alloc_buffer((6, 6))
-    for i, j, k in T.grid(6, 6, 8):
-        with T.sblock("dense"):
-            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-            with T.init():
-                Y[vi, vj] = T.float32(0)
-            Y[vi, vj] = Y[vi, vj] + X[vi, vk] * W[vj, vk]
-    for i, j in T.grid(6, 6):
-        with T.sblock("T_add"):
-            vi, vj = T.axis.remap("SS", [i, j])
-            Out[vi, vj] = Y[vi, vj] + B[vi]
+def dense_then(name, block, epilogue):
+    """``Out = epilogue(X @ W.T)`` (6 x 8 by 8 x 5), the epilogue a block of its own."""
+
+    @T.prim_func(s_tir=True)
+    def func(
+        X: T.Buffer((6, 8), "float32"),
+        W: T.Buffer((5, 8), "float32"),
+        Out: T.Buffer((6, 5), "float32"),
+    ):
+        Y = T.sblock_alloc_buffer((6, 5))
+        for i, j, k in T.grid(6, 5, 8):
+            with T.sblock("dense"):
+                vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                with T.init():
+                    Y[vi, vj] = T.float32(0)
+                Y[vi, vj] = Y[vi, vj] + X[vi, vk] * W[vj, vk]
+        for i, j in T.grid(6, 5):
+            with T.sblock(block):
+                vi, vj = T.axis.remap("SS", [i, j])
+                Out[vi, vj] = epilogue(Y[vi, vj])
+
+    return func.with_attr("global_symbol", name)
 
 
-@T.prim_func(s_tir=True)
-def bias_full_matrix(
-    X: T.Buffer((6, 8), "float32"),
-    W: T.Buffer((5, 8), "float32"),
-    B: T.Buffer((6, 5), "float32"),
-    Out: T.Buffer((6, 5), "float32"),
-):
-    Y = T.sblock_alloc_buffer((6, 5))
-    for i, j, k in T.grid(6, 5, 8):
-        with T.sblock("dense"):
-            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-            with T.init():
-                Y[vi, vj] = T.float32(0)
-            Y[vi, vj] = Y[vi, vj] + X[vi, vk] * W[vj, vk]
-    for i, j in T.grid(6, 5):
-        with T.sblock("T_add"):
-            vi, vj = T.axis.remap("SS", [i, j])
-            Out[vi, vj] = Y[vi, vj] + B[vi, vj]
+def dense_then_bias(name, block, bias_shape, epilogue, columns=5):
+    """``Out = epilogue(X @ W.T, B, i, j)`` (6 x 8 by 8 x ``columns``) with a bias ``B`` of
+    ``bias_shape``, the epilogue a block of its own."""
+
+    @T.prim_func(s_tir=True)
+    def func(
+        X: T.Buffer((6, 8), "float32"),
+        W: T.Buffer((columns, 8), "float32"),
+        B: T.Buffer(bias_shape, "float32"),
+        Out: T.Buffer((6, columns), "float32"),
+    ):
+        Y = T.sblock_alloc_buffer((6, columns))
+        for i, j, k in T.grid(6, columns, 8):
+            with T.sblock("dense"):
+                vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                with T.init():
+                    Y[vi, vj] = T.float32(0)
+                Y[vi, vj] = Y[vi, vj] + X[vi, vk] * W[vj, vk]
+        for i, j in T.grid(6, columns):
+            with T.sblock(block):
+                vi, vj = T.axis.remap("SS", [i, j])
+                Out[vi, vj] = epilogue(Y[vi, vj], B, vi, vj)
+
+    return func.with_attr("global_symbol", name)
 
 
-@T.prim_func(s_tir=True)
-def relu_threshold(
-    X: T.Buffer((6, 8), "float32"), W: T.Buffer((5, 8), "float32"), Out: T.Buffer((6, 5), "float32")
-):
-    Y = T.sblock_alloc_buffer((6, 5))
-    for i, j, k in T.grid(6, 5, 8):
-        with T.sblock("dense"):
-            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-            with T.init():
-                Y[vi, vj] = T.float32(0)
-            Y[vi, vj] = Y[vi, vj] + X[vi, vk] * W[vj, vk]
-    for i, j in T.grid(6, 5):
-        with T.sblock("compute"):
-            vi, vj = T.axis.remap("SS", [i, j])
-            Out[vi, vj] = T.max(Y[vi, vj], T.float32(0.5))
-
-
-@T.prim_func(s_tir=True)
-def leaky_relu(
-    X: T.Buffer((6, 8), "float32"), W: T.Buffer((5, 8), "float32"), Out: T.Buffer((6, 5), "float32")
-):
-    Y = T.sblock_alloc_buffer((6, 5))
-    for i, j, k in T.grid(6, 5, 8):
-        with T.sblock("dense"):
-            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-            with T.init():
-                Y[vi, vj] = T.float32(0)
-            Y[vi, vj] = Y[vi, vj] + X[vi, vk] * W[vj, vk]
-    for i, j in T.grid(6, 5):
-        with T.sblock("compute"):
-            vi, vj = T.axis.remap("SS", [i, j])
-            Out[vi, vj] = T.max(Y[vi, vj], Y[vi, vj] * T.float32(0.1))
-
-
-@T.prim_func(s_tir=True)
-def clipped_relu(
-    X: T.Buffer((6, 8), "float32"), W: T.Buffer((5, 8), "float32"), Out: T.Buffer((6, 5), "float32")
-):
-    Y = T.sblock_alloc_buffer((6, 5))
-    for i, j, k in T.grid(6, 5, 8):
-        with T.sblock("dense"):
-            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-            with T.init():
-                Y[vi, vj] = T.float32(0)
-            Y[vi, vj] = Y[vi, vj] + X[vi, vk] * W[vj, vk]
-    for i, j in T.grid(6, 5):
-        with T.sblock("compute"):
-            vi, vj = T.axis.remap("SS", [i, j])
-            Out[vi, vj] = T.min(T.max(Y[vi, vj], T.float32(0)), T.float32(6))
-
-
-@T.prim_func(s_tir=True)
-def bias_subtracted(
-    X: T.Buffer((6, 8), "float32"),
-    W: T.Buffer((5, 8), "float32"),
-    B: T.Buffer((5,), "float32"),
-    Out: T.Buffer((6, 5), "float32"),
-):
-    Y = T.sblock_alloc_buffer((6, 5))
-    for i, j, k in T.grid(6, 5, 8):
-        with T.sblock("dense"):
-            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-            with T.init():
-                Y[vi, vj] = T.float32(0)
-            Y[vi, vj] = Y[vi, vj] + X[vi, vk] * W[vj, vk]
-    for i, j in T.grid(6, 5):
-        with T.sblock("T_sub"):
-            vi, vj = T.axis.remap("SS", [i, j])
-            Out[vi, vj] = Y[vi, vj] - B[vj]
+bias_by_row = dense_then_bias("bias_by_row", "T_add", (6,), lambda y, b, i, j: y + b[i], columns=6)
+bias_full_matrix = dense_then_bias(
+    "bias_full_matrix", "T_add", (6, 5), lambda y, b, i, j: y + b[i, j]
+)
+bias_subtracted = dense_then_bias("bias_subtracted", "T_sub", (5,), lambda y, b, i, j: y - b[j])
+relu_threshold = dense_then("relu_threshold", "compute", lambda y: T.max(y, T.float32(0.5)))
+leaky_relu = dense_then("leaky_relu", "compute", lambda y: T.max(y, y * T.float32(0.1)))
+clipped_relu = dense_then(
+    "clipped_relu", "compute", lambda y: T.min(T.max(y, T.float32(0)), T.float32(6))
+)
 
 
 @pytest.mark.parametrize(

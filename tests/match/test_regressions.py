@@ -196,21 +196,31 @@ def test_bfloat16_operands_lower_and_run():
 # --------------------------------------------------------------------------------------
 
 
-@T.prim_func(s_tir=True)
-def short_epilogue_before(
-    X: T.Buffer((3, 2), "float32"), W: T.Buffer((4, 2), "float32"), Z: T.Buffer((3, 4), "float32")
-):
-    Y = T.sblock_alloc_buffer((3, 4))
-    for i, j, k in T.grid(3, 4, 2):
-        with T.sblock("dense"):
-            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-            with T.init():
-                Y[vi, vj] = T.float32(0)
-            Y[vi, vj] = Y[vi, vj] + X[vi, vk] * W[vj, vk]
-    for i, j in T.grid(3, 3):
-        with T.sblock("relu"):
-            vi, vj = T.axis.remap("SS", [i, j])
-            Z[vi, vj] = T.max(Y[vi, vj], T.float32(0))
+def dense_relu(name, relu_columns):
+    """A dense (3 x 2 by 2 x 4) then a relu over the first ``relu_columns`` of its 4 columns."""
+
+    @T.prim_func(s_tir=True)
+    def func(
+        X: T.Buffer((3, 2), "float32"),
+        W: T.Buffer((4, 2), "float32"),
+        Z: T.Buffer((3, 4), "float32"),
+    ):
+        Y = T.sblock_alloc_buffer((3, 4))
+        for i, j, k in T.grid(3, 4, 2):
+            with T.sblock("dense"):
+                vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                with T.init():
+                    Y[vi, vj] = T.float32(0)
+                Y[vi, vj] = Y[vi, vj] + X[vi, vk] * W[vj, vk]
+        for i, j in T.grid(3, relu_columns):
+            with T.sblock("relu"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                Z[vi, vj] = T.max(Y[vi, vj], T.float32(0))
+
+    return func.with_attr("global_symbol", name)
+
+
+short_epilogue_before = dense_relu("short_epilogue_before", relu_columns=3)
 
 
 @T.prim_func(s_tir=True)
@@ -253,21 +263,7 @@ def test_partial_epilogue_is_left_out_of_the_chain():
     assert rejection.blocks == ("relu",) and "covers 3 of N = 4" in rejection.reason
 
 
-@T.prim_func(s_tir=True)
-def whole_epilogue(
-    X: T.Buffer((3, 2), "float32"), W: T.Buffer((4, 2), "float32"), Z: T.Buffer((3, 4), "float32")
-):
-    Y = T.sblock_alloc_buffer((3, 4))
-    for i, j, k in T.grid(3, 4, 2):
-        with T.sblock("dense"):
-            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-            with T.init():
-                Y[vi, vj] = T.float32(0)
-            Y[vi, vj] = Y[vi, vj] + X[vi, vk] * W[vj, vk]
-    for i, j in T.grid(3, 4):
-        with T.sblock("relu"):
-            vi, vj = T.axis.remap("SS", [i, j])
-            Z[vi, vj] = T.max(Y[vi, vj], T.float32(0))
+whole_epilogue = dense_relu("whole_epilogue", relu_columns=4)
 
 
 def test_whole_epilogue_still_joins_the_chain():
