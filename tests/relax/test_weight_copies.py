@@ -312,92 +312,66 @@ def test_anything_else_is_refused_with_reason(func, reason):
 # --------------------------------------------------------------------------------------
 
 
-@T.prim_func(s_tir=True)
-def matmul_bias_before(
-    X: T.Buffer((4, 6), "float32"),
-    W: T.Buffer((6, 5), "float32"),
-    b: T.Buffer((5,), "float32"),
-    Y: T.Buffer((4, 5), "float32"),
-):
-    acc = T.sblock_alloc_buffer((4, 5))
-    for i, j, k in T.grid(4, 5, 6):
-        with T.sblock("matmul"):
-            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-            T.reads(X[vi, vk], W[vk, vj])
-            T.writes(acc[vi, vj])
-            with T.init():
-                acc[vi, vj] = T.float32(0)
-            acc[vi, vj] = acc[vi, vj] + X[vi, vk] * W[vk, vj]
-    for i, j in T.grid(4, 5):
-        with T.sblock("T_add"):
-            vi, vj = T.axis.remap("SS", [i, j])
-            Y[vi, vj] = acc[vi, vj] + b[vj]
+def matmul_bias(name, weight_shape, read):
+    """``Y = X @ W + b`` (4 x 6 by 6 x 5), W of ``weight_shape`` read as ``read(W, j, k)``:
+    the callee before its fold (W, the transposed copy, read at ``[k, j]``) or after (the
+    weight itself, read at ``[j, k]``)."""
+
+    @T.prim_func(s_tir=True)
+    def func(
+        X: T.Buffer((4, 6), "float32"),
+        W: T.Buffer(weight_shape, "float32"),
+        b: T.Buffer((5,), "float32"),
+        Y: T.Buffer((4, 5), "float32"),
+    ):
+        acc = T.sblock_alloc_buffer((4, 5))
+        for i, j, k in T.grid(4, 5, 6):
+            with T.sblock("matmul"):
+                vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                T.reads(X[vi, vk], read(W, vj, vk))
+                T.writes(acc[vi, vj])
+                with T.init():
+                    acc[vi, vj] = T.float32(0)
+                acc[vi, vj] = acc[vi, vj] + X[vi, vk] * read(W, vj, vk)
+        for i, j in T.grid(4, 5):
+            with T.sblock("T_add"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                Y[vi, vj] = acc[vi, vj] + b[vj]
+
+    return func.with_attr("global_symbol", name)
 
 
-@T.prim_func(s_tir=True)
-def matmul_bias_expected(
-    X: T.Buffer((4, 6), "float32"),
-    W: T.Buffer((5, 6), "float32"),
-    b: T.Buffer((5,), "float32"),
-    Y: T.Buffer((4, 5), "float32"),
-):
-    acc = T.sblock_alloc_buffer((4, 5))
-    for i, j, k in T.grid(4, 5, 6):
-        with T.sblock("matmul"):
-            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-            T.reads(X[vi, vk], W[vj, vk])
-            T.writes(acc[vi, vj])
-            with T.init():
-                acc[vi, vj] = T.float32(0)
-            acc[vi, vj] = acc[vi, vj] + X[vi, vk] * W[vj, vk]
-    for i, j in T.grid(4, 5):
-        with T.sblock("T_add"):
-            vi, vj = T.axis.remap("SS", [i, j])
-            Y[vi, vj] = acc[vi, vj] + b[vj]
+def bmm_bias(name, weight_shape, read):
+    """The batched :func:`matmul_bias` (2 x 3 x 6 by 6 x 5), W read as ``read(W, n, j, k)``."""
+
+    @T.prim_func(s_tir=True)
+    def func(
+        X: T.Buffer((2, 3, 6), "float32"),
+        W: T.Buffer(weight_shape, "float32"),
+        b: T.Buffer((5,), "float32"),
+        Y: T.Buffer((2, 3, 5), "float32"),
+    ):
+        acc = T.sblock_alloc_buffer((2, 3, 5))
+        for n, i, j, k in T.grid(2, 3, 5, 6):
+            with T.sblock("matmul"):
+                vn, vi, vj, vk = T.axis.remap("SSSR", [n, i, j, k])
+                T.reads(X[vn, vi, vk], read(W, vn, vj, vk))
+                T.writes(acc[vn, vi, vj])
+                with T.init():
+                    acc[vn, vi, vj] = T.float32(0)
+                acc[vn, vi, vj] = acc[vn, vi, vj] + X[vn, vi, vk] * read(W, vn, vj, vk)
+        for n, i, j in T.grid(2, 3, 5):
+            with T.sblock("T_add"):
+                vn, vi, vj = T.axis.remap("SSS", [n, i, j])
+                Y[vn, vi, vj] = acc[vn, vi, vj] + b[vj]
+
+    return func.with_attr("global_symbol", name)
 
 
-@T.prim_func(s_tir=True)
-def bmm_bias_before(
-    X: T.Buffer((2, 3, 6), "float32"),
-    W: T.Buffer((2, 6, 5), "float32"),
-    b: T.Buffer((5,), "float32"),
-    Y: T.Buffer((2, 3, 5), "float32"),
-):
-    acc = T.sblock_alloc_buffer((2, 3, 5))
-    for n, i, j, k in T.grid(2, 3, 5, 6):
-        with T.sblock("matmul"):
-            vn, vi, vj, vk = T.axis.remap("SSSR", [n, i, j, k])
-            T.reads(X[vn, vi, vk], W[vn, vk, vj])
-            T.writes(acc[vn, vi, vj])
-            with T.init():
-                acc[vn, vi, vj] = T.float32(0)
-            acc[vn, vi, vj] = acc[vn, vi, vj] + X[vn, vi, vk] * W[vn, vk, vj]
-    for n, i, j in T.grid(2, 3, 5):
-        with T.sblock("T_add"):
-            vn, vi, vj = T.axis.remap("SSS", [n, i, j])
-            Y[vn, vi, vj] = acc[vn, vi, vj] + b[vj]
-
-
-@T.prim_func(s_tir=True)
-def bmm_bias_expected(
-    X: T.Buffer((2, 3, 6), "float32"),
-    W: T.Buffer((5, 6), "float32"),
-    b: T.Buffer((5,), "float32"),
-    Y: T.Buffer((2, 3, 5), "float32"),
-):
-    acc = T.sblock_alloc_buffer((2, 3, 5))
-    for n, i, j, k in T.grid(2, 3, 5, 6):
-        with T.sblock("matmul"):
-            vn, vi, vj, vk = T.axis.remap("SSSR", [n, i, j, k])
-            T.reads(X[vn, vi, vk], W[vj, vk])
-            T.writes(acc[vn, vi, vj])
-            with T.init():
-                acc[vn, vi, vj] = T.float32(0)
-            acc[vn, vi, vj] = acc[vn, vi, vj] + X[vn, vi, vk] * W[vj, vk]
-    for n, i, j in T.grid(2, 3, 5):
-        with T.sblock("T_add"):
-            vn, vi, vj = T.axis.remap("SSS", [n, i, j])
-            Y[vn, vi, vj] = acc[vn, vi, vj] + b[vj]
+matmul_bias_before = matmul_bias("matmul_bias_before", (6, 5), lambda w, j, k: w[k, j])
+matmul_bias_expected = matmul_bias("matmul_bias_expected", (5, 6), lambda w, j, k: w[j, k])
+bmm_bias_before = bmm_bias("bmm_bias_before", (2, 6, 5), lambda w, n, j, k: w[n, k, j])
+bmm_bias_expected = bmm_bias("bmm_bias_expected", (5, 6), lambda w, n, j, k: w[j, k])
 
 
 @T.prim_func(s_tir=True)
