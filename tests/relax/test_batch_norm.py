@@ -83,7 +83,11 @@ class _Seq(torch.nn.Sequential):
     ],
     ids=["conv1d", "conv2d no bias", "depthwise", "conv3d", "linear", "linear no bias"],
 )
-def test_a_batch_norm_after_a_constant_gemm_is_folded_and_agrees_with_torch(layers, shape):
+def test_a_batch_norm_after_a_constant_gemm_is_folded_and_agrees_with_torch(
+    layers, shape, monkeypatch
+):
+    # A convolution of one group without a bias is folded into only on request (below).
+    monkeypatch.setattr(batch_norm, "FOLD_INTO_UNBIASED_CONVOLUTIONS", True)
     module = _calibrated(_Seq(*layers), shape)
     x = torch.randn(*shape)
     mod, _ = tir_byoc.frontend.import_torch(module, (x,))
@@ -115,32 +119,45 @@ def test_the_folded_weight_and_bias_are_computed_in_float64_and_rounded_once():
 
 
 class _ConvBnRelu(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, bias: bool):
         super().__init__()
-        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1, bias=bias)
         self.norm = torch.nn.BatchNorm2d(8)
 
     def forward(self, x):
         return torch.relu(self.norm(self.conv(x)))
 
 
-@pytest.mark.parametrize("fold", [True, False], ids=["folded", "without the fold"])
-def test_conv_batch_norm_relu_is_one_library_call_with_its_bias_and_relu(fold, monkeypatch):
+@pytest.mark.parametrize(
+    ("bias", "fold", "in_the_call", "left"),
+    [
+        # VGG's: the bias, the folded shift and the ReLU all run in the call.
+        (True, True, True, ()),
+        (True, False, False, ("batch_norm", "relu")),
+        # ResNet's: a scale and a shift and the ReLU in one pass after the weight-first GEMM,
+        # as the batch norm and the ReLU were without the rewrite.
+        (False, True, False, ("multiply_add_relu",)),
+        (False, False, False, ("batch_norm_relu",)),
+    ],
+    ids=["bias folded", "bias without the rewrite", "no bias", "no bias without the rewrite"],
+)
+def test_conv_batch_norm_relu_runs_its_bias_and_relu_in_the_call_when_it_has_a_bias(
+    bias, fold, in_the_call, left, monkeypatch
+):
     if not fold:
         without = tuple(p for p in pipeline.BEFORE_LEGALIZE if p is not FoldBatchNorms)
         monkeypatch.setattr(pipeline, "BEFORE_LEGALIZE", without)
-    module = _calibrated(_ConvBnRelu(), (2, 3, 8, 8))
+    module = _calibrated(_ConvBnRelu(bias), (2, 3, 8, 8))
     x = torch.randn(2, 3, 8, 8)
     built = tir_byoc.build_model(module, (x,))
     with torch.no_grad():
         expected = module(x).numpy()
     np.testing.assert_allclose(built(x).numpy(), expected, rtol=1e-4, atol=1e-4)
-    assert len(built.intrinsics) == 1
-    left = " ".join(built.rules)
-    # Folded, the shift is the GEMM's bias and the ReLU runs in the call; without the fold
-    # the batch norm and the ReLU are TVM code after it.
-    assert ("batch_norm" in left) == (not fold), left
-    assert ("relu" in left) == (not fold), left
+    ((call,),) = built.intrinsics.values()
+    assert call.endswith("_bias_relu") == bool(in_the_call), call
+    names = " ".join(built.rules)
+    assert all(part in names for part in left), names
+    assert ("relu" in names) == bool(left), names
 
 
 # fmt: off
@@ -297,3 +314,19 @@ def test_a_batch_norm_not_foldable_is_a_constant_scale_and_shift_and_says_why(mo
 def test_anything_but_a_module_is_refused_in_one_line():
     with pytest.raises(TypeError, match=r"^tir_byoc.relax.batch_norm: expected a tvm.IRModule"):
         batch_norm.find(LinearNormByParameters["main"])
+
+
+def test_a_convolution_without_a_bias_gets_a_scale_and_shift_unless_asked_to_fold(monkeypatch):
+    module = _calibrated(_ConvBnRelu(bias=False), (2, 3, 8, 8))
+    x = torch.randn(2, 3, 8, 8)
+    mod, _ = tir_byoc.frontend.import_torch(module, (x,))
+    sites, (decline,) = batch_norm.find(mod)
+    assert [type(s) for s in sites] == [batch_norm.ScaleShift]
+    assert "its convolution has no bias" in decline.reason
+    with torch.no_grad():
+        expected = module(x).numpy()
+    got = _run(batch_norm.rewrite(mod, sites), x.numpy())
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(batch_norm, "FOLD_INTO_UNBIASED_CONVOLUTIONS", True)
+    sites, declines = batch_norm.find(mod)
+    assert [type(s) for s in sites] == [batch_norm.Fold] and declines == ()

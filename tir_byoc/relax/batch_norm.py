@@ -62,6 +62,13 @@ _MATMUL = ir.Op.get("relax.matmul")
 _ADD = ir.Op.get("relax.add")
 _PERMUTE_DIMS = ir.Op.get("relax.permute_dims")
 _RESHAPE = ir.Op.get("relax.reshape")
+#: Whether a batch norm is folded into a convolution of one group that has no bias of its own
+#: (ResNet's, MobileNetV2's 1 x 1): the folded shift becomes its bias, and
+#: :mod:`tir_byoc.relax.convolutions` takes a bias only in its columns-first form, with a
+#: transpose back, which was slower than the weight-first GEMM and one elementwise pass
+#: (the scale and shift here, fused with the activation) after it.  Off until the weight-first
+#: form takes the bias (a bias along the GEMM's rows).
+FOLD_INTO_UNBIASED_CONVOLUTIONS = False
 #: Weight dtypes a fold computes for (numpy's own; bfloat16 is not).
 _FLOATS = ("float16", "float32", "float64")
 
@@ -213,6 +220,18 @@ def _fold(function: str, norm, out, call, values: dict, uses) -> Fold | str:
     found = _weight(gemm, axis, values, uses)
     if isinstance(found, str):
         return found
+    conv = bound_call(values, gemm)
+    if (
+        not FOLD_INTO_UNBIASED_CONVOLUTIONS
+        and bias is None
+        and conv.op in _CONVS
+        and int(conv.attrs.groups) == 1
+    ):
+        return (
+            "its convolution has no bias, and a folded shift would be one: "
+            "relax.convolutions serves a convolution with a bias as a columns-first GEMM and a "
+            "transpose back, slower than this pass after its weight-first GEMM"
+        )
     weight_at, weight_arg, weight, channel_axis = found
     w = weight.value.numpy()
     dtype, channels = str(w.dtype), w.shape[channel_axis]
