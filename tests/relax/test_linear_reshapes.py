@@ -282,38 +282,31 @@ class LastDimChanged:
         return y
 
 
-@I.ir_module
-class FullBias:
-    @R.function
-    def main(
-        x: R.Tensor((2, 16, 64), "float32"),
-        w: R.Tensor((64, 128), "float32"),
-        b: R.Tensor((32, 128), "float32"),
-    ) -> R.Tensor((2, 16, 128), "float32"):
-        with R.dataflow():
-            a = R.reshape(x, R.shape([32, 64]))
-            m = R.matmul(a, w, out_dtype="float32")
-            e = R.add(m, b)
-            y = R.reshape(e, R.shape([2, 16, 128]))
-            R.output(y)
-        return y
+def linear_with_bias(bias_shape, add):
+    """Linear(64, 128) on (2, 16, 64) as reshapes around a matmul, then ``add(m, b)`` with a
+    bias of ``bias_shape``: one that is not a broadcast along the last dim keeps the reshapes."""
+
+    @I.ir_module
+    class Module:
+        @R.function
+        def main(
+            x: R.Tensor((2, 16, 64), "float32"),
+            w: R.Tensor((64, 128), "float32"),
+            b: R.Tensor(bias_shape, "float32"),
+        ) -> R.Tensor((2, 16, 128), "float32"):
+            with R.dataflow():
+                a = R.reshape(x, R.shape([32, 64]))
+                m = R.matmul(a, w, out_dtype="float32")
+                e = add(m, b)
+                y = R.reshape(e, R.shape([2, 16, 128]))
+                R.output(y)
+            return y
+
+    return Module
 
 
-@I.ir_module
-class ColumnBias:
-    @R.function
-    def main(
-        x: R.Tensor((2, 16, 64), "float32"),
-        w: R.Tensor((64, 128), "float32"),
-        b: R.Tensor((32, 1), "float32"),
-    ) -> R.Tensor((2, 16, 128), "float32"):
-        with R.dataflow():
-            a = R.reshape(x, R.shape([32, 64]))
-            m = R.matmul(a, w, out_dtype="float32")
-            e = R.add(b, m)
-            y = R.reshape(e, R.shape([2, 16, 128]))
-            R.output(y)
-        return y
+FullBias = linear_with_bias((32, 128), lambda m, b: R.add(m, b))
+ColumnBias = linear_with_bias((32, 1), lambda m, b: R.add(b, m))
 
 
 @I.ir_module
