@@ -28,6 +28,14 @@ along its axis: with constant statistics, scale and shift are constants computed
 After a Linear on the last axis, those two are the epilogue ops ``channel_scale`` and
 ``bias``.  A batch norm in training mode (statistics of the batch) is declined.
 
+A convolution of one group without a bias of its own (ResNet's, MobileNetV2's 1 x 1) gets
+the scale and shift too, unless :data:`FOLD_INTO_UNBIASED_CONVOLUTIONS` is set: the folded
+shift would be its bias, which :mod:`tir_byoc.relax.convolutions` takes only in its
+columns-first form, with a transpose back, and that measured slower than its weight-first
+GEMM and one pass after it (the scale, the shift and the activation, fused; TVM's own batch
+norm subtracts, divides and multiplies per element in that pass).  A depthwise or grouped
+convolution, left to TVM's loop or a batched GEMM with its bias after, is folded.
+
 Entry point: :class:`FoldBatchNorms`, a module pass before ``LegalizeOps`` and before
 :class:`~tir_byoc.relax.convolutions.ConvolutionsAsGemms` (:mod:`tir_byoc.relax.pipeline`);
 :func:`find` gives the folds (:class:`Fold`), the scale-and-shift rewrites
