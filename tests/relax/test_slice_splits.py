@@ -114,32 +114,28 @@ class IndexFromATensor:
         return q
 
 
-@I.ir_module
-class IndexOutOfRange:
-    """Index 3 of 3 parts: what take reads depends on its mode, refused."""
+def packed_part(take):
+    """y (16, 2, 24) split into 3 parts of 8 on its last axis, the parts moved to the front,
+    then ``take(z)`` of them."""
 
-    @R.function
-    def main(y: R.Tensor((16, 2, 24), "float32")):
-        with R.dataflow():
-            w = R.reshape(y, R.shape([16, 2, 3, 8]))
-            z = R.permute_dims(w, axes=[2, 0, 1, 3])
-            q = R.take(z, R.const(3, "int64"), axis=0, mode="clip")
-            R.output(q)
-        return q
+    @I.ir_module
+    class Module:
+        @R.function
+        def main(y: R.Tensor((16, 2, 24), "float32")):
+            with R.dataflow():
+                w = R.reshape(y, R.shape([16, 2, 3, 8]))
+                z = R.permute_dims(w, axes=[2, 0, 1, 3])
+                q = take(z)
+                R.output(q)
+            return q
+
+    return Module
 
 
-@I.ir_module
-class IndexList:
-    """An index of shape (1,) keeps the axis: not a part, refused."""
-
-    @R.function
-    def main(y: R.Tensor((16, 2, 24), "float32")):
-        with R.dataflow():
-            w = R.reshape(y, R.shape([16, 2, 3, 8]))
-            z = R.permute_dims(w, axes=[2, 0, 1, 3])
-            q = R.take(z, R.const([0], "int64"), axis=0)
-            R.output(q)
-        return q
+# Index 3 of 3 parts: what take reads depends on its mode, refused.
+IndexOutOfRange = packed_part(lambda z: R.take(z, R.const(3, "int64"), axis=0, mode="clip"))
+# An index of shape (1,) keeps the axis: not a part, refused.
+IndexList = packed_part(lambda z: R.take(z, R.const([0], "int64"), axis=0))
 
 
 @I.ir_module
