@@ -276,3 +276,33 @@ def test_dynamic_export_runs_at_every_batch_in_a_fresh_process(mlp, tmp_path):
         assert outs[key].shape == (x.shape[0], 10)
         np.testing.assert_array_equal(outs[key], built(x))
         _close(built, module, torch.from_numpy(x))
+
+
+# -- the default schedules on symbolic extents ----------------------------------------------
+
+
+def test_rows_of_symbolic_length_are_reduced_in_vectors_at_every_length():
+    from tvm import relax, tirx
+
+    n, m = tirx.Var("n", "int64"), tirx.Var("m", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([n, m], "float32"))
+    g = relax.Var("g", relax.TensorType([m], "float32"))
+    with bb.function("main", [x, g]):
+        with bb.dataflow():
+            s = bb.emit(relax.op.exp(relax.op.nn.softmax(x, axis=-1)))
+            out = bb.emit_output(relax.op.nn.layer_norm(s, g, g, axes=[-1]))
+        bb.emit_func_output(out)
+    built = tir_byoc.build_model(bb.get())
+    # Every row's maximum and sums in vector lanes, the rows in parallel: nothing serial.
+    assert set(built.rules.values()) == {"VectorRows"}
+    assert not built.serial_blocks
+    rng = np.random.default_rng(0)
+    for rows, cols in [(1, 1), (3, 7), (2, 8), (5, 9), (4, 33), (7, 384)]:
+        a = rng.standard_normal((rows, cols)).astype("float32")
+        gamma = rng.standard_normal(cols).astype("float32")
+        e = np.exp(a - a.max(-1, keepdims=True))
+        e = np.exp(e / e.sum(-1, keepdims=True))
+        mean, var = e.mean(-1, keepdims=True), e.var(-1, keepdims=True)
+        expected = (e - mean) / np.sqrt(var + 1e-5) * gamma + gamma
+        np.testing.assert_allclose(built(a, gamma), expected, rtol=1e-4, atol=1e-4)

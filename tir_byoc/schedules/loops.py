@@ -99,7 +99,7 @@ def parallel_vectorize(sch: s_tir.Schedule, block, target: Target) -> str | None
             rest, vector = sch.split(inner, factors=[None, lanes])
             outer.append(rest)
             sch.vectorize(vector)
-    elif extent is not None and extent > lanes and outer:
+    elif (extent is None or extent > lanes) and outer:
         why = _parallel(sch, outer, work)
         vectorize_split(sch, inner, lanes)
         return why
@@ -115,9 +115,15 @@ def vectorize_split(sch: s_tir.Schedule, loop, lanes: int) -> None:
     vector: the whole vectors then have no bound check, and the partial one stays scalar (a
     bound check in a vector loop would make TVM's vectoriser turn all of it into scalar
     code)."""
-    extent = static_extent(sch, loop)
+    extent = get_extent(sch, loop)
     rest, vector = sch.split(loop, factors=[None, lanes])
-    if extent is None or extent % lanes == 0:
+    if isinstance(extent, int) and extent % lanes == 0:
+        sch.vectorize(vector)
+        return
+    if not isinstance(extent, int):
+        # loop_partition refuses a symbolic extent: the bound check is marked likely instead,
+        # and TVM's LoopPartition pass splits the whole vectors from the last one at build time.
+        _likely(sch, vector)
         sch.vectorize(vector)
         return
     whole, _ = sch.loop_partition(rest, factors=[extent // lanes, None])
@@ -302,10 +308,8 @@ def split_row(sch: s_tir.Schedule, info, rows: int, lanes: int) -> tuple:
     kind = info.dom_kind()
     if kind != "S" * rows + "R":
         return None, f"its iterators are {kind!r}, not the rows and one reduction axis"
-    extent = static_extent(sch, sch.get_loops(info.block_rv)[-1])
-    if extent is None:
-        return None, "its reduction extent is symbolic"
-    if extent <= lanes:
+    extent = get_extent(sch, sch.get_loops(info.block_rv)[-1])
+    if isinstance(extent, int) and extent <= lanes:
         return None, f"its reduction extent {extent} is not above the {lanes} vector lanes"
     _, lane = sch.split(sch.get_loops(info.block_rv)[-1], factors=[None, lanes])
     try:
@@ -326,7 +330,8 @@ def _bound(sch: s_tir.Schedule, partial, extent: int) -> None:
         return  # rfactor's check is still there
     lanes = realize.block.iter_vars[0].dom.extent
     lane, vector = realize.iter_values[0], realize.iter_values[-1]
-    bound = vector * lanes + lane < tirx.const(extent, lane.ty.dtype)
+    limit = tirx.const(extent, lane.ty.dtype) if isinstance(extent, int) else extent
+    bound = vector * lanes + lane < limit
     bounded = s_tir.SBlockRealize(realize.iter_values, bound, realize.block)
     replaced = tirx.For(
         stmt.loop_var,
@@ -360,14 +365,41 @@ def vectorize_partials(sch: s_tir.Schedule, partial, lanes: int, extent: int) ->
     order = list(loops.values())
     if order.index(lane) < order.index(reduction):
         sch.reorder(reduction, lane)  # before the bound check: reorder declines a block with one
-    vectors = static_extent(sch, reduction)
-    if extent % lanes:
+    vectors = get_extent(sch, reduction)
+    # A symbolic row may end in a partial vector at any length: bounded and partitioned.
+    remainder = not isinstance(extent, int) or extent % lanes
+    if remainder:
         _bound(sch, partial, extent)
     sch.vectorize(lane)
     sch.decompose_reduction(partial, reduction)
-    if extent % lanes and vectors > 1:
+    if not isinstance(vectors, int):
+        _likely(sch, sch.get_loops(sch.get_sblock(sch.get(partial).name_hint))[-1])
+    elif remainder and vectors > 1:
         sch.loop_partition(reduction, factors=[vectors - 1, None])
     return None
+
+
+def _likely(sch: s_tir.Schedule, loop) -> None:
+    """Mark the bound check of the block directly under ``loop`` as likely: TVM's
+    ``LoopPartition`` pass then runs the iterations where it holds for every lane without it,
+    which a symbolic extent keeps :meth:`~tvm.s_tir.Schedule.loop_partition` from doing."""
+    stmt = sch.get(loop)
+    realize = stmt.body
+    if not isinstance(realize, s_tir.SBlockRealize) or isinstance(realize.predicate, tirx.IntImm):
+        return
+    bounded = s_tir.SBlockRealize(
+        realize.iter_values, tirx.likely(realize.predicate), realize.block
+    )
+    replaced = tirx.For(
+        stmt.loop_var,
+        stmt.min,
+        stmt.extent,
+        stmt.kind,
+        bounded,
+        stmt.thread_binding,
+        stmt.annotations,
+    )
+    sch.state.replace(sch.get_sref(loop), replaced, {realize.block: realize.block})
 
 
 def schedule_blocks(sch: s_tir.Schedule, blocks, target: Target) -> dict[str, str]:
@@ -396,7 +428,7 @@ def _reduce_rows(sch: s_tir.Schedule, info, target: Target) -> str | None:
     :func:`split_row` can.  Returns why it runs on one thread or reduces a row serially."""
     rows = leading_spatial(info.dom_kind())
     lanes = vector_lanes(target, _dtype_bits(sch, info.block_rv))
-    extent = static_extent(sch, sch.get_loops(info.block_rv)[-1])
+    extent = get_extent(sch, sch.get_loops(info.block_rv)[-1])
     partial, serial = split_row(sch, info, rows, lanes) if rows else (None, None)
     note = parallel_rows(sch, info.block_rv, rows)
     if partial is not None:
