@@ -55,7 +55,7 @@ logger = logging.getLogger("tir_byoc")
 #: ``TIR_BYOC_PACK_CHOOSE`` (for one M), ``TIR_BYOC_PACK_CHOOSE_ANY_M``, and the forms of a
 #: block (``TIR_BYOC_PACK_*``), by name.
 PACK_CHOOSE, PACK_CHOOSE_ANY_M = -1, -2
-PACK_FORMS = {0: "plain", 1: "library", 2: "transposed"}
+PACK_FORMS = {0: "plain", 1: "library", 2: "transposed", 3: "blocked"}
 
 _CALL_TIR = ir.Op.get("relax.call_tir")
 _F32 = DtypeSignature.parse("float32")

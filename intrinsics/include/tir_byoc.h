@@ -621,9 +621,16 @@ static inline void tir_byoc_part_range(int64_t total, int parts, int s, int64_t 
  *                                          int64_t ops, double c0, ..., double c5,
  *                                          int32_t *form, void *out, int64_t *size);
  *
+ * Besides TIR_BYOC_PACK_PLAIN and TIR_BYOC_PACK_LIBRARY (the weight in the layout the
+ * library's convolution asks for), a conv block may hold TIR_BYOC_PACK_CONV_BLOCKED: that
+ * weight for a primitive that also runs on its own activation layouts, x and y reordered
+ * around it inside the call.
+ *
  * TIR_BYOC_DEFINE_CONV(backend, impl) defines the entry point: it decodes and checks the
  * arguments into a tir_byoc_conv and returns impl(&conv); impl checks dtypes and flags.
  */
+#define TIR_BYOC_PACK_CONV_BLOCKED 3 /* see above */
+
 typedef enum {
   TIR_BYOC_CONV_CHANNELS_FIRST = 0, /* NCW, NCHW, NCDHW */
   TIR_BYOC_CONV_CHANNELS_LAST = 1   /* NWC, NHWC, NDHWC */
