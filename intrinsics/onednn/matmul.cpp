@@ -483,6 +483,81 @@ void ApplyEpilogue(const Dtypes &dtypes, void *y, const void *bias, int64_t m, i
 
 constexpr tir_byoc_batch kNoBatch = {{1, 1}, {0, 0}, {0, 0}};
 
+/* bf16 and fp16 inputs with an infinity or a NaN.  oneDNN's bf16 kernels (AVX-512 on AMD Zen 4,
+ * an odd k) multiply an infinite input by the zeros that pad k to pairs, so -inf gives NaN where
+ * TIR's sum gives -inf.  A call whose inputs hold such a value is computed by the loop below:
+ * fp32 products summed in k order, as TIR computes them.  A model's inputs are finite, so it pays
+ * one branch-free scan of X and W (k (m + n) of the m n k multiply-adds). */
+bool IsHalf(const Dtypes &dtypes) { return dtypes.x == dt::bf16 || dtypes.x == dt::f16; }
+
+uint16_t HalfExponent(const Dtypes &dtypes) { return dtypes.x == dt::bf16 ? 0x7f80 : 0x7c00; }
+
+bool HalfFinite(const void *data, int64_t count, uint16_t exponent) {
+  const uint16_t *bits = static_cast<const uint16_t *>(data);
+  uint32_t special = 0;
+  for (int64_t i = 0; i < count; ++i)
+    special |= static_cast<uint32_t>((bits[i] & exponent) == exponent);
+  return special == 0;
+}
+
+/* Whether every (rows, k) matrix of an operand with batch strides `stride` is finite. */
+bool OperandFinite(const void *data, int64_t rows, int64_t k, const int64_t stride[2],
+                   const tir_byoc_batch &batch, uint16_t exponent) {
+  const uint16_t *base = static_cast<const uint16_t *>(data);
+  for (int64_t b0 = 0; b0 < batch.count[0]; ++b0) {
+    if (b0 > 0 && stride[0] == 0) break;
+    for (int64_t b1 = 0; b1 < batch.count[1]; ++b1) {
+      if (b1 > 0 && stride[1] == 0) break;
+      if (!HalfFinite(base + b0 * stride[0] + b1 * stride[1], rows * k, exponent)) return false;
+    }
+  }
+  return true;
+}
+
+float HalfValue(uint16_t h, bool bf16) {
+  uint32_t bits;
+  if (bf16) {
+    bits = static_cast<uint32_t>(h) << 16;
+  } else {
+    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+    const uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+    if (exponent == 0x1f) {
+      bits = sign | 0x7f800000u | (mantissa << 13);
+    } else if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24, exact in fp32
+      const float value = std::ldexp(static_cast<float>(mantissa), -24);
+      return sign ? -value : value;
+    } else {
+      bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    }
+  }
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+/* The product of a bf16 / fp16 call, as TIR computes it (the epilogue follows separately). */
+void HalfProduct(const Dtypes &dtypes, const void *x, const void *w, float *y, int64_t m,
+                 int64_t n, int64_t k, tir_byoc_layout layout, const tir_byoc_batch &batch) {
+  const bool bf16 = dtypes.x == dt::bf16;
+  const uint16_t *xs = static_cast<const uint16_t *>(x);
+  const uint16_t *ws = static_cast<const uint16_t *>(w);
+  for (int64_t b0 = 0; b0 < batch.count[0]; ++b0)
+    for (int64_t b1 = 0; b1 < batch.count[1]; ++b1) {
+      const uint16_t *xb = xs + b0 * batch.x_stride[0] + b1 * batch.x_stride[1];
+      const uint16_t *wb = ws + b0 * batch.w_stride[0] + b1 * batch.w_stride[1];
+      float *yb = y + (b0 * batch.count[1] + b1) * m * n;
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          float sum = 0.0f;
+          for (int64_t r = 0; r < k; ++r) {
+            const uint16_t wv = layout == TIR_BYOC_LAYOUT_NK ? wb[j * k + r] : wb[r * n + j];
+            sum += HalfValue(xb[i * k + r], bf16) * HalfValue(wv, bf16);
+          }
+          yb[i * n + j] = sum;
+        }
+    }
+}
+
 /* How a post-op compares with tir_byoc_op_row on this machine (Check, below): everywhere,
  * wherever it gives a finite value (it may give an infinity or NaN where C does not), or not. */
 enum class Verdict { kNo, kExact, kWhereFinite };
@@ -529,6 +604,15 @@ int32_t BatchedGemm(const void *x, const void *w, const void *bias, void *y, int
   if (k == 0) {  // an empty sum: the epilogue of 0 (oneDNN rejects zero-sized K)
     ApplyEpilogue(dtypes, y, bias, rows, n, relu, keep_nan, true);
     return TIR_BYOC_OK;
+  }
+  if (IsHalf(dtypes)) {  // an infinity or NaN in the inputs: TIR's loop (see HalfProduct)
+    const uint16_t exponent = HalfExponent(dtypes);
+    if (!OperandFinite(x, m, k, batch->x_stride, *batch, exponent) ||
+        !OperandFinite(w, n, k, batch->w_stride, *batch, exponent)) {
+      HalfProduct(dtypes, x, w, static_cast<float *>(y), m, n, k, layout, *batch);
+      ApplyEpilogue(dtypes, y, bias, rows, n, relu, keep_nan, false);
+      return TIR_BYOC_OK;
+    }
   }
   try {
     // Step 2. The cached primitive, executed on the caller's buffers.
