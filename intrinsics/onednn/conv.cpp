@@ -524,9 +524,9 @@ struct Scratch {
   void *get() const { return data.get(); }
 };
 
-/* Median seconds of the call in each of `forms` (a Key each; the first the plain weight), the
-weight reordered into each, interleaved after a warm-up: at least 3 and at most 9 rounds,
-stopping after 0.3 s. */
+/* Median seconds of the call in each of `keys` (the first the plain weight), the weight
+ * reordered into each, interleaved after a warm-up: at least 3 and at most 9 runs of each form
+ * within 3x of the fastest, stopping after 0.3 s; a slower form is run once. */
 std::vector<double> TimeForms(const std::vector<Key> &keys, const void *w) {
   const Key &plain = keys[0];
   const int64_t x_count = plain.n * plain.c * plain.in[0] * plain.in[1] * plain.in[2];
@@ -562,16 +562,26 @@ std::vector<double> TimeForms(const std::vector<Key> &keys, const void *w) {
       throw std::runtime_error("a form failed to run");
   };
   using clock = std::chrono::steady_clock;
+  auto timed = [&](size_t form) {
+    const clock::time_point before = clock::now();
+    run(form);
+    return std::chrono::duration<double>(clock::now() - before).count();
+  };
+  // Step 1. A warm-up run of each, then one timed: a form 3x slower than the fastest cannot
+  // win, and is not run again (a plain-layout kernel may take seconds on a large input).
   std::vector<std::vector<double>> times(keys.size());
   for (size_t form = 0; form < keys.size(); ++form) run(form);
+  for (size_t form = 0; form < keys.size(); ++form) times[form].push_back(timed(form));
+  double fastest = times[0][0];
+  for (const std::vector<double> &first : times) fastest = std::min(fastest, first[0]);
+  std::vector<size_t> racing;
+  for (size_t form = 0; form < keys.size(); ++form)
+    if (times[form][0] <= 3 * fastest) racing.push_back(form);
+  // Step 2. Rounds of the forms still racing, interleaved.
   const clock::time_point start = clock::now();
-  for (int round = 0; round < 9; ++round) {
-    for (size_t form = 0; form < keys.size(); ++form) {
-      const clock::time_point before = clock::now();
-      run(form);
-      times[form].push_back(std::chrono::duration<double>(clock::now() - before).count());
-    }
-    if (round >= 2 && clock::now() - start > std::chrono::milliseconds(300)) break;
+  for (int round = 0; round < 8; ++round) {
+    for (size_t form : racing) times[form].push_back(timed(form));
+    if (round >= 1 && clock::now() - start > std::chrono::milliseconds(300)) break;
   }
   std::vector<double> medians;
   for (std::vector<double> &values : times) {

@@ -4,7 +4,8 @@ what the convolution and its epilogue compute.
 Each example is a Relax ``conv1d``, ``conv2d`` or ``conv3d`` with drawn layout (channels first
 or last), sizes, kernel, stride, dilation, asymmetric padding and groups (one, several, or
 depthwise), followed by a drawn sequence of epilogue ops (a per-channel bias, relu, relu6,
-gelu, silu, sigmoid, tanh, a residual add, a channel scale), lowered as TVM lowers it
+gelu, gelu_tanh, silu, sigmoid, tanh, leaky relu, a scale, a residual add, a gate, a channel
+scale), lowered as TVM lowers it
 (LegalizeOps, FuseOps, FuseTIR: no tir_byoc rewrite before).  It is offloaded to the reference
 convolution and, where its library is installed, to oneDNN's; the whole chain must be one
 conv call (a convolution or an op left to TVM is a failure), and its result is compared with a

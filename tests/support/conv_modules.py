@@ -44,8 +44,15 @@ OPS = {
     "tanh": (lambda y, t: R.tanh(y), lambda z, t: np.tanh(z)),
     "add": (lambda y, t: R.add(y, t), lambda z, t: z + t),
     "channel_scale": (lambda y, t: R.multiply(y, t), lambda z, t: z * t),
+    "mul": (lambda y, t: R.multiply(y, t), lambda z, t: z * t),
+    "scale": (lambda y, t: R.multiply(y, relax.const(0.5, "float32")), lambda z, t: z * 0.5),
+    "leaky_relu": (lambda y, t: R.nn.leakyrelu(y, 0.1), lambda z, t: np.where(z > 0, z, 0.1 * z)),
+    "gelu_tanh": (
+        lambda y, t: R.nn.gelu_tanh(y),
+        lambda z, t: 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3))),
+    ),
 }
-TENSOR_OPS = ("bias", "add", "channel_scale")
+TENSOR_OPS = ("bias", "add", "channel_scale", "mul")
 
 
 @dataclass(frozen=True)
@@ -105,7 +112,7 @@ class ConvSpec:
         return (1, *self._shape(self.out_channels, spatial)[1:])
 
     def tensor_shape(self, op: str):
-        return self.y_shape if op == "add" else self.channel_shape
+        return self.y_shape if op in ("add", "mul") else self.channel_shape
 
 
 def lowered(spec: ConvSpec) -> tvm.IRModule:

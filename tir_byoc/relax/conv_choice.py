@@ -5,7 +5,8 @@ A backend with a convolution intrinsic of its own (``onednn.conv``: oneDNN's con
 primitive) serves a convolution that reaches TIR whole, matched there like a GEMM
 (:mod:`tir_byoc.match.conv`); every other backend gets the convolution as im2col and a GEMM.
 Where both apply, :func:`choose` decides per convolution, by measurement on this machine: it
-times the convolution intrinsic on the convolution's shape and the GEMM that im2col would
+times the convolution intrinsic on the convolution's shape (its weight in the form its pack
+function chooses, as a constant weight is packed) and the GEMM that im2col would
 call (``m`` output positions, ``n`` output channels, ``k`` input channels of a group times the
 window; once per group) through the gemm entry point of the backend that serves GEMMs, and
 keeps the convolution unless the GEMM alone, without the gather im2col adds before it, is 5 %
@@ -36,7 +37,7 @@ from .. import toolchain
 from ..match import Match
 from ..match.conv_records import CONV_ENTRY
 from ..registry import REGISTRY, Registry, backend_order, choose_one
-from ..signature import DtypeSignature
+from ..signature import PACKED_WEIGHT_FLAG, DtypeSignature
 
 #: ``native``, ``im2col`` or ``auto`` (the default: measured).
 MODE_ENV = "TIR_BYOC_CONVOLUTIONS"
@@ -96,16 +97,30 @@ def _buffer(count: int, seed: int):
 
 
 def _time_conv(intrinsic, geometry, registry) -> float:
-    conv = toolchain.entry_point(registry[intrinsic].backend, "conv", registry)
+    """Median seconds of the conv entry point on ``geometry``, its weight in the form the
+    backend's pack function chooses for it (as ``build_model`` packs a constant weight)."""
+    backend = registry[intrinsic].backend
+    conv = toolchain.entry_point(backend, "conv", registry)
+    pack = toolchain.entry_point(backend, "conv_pack", registry)
     args = geometry.call_arguments()
     n, c, o = args[2:5]
     x = _buffer(n * c * math.prod(geometry.in_size), 1)
     w = _buffer(o * (c // geometry.groups) * math.prod(geometry.kernel), 2)
     y = _buffer(n * o * math.prod(geometry.out_size), 3)
     null = ctypes.c_void_p(0)
+    weight, dtypes, block = w[1], _F32.code, None
+    if pack is not None:
+        form, size = ctypes.c_int32(-1), ctypes.c_int64(0)  # TIR_BYOC_PACK_CHOOSE
+        head = [w[1], _F32.code, *args, 0, *([0.0] * 6)]
+        if pack(*head, ctypes.byref(form), None, ctypes.byref(size)) == 0 and size.value:
+            block = np.zeros(size.value + 64, "uint8")
+            start = (-block.ctypes.data) % 64
+            address = ctypes.c_void_p(block.ctypes.data + start)
+            if pack(*head, ctypes.byref(form), address, ctypes.byref(size)) == 0:
+                weight, dtypes = address, _F32.code | PACKED_WEIGHT_FLAG
 
     def call():
-        status = conv(x[1], w[1], y[1], _F32.code, *args, 0, *([0.0] * 6), *([null] * 4))
+        status = conv(x[1], weight, y[1], dtypes, *args, 0, *([0.0] * 6), *([null] * 4))
         if status != 0:
             raise RuntimeError(f"{intrinsic} failed with status {status} while timed")
 
