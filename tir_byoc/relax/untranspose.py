@@ -46,9 +46,9 @@ import math
 from dataclasses import dataclass
 
 import tvm
-from tvm import ir, relax, te
+from tvm import ir, relax, sym, te, tirx
 
-from .analysis import bound_call, static_dims, variable_uses
+from .analysis import bound_call, static_dims, tensor_dims, variable_uses
 
 _MATMUL = ir.Op.get("relax.matmul")
 _RESHAPE = ir.Op.get("relax.reshape")
@@ -129,7 +129,7 @@ def _site(var, value, values, uses):
         return None
     a, r = value.args
     dtype = var.ty.dtype if isinstance(var.ty, relax.TensorType) else None
-    shapes = [static_dims(x) for x in (a, r, var)]
+    shapes = [_dims(x) for x in (a, r, var)]
     if any(s is None or len(s) != 3 for s in shapes) or not str(dtype).startswith("float"):
         return None
     if a.ty.dtype != dtype or r.ty.dtype != dtype:
@@ -143,7 +143,7 @@ def _site(var, value, values, uses):
     broadcast = bound_call(values, e, _BROADCAST)
     p = e
     if broadcast is not None:
-        if static_dims(broadcast.args[0]) != static_dims(e):
+        if not _same(_dims(broadcast.args[0]), _dims(e)):
             return None
         p = broadcast.args[0]
         chain.append(e)
@@ -158,7 +158,7 @@ def _site(var, value, values, uses):
     if permute is None:
         return None
     y = permute.args[0]
-    y_dims = static_dims(y)
+    y_dims = _dims(y)
     if y_dims is None or len(y_dims) < 3 or isinstance(y, ir.Constant):
         return None
     axes = permute.attrs.axes
@@ -168,15 +168,36 @@ def _site(var, value, values, uses):
     chain.append(p)
     # Condition 4, and no broadcast in the product itself: a of (G, M, K), m of (G, M, N).
     groups, k, n = shapes[1]
-    if y_dims[-2:] != [n, k] or math.prod(y_dims[:-2]) != groups:
+    if not _same(y_dims[-2:], [n, k]) or not _same([math.prod(y_dims[:-2])], [groups]):
         return None
     rows = shapes[0][1]
-    if shapes[0] != [groups, rows, k] or shapes[2] != [groups, rows, n]:
+    if not _same(shapes[0], [groups, rows, k]) or not _same(shapes[2], [groups, rows, n]):
         return None
     # Condition 5.
     if any(uses[v] != 1 for v in chain):
         return None
     return a, y, tuple(reversed(scales)), (groups, n, k), tuple(chain)
+
+
+def _dims(expr) -> list | None:
+    """A tensor's dims: integers where static, else the symbolic expressions."""
+    dims = tensor_dims(expr)
+    return None if dims is None else [int(d) if isinstance(d, tirx.IntImm) else d for d in dims]
+
+
+def _same(dims, other) -> bool:
+    """Whether two lists of dims are equal: integers as integers, symbolic dims when the
+    analyzer proves them equal (``batch * 4`` and ``4 * batch``)."""
+    if dims is None or other is None or len(dims) != len(other):
+        return False
+    analyzer = sym.Analyzer()
+    for a, b in zip(dims, other, strict=True):
+        if isinstance(a, int) and isinstance(b, int):
+            if a != b:
+                return False
+        elif not analyzer.can_prove_equal(a, b):
+            return False
+    return True
 
 
 def _nt_matmul(a: te.Tensor, b: te.Tensor) -> te.Tensor:
