@@ -297,8 +297,9 @@ def cmd_profile(args, out: Output) -> int:
         raise UsageError(f"{args.file}: {err}") from None
     rng = np.random.default_rng(args.seed)
     inputs = []
-    for name, shape, dtype in model._expected_inputs(0):
-        if shape is None or any(d is None for d in shape):
+    for item in model._expected_inputs(0).inputs:
+        name, shape, dtype = item.name, item.dims, item.dtype
+        if shape is None or not all(isinstance(d, int) for d in shape):
             raise UsageError(
                 f"{args.file}: input {name} has a symbolic shape; profile needs static shapes"
             )
