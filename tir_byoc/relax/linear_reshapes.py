@@ -41,8 +41,8 @@ indexed by j alone (or none), so it broadcasts against (d0, ..., dr, N) to the s
 element of the rewritten ``en`` is the element of ``y`` at the same index.  Condition 4 makes
 sure nothing else read the 2-D values that are gone.  (Bitwise, given that the matmul sums each
 row's products in the same order whichever leading dims it has: TVM's legalized ``matmul`` does,
-and tir_byoc's intrinsics get the leading dims folded into M.  The three models of
-``tests/real_models.py`` give bitwise the same output with and without the fold.)
+and tir_byoc's intrinsics get the leading dims folded into M.  Three models of
+``tir_byoc/testing/models.py`` give bitwise the same output with and without the fold.)
 
 Where Relax infers for the rewritten value a struct info that differs from ``y``'s (dims equal
 but written differently, e.g. symbolically), ``y`` is kept as an identity reshape of it;

@@ -36,7 +36,7 @@ arithmetic (:mod:`.vector_math`: within one ulp, and two) when the target has ve
 Inlining puts an elementwise block's expression into its consumer's, where LLVM may contract
 a multiply and an add into one fused multiply-add (TVM's LLVM code generator allows it within
 one expression anyway), so results can differ from the unscheduled function's in the last bit;
-`tests/test_real_models.py` checks whole models against torch, and
+`tests/models/test_real_models.py` checks whole models against torch, and
 `tests/properties/test_default_schedules.py` drawn programs against TVM's own build.
 """
 

@@ -20,7 +20,7 @@ The method, for ``a = |x|``:
 
 Both polynomials are near-minimax fits of the relative error (Lawson's iteration on Chebyshev
 points, in float64, then rounded to float32).  Measured against float64 ``erf`` on 4 million
-points (``tests/test_vector_erf.py``, which allows two): 1.1 ulps at most, 96 % of results
+points (``tests/schedules/test_vector_erf.py``, which allows two): 1.1 ulps at most, 96 % of results
 correctly rounded (libm's ``erff`` is within one ulp), so a result can differ from TVM's
 default in the last bits.
 """

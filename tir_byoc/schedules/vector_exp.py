@@ -12,9 +12,9 @@ The method: ``exp(x) = 2**n * exp(r)`` with ``n = round(x / ln 2)`` and ``|r| <=
 ``r`` from ``ln 2`` in two parts (the first exact in a product with ``n``), ``exp(r)`` from a
 degree-7 polynomial (Cephes' ``expf`` coefficients), ``2**n`` built in the exponent bits in two
 halves so that results down to the smallest subnormal round once.  Measured against float64
-``exp`` on 4 million points of float32's range (``tests/test_vector_exp.py``): within one ulp
-(libm's ``expf`` is within half an ulp, so a result can differ from TVM's default in the last
-bit), subnormal results within one subnormal step; ``inf``, ``-inf``, NaN and the overflow and
+``exp`` on 4 million points of float32's range (``tests/schedules/test_vector_exp.py``): within
+one ulp (libm's ``expf`` is within half an ulp, so a result can differ from TVM's default in the
+last bit), subnormal results within one subnormal step; ``inf``, ``-inf``, NaN and the overflow and
 underflow thresholds as libm has them.
 """
 
