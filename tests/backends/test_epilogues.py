@@ -1,7 +1,7 @@
 """The op table as data (tir_byoc.epilogues): each record checks itself, the C header agrees.
 
 The ops' numerics are tested in test_epilogue_c.py (the C epilogue against the NumPy oracle)
-and test_match_epilogues.py (each op as TVM lowers it, offloaded, against TVM's own build).
+and match/test_epilogues.py (each op as TVM lowers it, offloaded, against TVM's own build).
 """
 
 import math

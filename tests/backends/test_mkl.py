@@ -2,7 +2,7 @@
 weights made at run time, and an exported model in a fresh process.
 
 The gemm entry point's epilogues are checked op by op, with special values, in
-test_epilogue_c.py, and through TVM in test_match_epilogues.py and test_match_batch.py (all
+test_epilogue_c.py, and through TVM in match/test_epilogues.py and match/test_batch.py (all
 parametrised over the backends, MKL among them).
 """
 

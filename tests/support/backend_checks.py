@@ -26,7 +26,7 @@ from tir_byoc.signature import DtypeSignature
 from tir_byoc.testing.inputs import random_array
 
 #: The members with entry points of their own; the gemm entry point's epilogues are checked op
-#: by op in test_epilogue_c.py and through TVM in test_match_epilogues.py.
+#: by op in backends/test_epilogue_c.py and through TVM in match/test_epilogues.py.
 FIXED = [n for n, p in PATTERNS.items() if p.ops in FIXED_EPILOGUES]
 
 #: Dtype signature -> (x, w, out) NumPy dtypes.

@@ -1,8 +1,8 @@
 """Small torch models built once per test session with :func:`tir_byoc.build_model`.
 
-Shared by ``test_model.py`` and ``test_profile.py``: building costs seconds, so each model is
-exported and built once (``functools.cache``), with the reference kernels (``backends="ref"``)
-so that what the tests expect does not depend on the libraries installed.
+Shared by ``models/test_model.py`` and ``models/test_profiling.py``: building costs seconds, so
+each model is exported and built once (``functools.cache``), with the reference kernels
+(``backends="ref"``) so that what the tests expect does not depend on the libraries installed.
 
 Entry points: :func:`mlp` (a 2-layer MLP, offloaded), :func:`mlp_native` (the same, built
 without tir_byoc), :func:`encoder_layer` (``nn.TransformerEncoderLayer(64, 4, 128)`` at batch

@@ -1,4 +1,4 @@
-"""Run by test_epilogue_c.py in a process of its own, whose TVM pool has TVM_NUM_THREADS
+"""Run by backends/test_epilogue_c.py in a process of its own, whose TVM pool has TVM_NUM_THREADS
 threads: each named backend's gemm entry point with an epilogue that runs in C, over an output
 large enough to be shared among the pool's threads and over a small one, with the outputs,
 float64 references and parts (tir_byoc_<backend>_epilogue_parts) saved to the .npz file named

@@ -1,4 +1,4 @@
-"""Run by test_backend_mkl.py in a process of its own, whose TVM pool has TVM_NUM_THREADS
+"""Run by backends/test_mkl.py in a process of its own, whose TVM pool has TVM_NUM_THREADS
 threads: MKL gemm calls of every cut (tir_byoc_mkl_cut), epilogue included, with their
 outputs, float64 references and cuts saved to the .npz file named by argv[1]."""
 
