@@ -147,6 +147,8 @@ def test_conv_batch_norm_relu_runs_its_bias_and_relu_in_the_call_when_it_has_a_b
     if not fold:
         without = tuple(p for p in pipeline.BEFORE_LEGALIZE if p is not FoldBatchNorms)
         monkeypatch.setattr(pipeline, "BEFORE_LEGALIZE", without)
+    # The GEMM of im2col's call (with oneDNN, conv_choice could keep the convolution whole).
+    monkeypatch.setenv("TIR_BYOC_CONVOLUTIONS", "im2col")
     module = _calibrated(_ConvBnRelu(bias), (2, 3, 8, 8))
     x = torch.randn(2, 3, 8, 8)
     built = tir_byoc.build_model(module, (x,))
