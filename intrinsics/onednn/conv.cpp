@@ -603,15 +603,25 @@ int32_t ChooseForm(const tir_byoc_conv &conv, const void *w) {
     if (named == "blocked") return TIR_BYOC_PACK_CONV_BLOCKED;
     if (named == "plain") return TIR_BYOC_PACK_PLAIN;
   }
+  // Chosen once per call shape and epilogue in a process: build_model asks twice (the choice
+  // against im2col, then the packing), and a model repeats its shapes.
+  static std::mutex mutex;
+  static std::map<Key, int32_t> chosen;
   int fused = 0;
   std::vector<Key> keys{KeyOf(conv, TIR_BYOC_PACK_PLAIN, &fused)};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto found = chosen.find(keys[0]);
+    if (found != chosen.end()) return found->second;
+  }
   for (int32_t form : kPackedForms) keys.push_back(KeyOf(conv, form, &fused));
   const std::vector<double> medians = TimeForms(keys, w);
   int32_t best = TIR_BYOC_PACK_PLAIN;
   double best_time = 0.95 * medians[0];
   for (size_t i = 1; i < keys.size(); ++i)
     if (medians[i] <= best_time) best = kPackedForms[i - 1], best_time = medians[i];
-  return best;
+  std::lock_guard<std::mutex> lock(mutex);
+  return chosen.emplace(keys[0], best).first->second;
 }
 
 /* A whole conv call (TIR_BYOC_DEFINE_CONV has checked the geometry, pointers and epilogue). */
