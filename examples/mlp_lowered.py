@@ -1,6 +1,6 @@
 # The forum MLP, 64x800 -> Linear(500) -> ReLU -> Linear(10), as Relax lowers it:
 # nn.Module.export_tvm, then LegalizeOps, AnnotateTIROpPattern, FuseOps and FuseTIR.
-# Written from tir_byoc.demo.lowered_mlp() by tir_byoc.tvmscript.write; tests/test_cli.py
+# Written from tir_byoc.demo.lowered_mlp() by tir_byoc.tvmscript.write; tests/cli/test_cli.py
 # checks that it still equals what the demo lowers.
 from __future__ import annotations
 
