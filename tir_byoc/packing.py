@@ -14,9 +14,7 @@ modules after the PrimFuncs are rewritten.  A GEMM's weight is packed when
   (``TIR_BYOC_PACK_CHOOSE_ANY_M``: 1, 32 and 256 rows);
 - nothing else in the PrimFunc reads the weight.
 
-A convolution's weight is packed the same way by ``tir_byoc_<backend>_conv_pack`` (oneDNN:
-the layout its convolution primitive asks for, if the call is 5 % faster so) for the conv
-entry point.
+A convolution's weight is packed the same way, by ``tir_byoc_<backend>_conv_pack``.
 
 The backend chooses the form once per GEMM, on the first constant's weight: oneDNN times the
 call with the plain weight, transposed (a K x N weight as N x K, or the reverse) and in the
@@ -150,8 +148,7 @@ def _pack_call(lib, match: Match, weight: tvm.runtime.Tensor, form: int | None =
 
 
 def _run_pack(lib, match: Match, args: list, form: int):
-    """``(form, block)`` from the backend's pack function ``lib`` called with ``args``: the
-    size (choosing the form), then the block (None for the plain form)."""
+    """``(form, block)`` from the pack function ``lib`` (the block None for the plain form)."""
     chosen, size = ctypes.c_int32(form), ctypes.c_int64(0)
 
     def call(out):
