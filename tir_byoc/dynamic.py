@@ -253,3 +253,14 @@ def constraint_advice(error: BaseException) -> str:
     text = f"torch.export cannot keep the dims dynamic as given ({first}"
     text += f": {'; '.join(why[:2])})" if why else ")"
     return text + (f"; torch suggests {', '.join(fixes[:4])}" if fixes else "")
+
+
+def symbolic_dims(func) -> list[str]:
+    """The names of the symbolic dims of a Relax function's or PrimFunc's parameters, sorted."""
+    if isinstance(func, relax.Function):
+        return sorted({v.name for v in relax.analysis.defined_symbolic_vars(func)})
+    found = []
+    for param in func.params:
+        for dim in getattr(param.ty, "shape", None) or ():
+            tvm_ffi.structural_walk(dim, (tirx.Var, found.append))
+    return sorted({v.name for v in found})

@@ -201,6 +201,12 @@ def build_model(
     # Step 2. The pipeline's stages in order (tir_byoc.relax.pipeline): the lowering (Relax),
     # the offload or tuning, dead code eliminated (Relax: the weight copies folded away).
     tuned = tune_trials != 0 or work_dir is not None
+    if tuned and (dims := dynamic_dims.symbolic_dims(mod[entry])):
+        raise ValueError(
+            "tir_byoc.build_model: expected static shapes with tune_trials= or work_dir=, got "
+            f"the symbolic dims {', '.join(dims)}: MetaSchedule tunes one shape; tune a build "
+            "per bucket of sizes (docs/meta-schedule.md, Dynamic shapes)"
+        )
     if is_relax:
         with conv_choice.backends_in_scope(backends):  # which convolutions stay whole
             mod = pipeline.lower(mod)

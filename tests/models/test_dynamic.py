@@ -308,3 +308,14 @@ def test_rows_of_symbolic_length_are_reduced_in_vectors_at_every_length():
         mean, var = e.mean(-1, keepdims=True), e.var(-1, keepdims=True)
         expected = (e - mean) / np.sqrt(var + 1e-5) * gamma + gamma
         np.testing.assert_allclose(built(a, gamma), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_tuning_a_dynamic_build_says_to_tune_per_bucket(tmp_path):
+    with pytest.raises(ValueError, match=r"got the symbolic dims batch: MetaSchedule tunes one"):
+        tir_byoc.build_model(
+            _mlp(),
+            (torch.randn(8, 64),),
+            dynamic={"input": {0: "batch"}},
+            tune_trials=4,
+            work_dir=tmp_path,
+        )

@@ -471,8 +471,10 @@ FUSED = {
         {"reshape", "fused_matmul_add_relu", "fused_reshape1_add1"},
         {"fused_matmul_add_relu_add1"},
     ),
+    # Symbolic reshapes are injective, as static ones (relax.symbolic_indices): the reshape back
+    # fuses with the gate, as linear_gelu's does.
     "gated_symbolic": (
-        {"reshape", "reshape1", "matmul", "fused_silu_multiply"},
+        {"reshape", "matmul", "fused_reshape1_silu_reshape1_multiply"},
         {"matmul", "fused_matmul_silu_multiply"},
     ),
     # The reshape merging the heads' dims stays (as one to (8, 2, 64)); the relu joins the GEMM.

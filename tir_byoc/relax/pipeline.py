@@ -8,7 +8,8 @@
    GEMM), a packed q/k/v split read as slices, attention's ``q @ k^T`` on K as it is; and,
    before the convolutions, each eval-mode batch norm folded into the convolution or Linear
    before it (:mod:`.batch_norm`), each pooling window clipped to its input (:mod:`.pooling`).
-2. :data:`LOWERING`: operators to TIR, fused into PrimFuncs, each elementwise op before a row
+2. :data:`LOWERING`: operators to TIR (on symbolic shapes, their indices simplified and a
+   reshape marked injective, as on static ones), fused into PrimFuncs, each elementwise op
    reduction fused into it.  :func:`lower` runs 1 and 2.
 3. The offload, :func:`tir_byoc.offload` (:class:`~tir_byoc.offload.Offload`), which runs, in
    this order: the weight copies folded into the GEMMs that read them
@@ -49,6 +50,7 @@ from .fuse_rows import FuseIntoRows
 from .linear_reshapes import FoldLinearReshapes
 from .pooling import ClipPoolWindows
 from .slice_splits import SliceSplits
+from .symbolic_indices import MarkSymbolicCopies, SimplifyIndices
 from .untranspose import UntransposeBatchMatmuls
 from .weight_copies import FoldWeightCopies
 from .wrap_indices import WrapIndices
@@ -81,7 +83,9 @@ BEFORE_LEGALIZE = (
 #: Stage 2: operators to TIR, fused into PrimFuncs.
 LOWERING = (
     relax.transform.LegalizeOps,
+    SimplifyIndices,
     relax.transform.AnnotateTIROpPattern,
+    MarkSymbolicCopies,
     relax.transform.FuseOps,
     FuseIntoRows,
     relax.transform.FuseTIR,

@@ -1,0 +1,171 @@
+"""Index expressions of symbolic shapes simplified, so that a reshape stays injective.
+
+``LegalizeOps`` writes a reshape of ``(batch * seq, 64)`` to ``(batch, seq, 64)`` as a read of
+``x[(v0 * seq + v1) % (batch * seq), v2]``.  On static shapes TVM's simplifier drops the
+modulo; on symbolic ones it cannot, and ``AnnotateTIROpPattern`` then calls the function
+opaque, so ``FuseOps`` fuses nothing with it: a dynamic BERT ran every reshape as a function
+of its own, twice as many calls as the static build.
+
+Entry point: :class:`SimplifyIndices`, a module pass between ``LegalizeOps`` and
+``AnnotateTIROpPattern`` (:mod:`tir_byoc.relax.pipeline`).  In each PrimFunc whose buffers have
+symbolic dims, every block's loads and read regions have their indices simplified by TVM's
+iterator-map analysis over the block's iterator domains (``tvm.sym.iter_map_simplify``), which
+rewrites ``(v0 * seq + v1) % (batch * seq)`` to ``v0 * seq + v1`` because that sum never
+reaches ``batch * seq``.  The rewrite is exact: each index has the same value at every point
+of the domains; where the analysis proves nothing, the index is kept.  PrimFuncs of static
+shapes are left as they are.
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import ir, s_tir, sym, tirx
+
+
+def _symbolic(func: tirx.PrimFunc) -> bool:
+    """Whether a buffer parameter of ``func`` has a dim that is not an integer."""
+    return any(
+        not isinstance(dim, tirx.IntImm)
+        for param in func.params
+        if isinstance(param.ty, tirx.BufferType)
+        for dim in param.ty.shape
+    )
+
+
+def _simplified(indices, domains) -> list | None:
+    """``indices`` simplified over ``domains``, or None where nothing changes."""
+    if not indices:
+        return None
+    new = list(
+        sym.iter_map_simplify(list(indices), domains, True, simplify_trivial_iterators=False)
+    )
+    if len(new) != len(indices):
+        return None
+    if all(tvm_ffi.structural_equal(a, b) for a, b in zip(new, indices, strict=True)):
+        return None
+    return new
+
+
+def _block(block: s_tir.SBlock) -> s_tir.SBlock | None:
+    """``block`` with its loads and read regions simplified, or None if nothing changes."""
+    domains = {iv.var: iv.dom for iv in block.iter_vars}
+    if not domains:
+        return None
+    changed = []
+
+    def on_load(load, mutator):
+        load = mutator.default_mutate(load)  # loads inside its indices first (a gather)
+        new = _simplified(load.indices, domains)
+        if new is None:
+            return load
+        changed.append(load)
+        return load.source[tuple(new)]
+
+    body = tvm_ffi.structural_mutate(block.body, [(ir.TensorLoad, on_load)])
+    if not changed:
+        return None
+    reads = []
+    for region in block.reads:
+        ranges = list(region.region)
+        new = None
+        if all(isinstance(r.extent, tirx.IntImm) and r.extent.value == 1 for r in ranges):
+            new = _simplified([r.min for r in ranges], domains)
+        if new is not None:
+            ranges = [tvm.ir.Range.from_min_extent(m, r.extent) for m, r in zip(new, ranges)]
+            region = ir.TensorRegion(region.source, ranges, region.ty)
+        reads.append(region)
+    return s_tir.SBlock(
+        block.iter_vars,
+        reads,
+        block.writes,
+        block.name_hint,
+        body,
+        block.init,
+        block.alloc_buffers,
+        block.match_buffers,
+        block.annotations,
+    )
+
+
+def simplify(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with the indices of its blocks simplified (see the module docstring)."""
+    if not _symbolic(func):
+        return func
+
+    def on_block(block, mutator):
+        block = mutator.default_mutate(block)  # the blocks inside it first
+        return _block(block) or block
+
+    body = tvm_ffi.structural_mutate(func.body, [(s_tir.SBlock, on_block)])
+    return func if body.same_as(func.body) else func.with_body(body)
+
+
+@tvm.transform.module_pass(opt_level=0, name="tir_byoc.SimplifyIndices")
+class SimplifyIndices:
+    """Every PrimFunc of symbolic shapes with its index expressions simplified."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        updates = {}
+        for gvar, func in mod.functions_items():
+            if isinstance(func, tirx.PrimFunc):
+                new = simplify(func)
+                if not new.same_as(func):
+                    updates[gvar] = new
+        if not updates:
+            return mod
+        mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
+        for gvar, func in updates.items():
+            mod[gvar] = func
+        return mod
+
+
+#: ``AnnotateTIROpPattern``'s kinds: injective, and opaque.
+INJECTIVE, OPAQUE = 2, 8
+
+
+def _pure_copy(func: tirx.PrimFunc) -> bool:
+    """One spatial block that stores ``out[v...] = x[f(v)]``: its iterators as the store's
+    indices, one load whose indices read no tensor (a reshape, not a gather)."""
+    blocks = []
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, blocks.append))
+    blocks = [b for b in blocks if b.iter_vars]
+    if len(blocks) != 1 or blocks[0].init is not None:
+        return False
+    block = blocks[0]
+    if any(iv.iter_type != tirx.IterVar.DataPar for iv in block.iter_vars):
+        return False
+    store = block.body
+    if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, ir.TensorLoad):
+        return False
+    if [str(i) for i in store.indices] != [str(iv.var) for iv in block.iter_vars]:
+        return False
+    nested = []
+    for index in store.value.indices:
+        tvm_ffi.structural_walk(index, (ir.TensorLoad, nested.append))
+    return not nested
+
+
+@tvm.transform.module_pass(opt_level=0, name="tir_byoc.MarkSymbolicCopies")
+class MarkSymbolicCopies:
+    """After ``AnnotateTIROpPattern``: a PrimFunc of symbolic shapes that it calls opaque but
+    that only copies (a reshape of ``(batch * seq, 64)`` to ``(batch, seq, 64)``) marked
+    injective, as the same reshape of static shapes is, so that ``FuseOps`` fuses it with its
+    neighbours.  The pattern decides fusion only; nothing computed changes."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        updates = {}
+        for gvar, func in mod.functions_items():
+            if not isinstance(func, tirx.PrimFunc) or not _symbolic(func):
+                continue
+            if int((func.attrs or {}).get("op_pattern", -1)) == OPAQUE and _pure_copy(func):
+                updates[gvar] = func.with_attr("op_pattern", INJECTIVE)
+        if not updates:
+            return mod
+        mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
+        for gvar, func in updates.items():
+            mod[gvar] = func
+        return mod
+
+
+__all__ = ["INJECTIVE", "OPAQUE", "MarkSymbolicCopies", "SimplifyIndices", "simplify"]
