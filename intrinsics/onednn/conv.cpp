@@ -22,7 +22,7 @@
  *   sum, as the TIR adds it to the finished sum: one rounding each), then the ops oneDNN
  *   computes exactly as tir_byoc_epilogue.h does are post-ops: relu (each NaN spelling only
  *   if the kernel the call runs gives what the C relu gives on NaN, infinities and signed
- *   zeros, checked once per shape: ReluAgrees), a residual add (binary add of a tensor of y's
+ *   zeros, checked once per shape: EltwiseAgrees; clip likewise), a residual add (binary add of a tensor of y's
  *   layout), a channel scale and a later bias (binary mul and add of an (o,) vector: a batch
  *   norm's scale and shift).  The ops after the first other op run in C
  *   (tir_byoc_conv_epilogue).
@@ -68,7 +68,10 @@ dnnl::stream &Stream() {
 }
 
 /* One fused post-op: an eltwise relu, or a binary op on the residual / the channel vector. */
-enum class Post : int32_t { kRelu, kAdd, kChannelScale, kChannelAdd };
+enum class Post : int32_t { kRelu, kAdd, kChannelScale, kChannelAdd, kClip };
+
+/* An eltwise post-op (no tensor): relu, clip. */
+bool IsEltwise(Post post) { return post == Post::kRelu || post == Post::kClip; }
 
 /* What a primitive is specialised for: the call's geometry, the weight's form and the fused
  * prefix of the epilogue. */
@@ -80,10 +83,11 @@ struct Key {
   bool blocked = false;  // ... and the activations too, reordered around the primitive
   bool bias = false;
   std::vector<Post> post;
+  std::array<uint32_t, 3> clip{};  // the bits of a clip's lo, hi and NaN result (one clip)
 
   auto Tie() const {
     return std::tie(layout, weight_layout, n, c, o, groups, in, out, kernel, stride, dilation,
-                    pad, packed, blocked, bias, post);
+                    pad, packed, blocked, bias, post, clip);
   }
   bool operator<(const Key &other) const { return Tie() < other.Tie(); }
 };
@@ -101,6 +105,19 @@ struct Entry {
 };
 
 std::atomic<uint64_t> next_entry_id{1};
+
+float FloatOf(uint32_t bits) {
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+uint32_t BitsOf(double value) {
+  const float single = static_cast<float>(value);
+  uint32_t bits;
+  std::memcpy(&bits, &single, sizeof bits);
+  return bits;
+}
 
 /* The number of spatial dims the primitive needs: trailing trivial ones dropped, at least 1. */
 int SpatialDims(const Key &key) {
@@ -174,6 +191,9 @@ std::shared_ptr<const Entry> Create(const Key &key) {
   for (Post post : key.post) {
     if (post == Post::kRelu)
       ops.append_eltwise(dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    else if (post == Post::kClip)
+      ops.append_eltwise(dnnl::algorithm::eltwise_clip_v2, FloatOf(key.clip[0]),
+                         FloatOf(key.clip[1]));
     else if (post == Post::kAdd)
       ops.append_binary(dnnl::algorithm::binary_add, entry.dst);
     else if (post == Post::kChannelAdd)
@@ -283,7 +303,7 @@ struct BoundArgs {
       args.push_back({DNNL_ARG_BIAS, bias.get()});
     }
     for (size_t i = 0; i < key.post.size(); ++i) {
-      if (key.post[i] == Post::kRelu) {
+      if (IsEltwise(key.post[i])) {
         operand.emplace_back();
         continue;
       }
@@ -325,7 +345,7 @@ int32_t Execute(const Entry &entry, const Key &key, const void *x, const void *w
   if (entry.reorder_dst) pointed = pointed && Point(bound.plain_dst, y);
   if (key.bias) pointed = pointed && Point(bound.bias, bias);
   for (size_t i = 0; i < key.post.size(); ++i)
-    if (key.post[i] != Post::kRelu) pointed = pointed && Point(bound.operand[i], operands[i]);
+    if (!IsEltwise(key.post[i])) pointed = pointed && Point(bound.operand[i], operands[i]);
   const size_t scratchpad_bytes = entry.scratchpad.get_size();
   if (scratchpad_bytes > 0) {
     void *scratchpad = Scratchpad(scratchpad_bytes);
@@ -360,15 +380,11 @@ bool SameFloat(float got, float want) {
   return got == want;
 }
 
-bool ReluAgrees(const Key &key, int32_t code);
-
-/* The probe itself (ReluAgrees caches it). */
-bool ProbeRelu(Key probe, int32_t code) {
+/* The probe itself (EltwiseAgrees caches it): `probe` has the one eltwise post-op. */
+bool ProbeEltwise(const Key &probe, const tir_byoc_op &op) {
   static const float kValues[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1.0f, -1.0f,
                                   3.0e38f, -3.0e38f, 1e-38f, -1e-38f, 0.5f, -0.5f, 7.0f, -7.0f};
   constexpr int kCount = sizeof kValues / sizeof kValues[0];
-  probe.bias = true;
-  probe.post = {Post::kRelu};
   std::shared_ptr<const Entry> entry = Get(probe);
   const int64_t positions = probe.out[0] * probe.out[1] * probe.out[2];
   const int64_t inputs = probe.n * probe.c * probe.in[0] * probe.in[1] * probe.in[2];
@@ -381,8 +397,6 @@ bool ProbeRelu(Key probe, int32_t code) {
     return false;
   for (int64_t b = 0; b < probe.n; ++b)
     for (int64_t o = 0; o < probe.o; ++o) {
-      tir_byoc_op op{};
-      op.code = code;
       float want = bias[o];
       tir_byoc_op_span(&op, &want, 0, 0, 1, 1);
       for (int64_t p = 0; p < positions; ++p) {
@@ -395,13 +409,15 @@ bool ProbeRelu(Key probe, int32_t code) {
   return true;
 }
 
-bool ReluAgrees(const Key &key, int32_t code) {
+/* Whether the eltwise post-op `post` (the last of key.post) computes `op` as the C epilogue
+ * does, for the kernel of `key`'s shape. */
+bool EltwiseAgrees(const Key &key, Post post, const tir_byoc_op &op) {
   static std::mutex mutex;
   static std::map<std::pair<Key, int32_t>, bool> known;
   thread_local std::map<std::pair<Key, int32_t>, bool> mine;  // every call asks: no lock
   Key probe = key;
-  probe.bias = true, probe.post = {Post::kRelu};
-  const std::pair<Key, int32_t> id{probe, code};
+  probe.bias = true, probe.post = {post};
+  const std::pair<Key, int32_t> id{probe, op.code};
   auto seen = mine.find(id);
   if (seen != mine.end()) return seen->second;
   if (mine.size() >= kCapacity) mine.clear();
@@ -412,7 +428,7 @@ bool ReluAgrees(const Key &key, int32_t code) {
   }
   bool agrees = false;
   try {
-    agrees = ProbeRelu(probe, code);
+    agrees = ProbeEltwise(probe, op);
   } catch (...) {
     agrees = false;
   }
@@ -440,8 +456,18 @@ Key KeyOf(const tir_byoc_conv &conv, int64_t form, int *fused) {
     const int32_t code = epilogue.op[i].code;
     if (code == TIR_BYOC_OP_RELU || code == TIR_BYOC_OP_RELU_KEEP_NAN) {
       key.post.push_back(Post::kRelu);
-      if (!ReluAgrees(key, code)) {
+      if (!EltwiseAgrees(key, Post::kRelu, epilogue.op[i])) {
         key.post.pop_back();
+        break;
+      }
+    } else if (code == TIR_BYOC_OP_CLIP) {
+      if (std::find(key.post.begin(), key.post.end(), Post::kClip) != key.post.end()) break;
+      const std::array<uint32_t, 3> saved = key.clip;
+      for (int c = 0; c < 3; ++c) key.clip[c] = BitsOf(epilogue.op[i].c[c]);
+      key.post.push_back(Post::kClip);
+      if (!EltwiseAgrees(key, Post::kClip, epilogue.op[i])) {
+        key.post.pop_back();
+        key.clip = saved;
         break;
       }
     } else if (code == TIR_BYOC_OP_ADD) {
@@ -455,7 +481,25 @@ Key KeyOf(const tir_byoc_conv &conv, int64_t form, int *fused) {
       break;
     }
   }
-  *fused = i;
+  // Post-ops are dropped from the end, for the C epilogue to run, where oneDNN implements them
+  // only in its reference kernels for this shape (slow, and not the kernels the probes
+  // checked), and all of them where the shape runs the gemm-based convolution: it applies
+  // them in a slow pass of its own (a 3x3 depthwise over 32 x 56 x 56 took twice as long with
+  // a clip post-op as with the clip in C after).
+  auto slow = [](const std::string &kernel) {
+    return kernel.rfind("ref", 0) == 0 || kernel.find("gemm:") != std::string::npos;
+  };
+  if (!key.post.empty()) {
+    Key bare = key;
+    bare.post.clear(), bare.clip = {};
+    const std::string &plain_kernel = Get(bare)->implementation;
+    const bool gemm = plain_kernel.find("gemm:") != std::string::npos;
+    while (!key.post.empty() && (gemm || (!slow(plain_kernel) && slow(Get(key)->implementation)))) {
+      if (key.post.back() == Post::kClip) key.clip = {};
+      key.post.pop_back();
+    }
+  }
+  *fused = (key.bias ? 1 : 0) + static_cast<int>(key.post.size());
   return key;
 }
 
