@@ -10,7 +10,7 @@
    before it (:mod:`.batch_norm`), each pooling window clipped to its input (:mod:`.pooling`).
 2. :data:`LOWERING`: operators to TIR (on symbolic shapes, their indices simplified and a
    reshape marked injective, as on static ones), fused into PrimFuncs, each elementwise op
-   reduction fused into it.  :func:`lower` runs 1 and 2.
+   before a row reduction fused into it.  :func:`lower` runs 1 and 2.
 3. The offload, :func:`tir_byoc.offload` (:class:`~tir_byoc.offload.Offload`), which runs, in
    this order: the weight copies folded into the GEMMs that read them
    (:class:`~tir_byoc.relax.weight_copies.FoldWeightCopies`, judged by the plan it shares),
