@@ -83,6 +83,9 @@ MODELS = ("bert", "gpt2", "llama", "encoder")
 #: Models run on request (``--models whisper,vit,wav2vec2,convnext``): convolutions before the
 #: transformer, and ConvNeXt's convolutions throughout.
 CONV_MODELS = ("whisper", "vit", "wav2vec2", "convnext")
+#: Convolutional networks run on request (``--models resnet50,mobilenet_v2,vgg``): the model
+#: zoo's (:data:`tir_byoc.testing.models.CNNS`), 224 x 224, batch norm calibrated.
+CNN_MODELS = ("resnet50", "mobilenet_v2", "vgg")
 COLUMNS = ("torch", "torch.compile", "onnxruntime", "tvm", "tir_byoc")
 #: The columns run at libgomp's own idle spin under ``--gomp-spincount own``: the peers, as
 #: their users run them; every other column is TVM's and runs at tir_byoc's setting.
@@ -123,10 +126,12 @@ def build(name: str, layers: int, batch: int, sequence: int):
     """
     from tir_byoc.testing import models
 
-    if name not in MODELS + CONV_MODELS:
-        raise ValueError(
-            f"benchmarks/models.py: expected a model of {MODELS + CONV_MODELS}, got {name!r}"
-        )
+    known = MODELS + CONV_MODELS + CNN_MODELS
+    if name not in known:
+        raise ValueError(f"benchmarks/models.py: expected a model of {known}, got {name!r}")
+    if name in CNN_MODELS:
+        network = models.CNNS[name](batch=batch)
+        return network.module, network.inputs[0]
     torch.manual_seed(0)
 
     def drawn(*shape):
