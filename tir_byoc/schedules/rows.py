@@ -12,13 +12,15 @@ softmax's time (docs/model-flow.md has the measurement).  Here a reduction
 over one trailing axis is first split into ``lanes`` partial results (``rfactor``), kept in one
 vector register and combined at the end of the row.  When ``lanes`` does not divide the row
 (Wav2Vec2's GroupNorm over 8,207 positions), the last, partial vector of each row is added lane
-by lane after the whole ones; so is a spatial block's last vector.
+by lane after the whole ones; so is a spatial block's last vector.  A row of symbolic length
+(a sequence) is split the same way, its bound check marked likely for TVM's ``LoopPartition``
+(:func:`~tir_byoc.schedules.loops.vectorize_partials`).
 
 A maximum or minimum is the same in any order.  A sum is not: the partial sums add each row's
 elements in another order than TVM's serial loop, and the result can differ in the last bits,
 as any vectorised or library sum does (torch's and MKL's among them).  A reduction this rule
-cannot split (several reduction axes, a symbolic or short extent, a reducer ``rfactor`` does
-not recognise) stays serial, with the reason in :attr:`VectorRows.notes`.
+cannot split (several reduction axes, a short extent, a reducer ``rfactor`` does not
+recognise) stays serial, with the reason in :attr:`VectorRows.notes`.
 """
 
 from __future__ import annotations
