@@ -74,8 +74,12 @@ def test_the_offloaded_cnn_agrees_with_torch(compiled):
 
 
 def test_no_epilogue_stays_behind_an_offloaded_gemm(compiled):
-    """A folded shift is the GEMM's bias, and the activation after it runs in the call too."""
-    assert real_models.epilogues_left_behind(compiled.offloaded) == []
+    """A folded shift (or a scale and a shift) and the activation after it run in the call.
+    The padding of the next convolution, which ``FuseOps`` fuses after a convolution kept
+    whole (MobileNetV2's 1 x 1 before a depthwise one), is a copy for that convolution, not an
+    epilogue of this one."""
+    left = real_models.epilogues_left_behind(compiled.offloaded)
+    assert [line for line in left if "block PadInput reads" not in line] == []
 
 
 @pytest.mark.parametrize("name", ["resnet50", "vgg"])
