@@ -164,3 +164,13 @@ def test_the_reference_and_onednn_conv_intrinsics_serve_the_convolutions_only():
     assert choice.intrinsic == "ref.conv"
     (choice,) = tir_byoc.scan(mod, backends=["openblas", "ref"])
     assert choice.intrinsic == "ref.conv"  # OpenBLAS has no convolution
+
+
+def test_a_channels_first_depthwise_convolution_is_left_to_tvm_with_the_reason():
+    mod = lowered(ConvSpec(channels=4, out_channels=4, groups=4, ops=("bias", "relu")))
+    (choice,) = tir_byoc.scan(mod, backends=["ref"])
+    assert choice.intrinsic is None
+    assert "sliding-window" in choice.reason
+    mod = lowered(ConvSpec(layout="last", channels=4, out_channels=4, groups=4))
+    (choice,) = tir_byoc.scan(mod, backends=["ref"])
+    assert choice.intrinsic == "ref.conv"  # channels last: served

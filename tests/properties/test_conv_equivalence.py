@@ -91,6 +91,12 @@ def _run(mod, arrays):
 def test_an_offloaded_convolution_computes_the_convolution_and_its_epilogue(backend, spec, seed):
     mod = lowered(spec)
     plan = tir_byoc.scan(mod, backends=[backend])
+    if spec.groups == spec.channels > 1 and spec.layout == "first":
+        # Left to TVM's sliding-window schedule (tir_byoc.match.conv_records.prefer_tvm).
+        (choice,) = plan
+        assert choice.intrinsic is None and "depthwise" in choice.reason, choice.reason
+        event("depthwise, channels first: left to TVM")
+        return
     assert [c.intrinsic for c in plan] == [f"{backend}.conv"], [
         (c.pattern, c.reason) for c in plan
     ] + [str(r) for r in tir_byoc.explain(mod)]

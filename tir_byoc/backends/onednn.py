@@ -16,7 +16,7 @@ import functools
 from .. import threads
 from ..epilogues import OPS
 from ..match import Match
-from ..match.conv_records import CONV_ENTRY
+from ..match.conv_records import CONV_ENTRY, prefer_tvm
 from ..registry import REGISTRY, RELU_NAN_BOTH, Backend, Intrinsic, LinkSpec
 from ..signature import DtypeSignature
 from ..toolchain import entry_point, intrinsics_dir
@@ -111,6 +111,7 @@ def _register() -> None:
             intrinsics_dir() / "onednn" / "conv.cpp",
             priority=PRIORITY,
             ops=tuple(OPS),
+            check=prefer_tvm,
         )
     )
 

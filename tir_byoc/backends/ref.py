@@ -6,7 +6,7 @@ match (lowest priority) and the oracle the library backends are tested against.
 """
 
 from ..epilogues import OPS
-from ..match.conv_records import CONV_ENTRY
+from ..match.conv_records import CONV_ENTRY, prefer_tvm
 from ..registry import REGISTRY, RELU_NAN_BOTH, Backend, Intrinsic
 from ..toolchain import intrinsics_dir
 
@@ -29,5 +29,6 @@ REGISTRY.register(
         intrinsics_dir() / "ref" / "conv.c",
         priority=PRIORITY,
         ops=tuple(OPS),
+        check=prefer_tvm,
     )
 )
