@@ -117,6 +117,25 @@ def test_each_convolution_is_a_library_call_with_its_bias_and_activation(layers,
         assert op not in left, left
 
 
+class _SummedConvs(torch.nn.Module):
+    """relu(a(x) + b(x)): at batch 1 on a 1 x 1 map each result is (1, O, 1, 1), a bias's shape."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = (torch.nn.Conv2d(4, 8, 2, stride=2) for _ in range(2))
+
+    def forward(self, x):
+        return torch.relu(self.a(x) + self.b(x))
+
+
+def test_another_convolutions_result_is_a_residual_not_a_bias():
+    # Both convolutions took the add as their bias, and the build failed: "Var ... not defined".
+    built = _build_and_compare(_SummedConvs(), torch.randn(1, 4, 2, 2))
+    # Served (as one GEMM: the two read the same columns, so relax.fuse_rows joins them).
+    assert built.intrinsics
+    assert not [name for name in built.rules if "conv" in name], built.rules
+
+
 @pytest.mark.parametrize("bias", [False, True], ids=["no bias", "bias"])
 def test_a_grouped_convolution_is_one_batched_call(bias):
     # Wav2Vec2's positional convolution, smaller: 16 channels in 4 groups, a kernel of 8

@@ -198,7 +198,25 @@ _UNARY = frozenset(
 _ADD = ir.Op.get("relax.add")
 
 
-def _tail(site: ConvolutionSite, var, values: dict, users: dict, uses) -> ConvolutionSite:
+def _computed_from(value, convolutions, values: dict) -> bool:
+    """Whether ``value`` is, or is computed in this block from, one of ``convolutions``."""
+    pending, seen = [value], set()
+    while pending:
+        item = pending.pop()
+        if not isinstance(item, relax.Var) or item in seen:
+            continue
+        seen.add(item)
+        if item in convolutions:
+            return True
+        call = values.get(item)
+        if call is not None:
+            pending.extend(call.args)
+    return False
+
+
+def _tail(
+    site: ConvolutionSite, var, values: dict, users: dict, uses, convolutions
+) -> ConvolutionSite:
     """``site`` with the chain of elementwise ops that follows its convolution (``var``): a
     bias add of a (1, O, 1...) tensor (how torch's ``Conv`` adds its bias) and the
     :data:`_UNARY` ops, each the one use of the value before it, inside the dataflow block."""
@@ -216,6 +234,10 @@ def _tail(site: ConvolutionSite, var, values: dict, users: dict, uses) -> Convol
             # tensor, which no call takes, so it stays after the transpose back.
             other = call.args[1] if call.args[0].same_as(var) else call.args[0]
             if other.same_as(var) or static_dims(other) != bias_dims:
+                break
+            if _computed_from(other, convolutions, values):
+                # Another convolution's (1, O, 1...) result (a 1 x 1 map at batch 1) is a
+                # residual, not a bias: both convolutions would take the add into their call.
                 break
             if str(other.ty.dtype) != "float32":
                 break
@@ -309,7 +331,7 @@ def find(mod: tvm.IRModule) -> tuple[tuple[ConvolutionSite, ...], tuple[Decline,
                         Decline(gvar.name_hint, (var.name,), CONVOLUTION, site, call.op.name)
                     )
                     continue
-                site = _tail(site, var, values, users, uses)
+                site = _tail(site, var, values, users, uses, convs)
                 site = _transposed_input(site, values, uses)
                 if isinstance(site.weight, relax.Var):
                     bindings = _constant_bindings(site.weight, values, uses)
