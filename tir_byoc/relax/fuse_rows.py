@@ -44,7 +44,7 @@ from tvm import ir, relax, s_tir, tirx
 
 from ..match.reduction import looks_like_gemm
 from ..match.stir import COMM_REDUCE
-from .analysis import tensor_dims, variable_uses
+from .analysis import static_dims, variable_uses
 
 _CALL_TIR = ir.Op.get("relax.call_tir")
 #: AnnotateTIROpPattern's kinds up to injective: elementwise 0, broadcast 1, injective 2.
@@ -138,15 +138,9 @@ def _injective(funcs: list[tirx.PrimFunc]) -> bool:
 
 
 def _same_tensor_type(a: relax.Expr, b: relax.Expr) -> bool:
-    """Condition 4: the same shape and dtype; a symbolic dim the same variable (``seq``), not
-    an expression (``batch * seq``, which the merged group could not define)."""
-    dims, other = tensor_dims(a), tensor_dims(b)
-    if dims is None or other is None or len(dims) != len(other) or a.ty.dtype != b.ty.dtype:
-        return False
-    return all(
-        isinstance(x, tirx.IntImm | tirx.Var) and tvm_ffi.structural_equal(x, y)
-        for x, y in zip(dims, other, strict=True)
-    )
+    """Condition 4: the same static shape and dtype."""
+    dims = static_dims(a)
+    return dims is not None and dims == static_dims(b) and a.ty.dtype == b.ty.dtype
 
 
 class _Finder:
@@ -251,26 +245,6 @@ class _Merged:
     name: str
 
 
-def _same_symbolic_dims(p_group, c_group, arg_index: int, p_args, c_args) -> relax.Function:
-    """The consumer's group with its symbolic dims renamed to the producer's (each group is a
-    copy on fresh variables: else a dim only the replaced parameter defined, ``seq``, is
-    defined by nothing in the merged group), matched on the parameters the two share."""
-    pairs = [(c_group.params[arg_index], p_group.body.body)]
-    for j, arg in enumerate(c_args):
-        i = next((i for i, p_arg in enumerate(p_args) if p_arg.same_as(arg)), None)
-        if j != arg_index and i is not None and isinstance(arg, relax.Var):
-            pairs.append((c_group.params[j], p_group.params[i]))
-    renames = {}
-    for c_expr, p_expr in pairs:
-        c_dims, p_dims = tensor_dims(c_expr), tensor_dims(p_expr)
-        if c_dims is None or p_dims is None or len(c_dims) != len(p_dims):
-            continue
-        for c_dim, p_dim in zip(c_dims, p_dims, strict=True):
-            if isinstance(c_dim, tirx.Var) and not c_dim.same_as(p_dim):
-                renames.setdefault(c_dim, p_dim)
-    return c_group.bind_symbolic_vars(renames) if renames else c_group
-
-
 def _merged_arguments(producer, consumer, arg_index: int) -> tuple[dict[int, relax.Var], list]:
     """How the consumer's arguments fare when ``producer`` merges in as argument ``arg_index``:
     ``({j: arg}, kept)``, the arguments the producer also takes (the same Relax variable
@@ -335,7 +309,6 @@ class _Merger:
         p_group, c_group = self._group(producer), self._group(consumer)
         p_args, c_args = _arguments(producer), _arguments(consumer)
         (p_block,) = p_group.body.blocks
-        c_group = _same_symbolic_dims(p_group, c_group, arg_index, p_args, c_args)
 
         # The consumer's parameter for `p` becomes the producer's result; a parameter the
         # producer also takes (the same Relax variable passed to both) becomes the producer's.
