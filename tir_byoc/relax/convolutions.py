@@ -64,7 +64,10 @@ them (:mod:`tir_byoc.relax.im2col`).  A binding ``out = R.nn.conv1d(x, w)`` (``c
    ``OIW``/``OIHW``/``OIDHW`` kernel), and the groups are not depthwise (:func:`_site`);
 2. x, w and out are float32 of static shapes, and out a variable of a dataflow block;
 3. the gathered columns hold at most :data:`MAX_COLUMNS` elements (the kernel window times
-   the input, about: a 3 x 3 window reads each input value nine times).
+   the input, about: a 3 x 3 window reads each input value nine times);
+4. no backend's own convolution takes it instead (:mod:`.conv_choice`: ``onednn.conv`` where
+   it measures faster; such a convolution reaches TIR whole and is matched there,
+   :mod:`tir_byoc.match.conv`, and the decline says so).
 
 A constant weight (a torch model's) is flattened once, here; a weight given as a parameter
 is flattened by an ``R.reshape`` on every run.  A weight computed from constants alone, each
