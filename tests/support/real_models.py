@@ -216,7 +216,9 @@ def epilogues_left_behind(mod: tvm.IRModule) -> list[str]:
     """Blocks that read an offloaded call's output inside the call's own PrimFunc.
 
     After the Relax fold of the Linear reshapes, an activation, gate or residual add of a GEMM
-    sits in the GEMM's PrimFunc; one that is still TVM code there reads the call's output.
+    sits in the GEMM's PrimFunc; one that is still TVM code there reads the call's output.  A
+    block writing another shape than the call's output is no epilogue of it (a slice after a
+    convolution kept whole, as Wav2Vec2's positional one has, or the next one's padding).
     """
     left = []
     for gvar, func in mod.functions_items():
@@ -231,6 +233,9 @@ def epilogues_left_behind(mod: tvm.IRModule) -> list[str]:
         for block in blocks:
             for region in block.reads:
                 if region.source in outputs and block not in calls:
+                    shape = [str(d) for d in region.source.ty.shape]
+                    if any([str(d) for d in w.source.ty.shape] != shape for w in block.writes):
+                        continue
                     left.append(
                         f"{gvar.name_hint}: block {block.name_hint} reads {region.source.name}, "
                         f"the output of {outputs[region.source]}"
