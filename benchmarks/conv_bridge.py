@@ -33,9 +33,9 @@ def conv_shapes(name: str) -> Counter:
     each runs: (geometry of the conv entry point, relu) -> count."""
     import torch
 
-    from tir_byoc.testing import models
+    from tir_byoc.testing import cnns
 
-    real = {"resnet50": models.resnet50, "mobilenet_v2": models.mobilenet_v2}[name]()
+    real = {"resnet50": cnns.resnet50, "mobilenet_v2": cnns.mobilenet_v2}[name]()
     seen: Counter = Counter()
 
     def hook(module, args, _output):

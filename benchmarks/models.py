@@ -84,7 +84,7 @@ MODELS = ("bert", "gpt2", "llama", "encoder")
 #: transformer, and ConvNeXt's convolutions throughout.
 CONV_MODELS = ("whisper", "vit", "wav2vec2", "convnext")
 #: Convolutional networks run on request (``--models resnet50,mobilenet_v2,vgg``): the model
-#: zoo's (:data:`tir_byoc.testing.models.CNNS`), 224 x 224, batch norm calibrated.
+#: zoo's (:data:`tir_byoc.testing.cnns.CNNS`), 224 x 224, batch norm calibrated.
 CNN_MODELS = ("resnet50", "mobilenet_v2", "vgg")
 COLUMNS = ("torch", "torch.compile", "onnxruntime", "tvm", "tir_byoc")
 #: The columns run at libgomp's own idle spin under ``--gomp-spincount own``: the peers, as
@@ -124,13 +124,13 @@ def build(name: str, layers: int, batch: int, sequence: int):
     samples making ``sequence`` frames of 20 ms.  Decoders return the last hidden state under
     the causal mask.
     """
-    from tir_byoc.testing import models
+    from tir_byoc.testing import cnns, models
 
     known = MODELS + CONV_MODELS + CNN_MODELS
     if name not in known:
         raise ValueError(f"benchmarks/models.py: expected a model of {known}, got {name!r}")
     if name in CNN_MODELS:
-        network = models.CNNS[name](batch=batch)
+        network = cnns.CNNS[name](batch=batch)
         return network.module, network.inputs[0]
     torch.manual_seed(0)
 

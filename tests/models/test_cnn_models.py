@@ -1,7 +1,7 @@
 """Convolutional networks end to end: batch norms folded (or a scale and a shift), results equal
 torch's.
 
-The model zoo's ResNet-50, MobileNetV2 and VGG-like network (:data:`tir_byoc.testing.models.CNNS`,
+The model zoo's ResNet-50, MobileNetV2 and VGG-like network (:data:`tir_byoc.testing.cnns.CNNS`,
 ``small=True``: transformers' configs with few channels, random weights, batch-norm statistics
 calibrated on random batches in training mode) go the way a user's model goes, as
 :mod:`support.real_models` takes them: ``torch.export`` -> Relax -> the lowering (batch norms
@@ -26,17 +26,17 @@ from tvm import tirx
 
 import tir_byoc
 from tir_byoc.relax import batch_norm, pipeline, pooling
-from tir_byoc.testing import models
+from tir_byoc.testing import cnns, models
 
 BATCH = 2
 
 
-@pytest.fixture(scope="module", params=list(models.CNNS))
+@pytest.fixture(scope="module", params=list(cnns.CNNS))
 def compiled(request):
     """One CNN lowered, offloaded with every available backend, and built: once per model."""
     with pytest.MonkeyPatch.context() as env:
         env.delenv(tir_byoc.registry.BACKENDS_ENV, raising=False)
-        return real_models.compile_model(models.CNNS[request.param](small=True, batch=BATCH))
+        return real_models.compile_model(cnns.CNNS[request.param](small=True, batch=BATCH))
 
 
 def _batch_norms(module) -> int:
@@ -86,7 +86,7 @@ def test_no_epilogue_stays_behind_an_offloaded_gemm(compiled):
 def test_every_gemm_flop_of_a_cnn_without_depthwise_convolutions_is_offloaded(name):
     """MobileNetV2's depthwise convolutions are no GEMM, which the FLOP count does not know
     from the others; ResNet's and VGG's convolutions are all GEMMs."""
-    model = models.CNNS[name](small=True, batch=BATCH)
+    model = cnns.CNNS[name](small=True, batch=BATCH)
     total = sum(real_models.torch_gemm_flops(model).values())
     offloaded = tir_byoc.offload(real_models.lower(model))
     calls = real_models.library_calls(offloaded)
@@ -113,7 +113,7 @@ def _efficientnet():
                 layer.weight.uniform_(0.5, 1.5)
                 layer.bias.normal_()
     model = models.last_hidden_state(model, "pixel_values", output="pooler_output")
-    models.calibrate_batch_norm(model, (4, 3, 64, 64))
+    cnns.calibrate_batch_norm(model, (4, 3, 64, 64))
     pixels = torch.randn(BATCH, 3, 64, 64, generator=torch.Generator().manual_seed(3))
     return models.RealModel("efficientnet", model, (pixels,))
 
