@@ -54,17 +54,19 @@ def explain(mod_or_func) -> list[Decline]:
     mod, wrapped = as_module(mod_or_func)
     if wrapped or not any(isinstance(f, relax.Function) for f in mod.functions.values()):
         return offload_plan(mod_or_func).rejections
-    rewritten, declines = _before_legalize(mod)
+    rewritten, declines = _run(pipeline.BEFORE_LEGALIZE, mod)
     if _to_legalize(rewritten):
-        mod = tvm.transform.Sequential([make_pass() for make_pass in pipeline.LOWERING])(rewritten)
+        mod, lowering_declines = _run(pipeline.LOWERING, rewritten)
+        declines += lowering_declines
     return [*declines, *offload_plan(mod).rejections]
 
 
-def _before_legalize(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[Decline]]:
-    """Stage 1 of the pipeline, pass by pass, and what each rewrite's ``find`` declined on the
-    module the passes before it left (a pass whose module has no ``find`` declines nothing)."""
+def _run(passes, mod: tvm.IRModule) -> tuple[tvm.IRModule, list[Decline]]:
+    """``passes`` of the pipeline, one by one, and what each rewrite's ``find`` declined on the
+    module the passes before it left (a pass whose module has no ``find``, such as TVM's own,
+    declines nothing)."""
     declines = []
-    for make_pass in pipeline.BEFORE_LEGALIZE:
+    for make_pass in passes:
         find = getattr(importlib.import_module(make_pass.__module__), "find", None)
         if callable(find):
             declines += find(mod)[1]
@@ -76,13 +78,14 @@ def _to_legalize(mod: tvm.IRModule) -> bool:
     """Whether a Relax function of ``mod`` calls an operator ``LegalizeOps`` lowers to TIR."""
     found = []
 
-    def on_op(op):
-        if op.get_attr("FLegalize") is not None:
-            found.append(op)
+    def on_call(call):
+        # The walk does not visit an Op node itself: read each call's.
+        if isinstance(call.op, ir.Op) and call.op.get_attr("FLegalize") is not None:
+            found.append(call.op)
 
     for func in mod.functions.values():
         if isinstance(func, relax.Function):
-            tvm_ffi.structural_walk(func, (ir.Op, on_op))
+            tvm_ffi.structural_walk(func, (relax.Call, on_call))
             if found:
                 return True
     return False

@@ -204,3 +204,19 @@ def test_tuning_a_merged_function_metaschedule_cannot_space_leaves_it_to_the_rul
     z = a.reshape(2, 4, 16, 32) * np.float32(0.125) + mask
     e = np.exp(z - z.max(-1, keepdims=True))
     np.testing.assert_allclose(built(a, mask), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def test_a_producer_of_a_symbolic_shape_stays_apart_and_explain_says_why():
+    @I.ir_module
+    class Symbolic:
+        @R.function
+        def main(x: R.Tensor(("b", 16, 32), "float32"), y: R.Tensor(("b", 16, 32), "float32")):
+            with R.dataflow():
+                s = R.multiply(x, R.const(0.5, "float32"))
+                t = R.add(s, y)
+                z = R.nn.softmax(t, axis=-1)
+                R.output(z)
+            return z
+
+    (decline,) = [d for d in tir_byoc.explain(Symbolic) if d.what == "row fusion"]
+    assert decline.reason == fuse_rows.SYMBOLIC and decline.func == "main"

@@ -42,6 +42,7 @@ import tvm
 import tvm_ffi
 from tvm import ir, relax, s_tir, tirx
 
+from ..decline import Decline
 from ..match.reduction import looks_like_gemm
 from ..match.stir import COMM_REDUCE
 from .analysis import static_dims, variable_uses
@@ -49,6 +50,12 @@ from .analysis import static_dims, variable_uses
 _CALL_TIR = ir.Op.get("relax.call_tir")
 #: AnnotateTIROpPattern's kinds up to injective: elementwise 0, broadcast 1, injective 2.
 _INJECTIVE = 2
+#: Why a producer of a symbolic shape stays apart (measured: merged, BERT's softmax with its
+#: scale and mask at 4 x 384 took 35 ms a call, many times the two functions apart).
+SYMBOLIC = (
+    "its shape is symbolic: merged, the row schedule cannot bound the producer's region per "
+    "row (compute_at on symbolic extents), which made a softmax many times slower"
+)
 
 
 @dataclass(frozen=True)
@@ -67,8 +74,8 @@ class RowMerge:
 
 def find(mod: tvm.IRModule) -> tuple[tuple[RowMerge, ...], tuple]:
     """``(sites, declines)``: the merges :func:`rewrite` makes in ``mod``'s Relax functions, in
-    binding order; a producer that does not merge stays where ``FuseOps`` put it, so there are
-    no declines.
+    binding order; a producer that does not merge stays where ``FuseOps`` put it.  The one
+    decline: a producer that would merge but for its symbolic shape (:data:`SYMBOLIC`).
 
     One pass over each dataflow block: a consumer takes its producers one after another (a
     merged group's new arguments are candidates too), so the cost grows with the module's size,
@@ -79,7 +86,7 @@ def find(mod: tvm.IRModule) -> tuple[tuple[RowMerge, ...], tuple]:
     for gvar, func in mod.functions_items():
         if isinstance(func, relax.Function) and not _is_group(func):
             sites += finder.function(gvar.name_hint, func)
-    return tuple(sites), ()
+    return tuple(sites), tuple(finder.declines)
 
 
 def rewrite(mod: tvm.IRModule, sites: tuple[RowMerge, ...]) -> tvm.IRModule:
@@ -143,6 +150,17 @@ def _same_tensor_type(a: relax.Expr, b: relax.Expr) -> bool:
     return dims is not None and dims == static_dims(b) and a.ty.dtype == b.ty.dtype
 
 
+def _same_symbolic_type(a: relax.Expr, b: relax.Expr) -> bool:
+    """Condition 4 but for static dims: the same symbolic shape and dtype."""
+    shape_a, shape_b = (getattr(v.ty, "shape", None) for v in (a, b))
+    return (
+        isinstance(shape_a, relax.ShapeExpr)
+        and tvm_ffi.structural_equal(shape_a, shape_b)
+        and a.ty.dtype == b.ty.dtype
+        and static_dims(a) is None
+    )
+
+
 class _Finder:
     """Decides, function by function, which producers merge into which row reductions."""
 
@@ -150,6 +168,8 @@ class _Finder:
         self.mod = mod
         self._funcs: dict[ir.GlobalVar, list[tirx.PrimFunc] | None] = {}
         self._reduces: dict[ir.GlobalVar, bool] = {}
+        self.declines: list[Decline] = []
+        self._name = ""
 
     # What a binding's value runs ------------------------------------------------------
 
@@ -188,6 +208,7 @@ class _Finder:
         """The merges of ``func`` (named ``name``), consumer by consumer in binding order."""
         if not isinstance(func.body, relax.SeqExpr):
             return []
+        self._name = name
         uses = None
         sites = []
         for block in func.body.blocks:
@@ -219,8 +240,14 @@ class _Finder:
             if not isinstance(arg, relax.Var) or arg not in position or uses[arg] != 1:
                 continue
             p = position[arg]
-            if self.injective(values[p]) and _same_tensor_type(arg, result):
+            if not self.injective(values[p]):
+                continue
+            if _same_tensor_type(arg, result):
                 return p, arg_index
+            if _same_symbolic_type(arg, result):
+                self.declines.append(
+                    Decline(self._name, (arg.name, result.name), "row fusion", SYMBOLIC)
+                )
         return None
 
 
