@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "tir_byoc.h"
+#include "tir_byoc_conv_ref.h"
 
 namespace {
 
@@ -678,6 +679,15 @@ int32_t Conv(const tir_byoc_conv *conv) {
   try {
     int fused = 0;
     if (!packed) {
+      // oneDNN skips the taps in the padding, where TVM multiplies 0 by the weight: with an
+      // infinity or NaN in the weight, only the reference computes what TVM does.  (A packed
+      // weight is finite: the pack function keeps other weights plain.)
+      if (tir_byoc_conv_padded(conv) &&
+          !tir_byoc_conv_weight_finite(conv, static_cast<const float *>(conv->w))) {
+        tir_byoc_conv_reference(conv);
+        tir_byoc_conv_epilogue(&conv->epilogue, 0, conv);
+        return TIR_BYOC_OK;
+      }
       const Key key = KeyOf(*conv, TIR_BYOC_PACK_PLAIN, &fused);  // sets fused
       return Run(*conv, key, fused, conv->w);
     }
@@ -725,6 +735,10 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_conv_pack(
   conv.n = n_saved;
   try {
     int fused = 0;
+    // A weight whose infinities or NaNs the padding would meet stays plain (see Conv).
+    if (out == nullptr && tir_byoc_conv_padded(&conv) &&
+        !tir_byoc_conv_weight_finite(&conv, static_cast<const float *>(w)))
+      *form = TIR_BYOC_PACK_PLAIN;
     if (*form == TIR_BYOC_PACK_CHOOSE && out == nullptr) *form = ChooseForm(conv, w);
     if (*form == TIR_BYOC_PACK_PLAIN && out == nullptr) {
       *size = 0;

@@ -1,62 +1,15 @@
 /*
  * ref/conv.c - the portable reference convolution: any conv entry point call (tir_byoc.h) in
- * fp32, written for clarity rather than speed, then the portable epilogue.  The fallback for a
- * backend without a convolution and the oracle the library backends are tested against.
- * Symbol tir_byoc_ref_conv, registry key ref.conv.
+ * fp32, written for clarity rather than speed (tir_byoc_conv_ref.h), then the portable
+ * epilogue.  The fallback for a backend without a convolution and the oracle the library
+ * backends are tested against.  Symbol tir_byoc_ref_conv, registry key ref.conv.
  */
 #include "tir_byoc.h"
-
-/* Element offset of (batch b, channel ch, spatial position pos[3]) in a compact tensor of
- * `channels` channels over `dims` positions, in `layout`. */
-static int64_t ref_offset(tir_byoc_conv_layout layout, int64_t b, int64_t ch, int64_t channels,
-                          const int64_t *pos, const int64_t *dims) {
-  const int64_t spatial = (pos[0] * dims[1] + pos[1]) * dims[2] + pos[2];
-  const int64_t volume = tir_byoc_conv_volume(dims);
-  if (layout == TIR_BYOC_CONV_CHANNELS_FIRST) return (b * channels + ch) * volume + spatial;
-  return (b * volume + spatial) * channels + ch;
-}
-
-/* Offset of w[oc, ic, r] (ic within the group) in the weight layout. */
-static int64_t ref_weight_offset(const tir_byoc_conv *conv, int64_t oc, int64_t ic,
-                                 const int64_t *r) {
-  const int64_t per_group = conv->c / conv->groups;
-  const int64_t window = (r[0] * conv->kernel[1] + r[1]) * conv->kernel[2] + r[2];
-  if (conv->weight_layout == TIR_BYOC_CONV_WEIGHT_OIK)
-    return (oc * per_group + ic) * tir_byoc_conv_volume(conv->kernel) + window;
-  return (window * per_group + ic) * conv->o + oc;
-}
+#include "tir_byoc_conv_ref.h"
 
 static int32_t ref_conv(const tir_byoc_conv *conv) {
-  const float *x = (const float *)conv->x, *w = (const float *)conv->w;
-  float *y = (float *)conv->y;
-  const int64_t in_group = conv->c / conv->groups, out_group = conv->o / conv->groups;
-  int64_t q[3], r[3], at[3];
   if (conv->dtypes != TIR_BYOC_SIG_F32) return TIR_BYOC_EDTYPE;
-  for (int64_t b = 0; b < conv->n; ++b) {
-    for (int64_t oc = 0; oc < conv->o; ++oc) {
-      const int64_t g = oc / out_group;
-      for (q[0] = 0; q[0] < conv->out[0]; ++q[0])
-        for (q[1] = 0; q[1] < conv->out[1]; ++q[1])
-          for (q[2] = 0; q[2] < conv->out[2]; ++q[2]) {
-            float acc = 0.0f;
-            for (int64_t ic = 0; ic < in_group; ++ic)
-              for (r[0] = 0; r[0] < conv->kernel[0]; ++r[0])
-                for (r[1] = 0; r[1] < conv->kernel[1]; ++r[1])
-                  for (r[2] = 0; r[2] < conv->kernel[2]; ++r[2]) {
-                    int inside = 1;
-                    for (int a = 0; a < 3; ++a) {
-                      at[a] = q[a] * conv->stride[a] + r[a] * conv->dilation[a] - conv->pad[a];
-                      inside = inside && at[a] >= 0 && at[a] < conv->in[a];
-                    }
-                    if (!inside) continue; /* the padding reads 0 */
-                    acc += x[ref_offset(conv->layout, b, g * in_group + ic, conv->c, at,
-                                        conv->in)] *
-                           w[ref_weight_offset(conv, oc, ic, r)];
-                  }
-            y[ref_offset(conv->layout, b, oc, conv->o, q, conv->out)] = acc;
-          }
-    }
-  }
+  tir_byoc_conv_reference(conv);
   tir_byoc_conv_epilogue(&conv->epilogue, 0, conv);
   return TIR_BYOC_OK;
 }

@@ -118,3 +118,20 @@ def test_an_offloaded_convolution_computes_the_convolution_and_its_epilogue(back
     want = expected(spec, arrays)
     scale = max(1.0, float(np.abs(want).max()))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale)
+
+
+@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("layout", ["first", "last"])
+def test_a_non_finite_weight_in_the_padding_gives_what_tvm_gives(backend, layout):
+    # TVM multiplies the padding's zeros by the weight (0 * inf is NaN); the library kernels
+    # skip those taps.  Such a call is computed by the reference product instead.
+    spec = ConvSpec(layout=layout, channels=4, out_channels=8, ops=("bias",))
+    mod = lowered(spec)
+    arrays = inputs(spec, 0)
+    weight = arrays[1]
+    weight[(0, 0, 0, 0)] = np.inf  # a corner tap: in the padding for the edge outputs
+    weight[(1, 1, 2, 2) if layout == "first" else (2, 2, 1, 1)] = np.nan
+    want = _run(mod, arrays)
+    assert np.isnan(want).any() and np.isfinite(want).any()
+    got = _run(tir_byoc.offload(mod, backends=[backend]), arrays)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
