@@ -81,6 +81,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* Status codes. */
 #define TIR_BYOC_OK 0
@@ -174,6 +175,18 @@ typedef struct {
   int64_t x_stride[2]; /* elements between X's matrices along each dim; 0 broadcasts */
   int64_t w_stride[2];
 } tir_byoc_batch;
+
+/* 1 if none of the `count` floats at `values` is an infinity or a NaN.  Branch-free, so it
+ * vectorises: it runs over whole outputs and weights. */
+static inline int tir_byoc_all_finite(const float *values, int64_t count) {
+  uint32_t special = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    uint32_t bits;
+    memcpy(&bits, values + i, sizeof bits);
+    special |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return special == 0;
+}
 
 /* Bytes per element of a dtype code, 0 for an unknown code. */
 static inline size_t tir_byoc_dtype_size(int32_t code) {

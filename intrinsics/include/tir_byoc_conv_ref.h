@@ -9,7 +9,6 @@
 #define TIR_BYOC_CONV_REF_H_
 
 #include <stdint.h>
-#include <string.h>
 
 #include "tir_byoc.h"
 
@@ -44,16 +43,10 @@ static inline int tir_byoc_conv_padded(const tir_byoc_conv *conv) {
   return 0;
 }
 
-/* Whether the fp32 weight of `conv` holds an infinity or a NaN. */
+/* Whether the fp32 weight of `conv` holds no infinity and no NaN. */
 static inline int tir_byoc_conv_weight_finite(const tir_byoc_conv *conv, const float *w) {
-  const int64_t count = conv->o * (conv->c / conv->groups) * tir_byoc_conv_volume(conv->kernel);
-  uint32_t special = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    uint32_t bits;
-    memcpy(&bits, w + i, sizeof bits);
-    special |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u);
-  }
-  return special == 0;
+  return tir_byoc_all_finite(
+      w, conv->o * (conv->c / conv->groups) * tir_byoc_conv_volume(conv->kernel));
 }
 
 /* y = the convolution of x and w (no epilogue), as TVM computes it (see the top). */

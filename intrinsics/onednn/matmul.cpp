@@ -942,18 +942,6 @@ bool PackFits(const PackHeader *header, const dnnl::memory::desc &weights) {
          header->bytes == weights.get_size();
 }
 
-/* True if none of the `count` floats at y is an infinity or a NaN.  Branch-free, so it
- * vectorises: it runs over every output of a guarded call. */
-bool AllFinite(const float *y, int64_t count) {
-  uint32_t special = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, y + i, sizeof bits);
-    special |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
-  }
-  return special == 0;
-}
-
 /* The weight in `block` (laid out as `entry` reads it) in the plain layout of `plain`. */
 std::vector<float> Unpack(const Entry &entry, const void *block, const Key &plain) {
   std::vector<float> weight(static_cast<size_t>(plain.k * plain.n));
@@ -1016,7 +1004,7 @@ int32_t Call(const tir_byoc_call *call) {
     std::shared_ptr<const Entry> ran = entry;
     int32_t status = Run(*entry, *call, w);
     if (status != TIR_BYOC_OK) return status;
-    if (entry->fusion.guarded >= 0 && !AllFinite(y, rows * n)) {
+    if (entry->fusion.guarded >= 0 && !tir_byoc_all_finite(y, rows * n)) {
       // Step 4. The fusion cut before the guarded op, on the plain weight (a block
       // unpacked); the inputs are as they were, as no epilogue tensor shares the output's
       // memory (tir_byoc.h).
