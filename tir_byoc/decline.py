@@ -27,7 +27,8 @@ GEMM_CHAIN = "GEMM chain"
 WEIGHT_COPY = "weight copy"
 #: A PrimFunc not proven to be a copy of its input (:func:`tir_byoc.relax.copy_map.copy_map`).
 COPY_PROOF = "copy proof"
-#: A Relax convolution left to TVM (``nearest``: its operator, e.g. ``relax.nn.conv2d``).
+#: A Relax convolution not rewritten as im2col + GEMM: kept whole for a backend's convolution
+#: (matched in TIR) or left to TVM (``nearest``: its operator, e.g. ``relax.nn.conv2d``).
 CONVOLUTION = "convolution as GEMM"
 #: A Relax reshape of a matmul's result that :mod:`tir_byoc.relax.linear_reshapes` kept
 #: (``nearest``: ``relax.reshape``).
@@ -39,7 +40,7 @@ _MESSAGES = {
     GEMM_CHAIN: "{func}: block {sites} not offloaded{near}: {reason}",
     WEIGHT_COPY: "{func}: block {sites} {reason}",
     COPY_PROOF: "{reason}",
-    CONVOLUTION: "{func}: {sites} = {nearest}: left to TVM ({reason})",
+    CONVOLUTION: "{func}: {sites} = {nearest}: not as im2col + GEMM ({reason})",
     RESHAPE_FOLD: "{func}: {sites} = reshape(... matmul ...) not folded: {reason}",
 }
 _DEFAULT_MESSAGE = "{func}: {sites}: {what} declined{near}: {reason}"

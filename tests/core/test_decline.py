@@ -36,7 +36,7 @@ from tir_byoc.decline import (
         ),
         (
             Decline("main", ("y",), CONVOLUTION, "layouts NHWC", "relax.nn.conv2d"),
-            "main: y = relax.nn.conv2d: left to TVM (layouts NHWC)",
+            "main: y = relax.nn.conv2d: not as im2col + GEMM (layouts NHWC)",
         ),
         (
             Decline("main", ("z",), RESHAPE_FOLD, "m is used 2 times", "relax.reshape"),

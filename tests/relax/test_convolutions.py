@@ -352,7 +352,7 @@ def test_anything_else_comes_back_as_it_was_with_its_reason(mod, reason):
     sites, (found,) = convolutions.find(mod)
     assert sites == ()
     assert found.reason == reason
-    assert str(found).endswith(f"left to TVM ({reason})")
+    assert str(found).endswith(f"not as im2col + GEMM ({reason})")
 
 
 def test_columns_larger_than_the_limit_are_left_to_tvm(monkeypatch):

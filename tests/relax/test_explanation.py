@@ -119,7 +119,7 @@ def test_explain_lists_the_relax_rewrites_declines_with_the_matchers(mixed):
     assert all(isinstance(d, Decline) and not d for d in declines)
     conv, reshape, chain, copy = declines
     assert str(conv) == (
-        "main: y = relax.nn.conv2d: left to TVM (layouts NHWC/OIHW/NHWC; im2col serves "
+        "main: y = relax.nn.conv2d: not as im2col + GEMM (layouts NHWC/OIHW/NHWC; im2col serves "
         "NCHW/OIHW/NCHW)"
     )
     assert reshape.reason == "the matmul's input a is not a reshape (folding would add one)"

@@ -28,13 +28,17 @@ along its axis: with constant statistics, scale and shift are constants computed
 After a Linear on the last axis, those two are the epilogue ops ``channel_scale`` and
 ``bias``.  A batch norm in training mode (statistics of the batch) is declined.
 
-A convolution of one group without a bias of its own (ResNet's, MobileNetV2's 1 x 1) gets
-the scale and shift too, unless :data:`FOLD_INTO_UNBIASED_CONVOLUTIONS` is set: the folded
-shift would be its bias, which :mod:`tir_byoc.relax.convolutions` takes only in its
-columns-first form, with a transpose back, and that measured slower than its weight-first
-GEMM and one pass after it (the scale, the shift and the activation, fused; TVM's own batch
-norm subtracts, divides and multiplies per element in that pass).  A depthwise or grouped
-convolution, left to TVM's loop or a batched GEMM with its bias after, is folded.
+The convolutions folded into are those in NCHW/OIHW (and the 1-D and 3-D defaults) and
+those :mod:`.channels_last` converted to NHWC/HWIO (the batch norm then on axis 3, the
+weight's output channels its last axis).  An NCHW convolution of one group without a bias of
+its own (ResNet's, MobileNetV2's 1 x 1) gets the scale and shift instead, unless
+:data:`FOLD_INTO_UNBIASED_CONVOLUTIONS` is set: the folded shift would be its bias, which
+:mod:`tir_byoc.relax.convolutions` takes only in its columns-first form, with a transpose
+back, and that measured slower than its weight-first GEMM and one pass after it (the scale,
+the shift and the activation, fused; TVM's own batch norm subtracts, divides and multiplies
+per element in that pass).  In NHWC the library's convolution adds a bias in its epilogue,
+so the fold is always made there.  A depthwise or grouped convolution, left to TVM's loop or
+a batched GEMM with its bias after, is folded.
 
 Entry point: :class:`FoldBatchNorms`, a module pass before ``LegalizeOps`` and before
 :class:`~tir_byoc.relax.convolutions.ConvolutionsAsGemms` (:mod:`tir_byoc.relax.pipeline`);
@@ -61,10 +65,13 @@ logger = logging.getLogger("tir_byoc")
 BATCH_NORM_FOLD = "batch-norm fold"
 
 _BATCH_NORM = ir.Op.get("relax.nn.batch_norm")
+#: Per convolution op, the (data, kernel) layouts a fold reads: the data's channel axis, the
+#: weight's output-channel axis, and whether the library's own convolution takes the layout
+#: (so a folded shift is a bias it adds for free: :mod:`.channels_last` converts to NHWC/HWIO).
 _CONVS = {
-    ir.Op.get("relax.nn.conv1d"): ("NCW", "OIW"),
-    ir.Op.get("relax.nn.conv2d"): ("NCHW", "OIHW"),
-    ir.Op.get("relax.nn.conv3d"): ("NCDHW", "OIDHW"),
+    ir.Op.get("relax.nn.conv1d"): {("NCW", "OIW"): (1, 0, False)},
+    ir.Op.get("relax.nn.conv2d"): {("NCHW", "OIHW"): (1, 0, False), ("NHWC", "HWIO"): (3, 3, True)},
+    ir.Op.get("relax.nn.conv3d"): {("NCDHW", "OIDHW"): (1, 0, False)},
 }
 _MATMUL = ir.Op.get("relax.matmul")
 _ADD = ir.Op.get("relax.add")
@@ -192,16 +199,17 @@ def _weight(gemm, axis: int, values: dict, uses) -> tuple | str:
     if uses[gemm] != 1:
         return f"{gemm.name} has another use besides the batch norm"
     if call.op in _CONVS:
-        data_layout, kernel_layout = _CONVS[call.op]
+        known = _CONVS[call.op]
         layouts = (str(call.attrs.data_layout), str(call.attrs.kernel_layout))
-        if layouts != (data_layout, kernel_layout) or str(call.attrs.out_layout) != data_layout:
-            expected = f"{data_layout}/{kernel_layout}"
+        if layouts not in known or str(call.attrs.out_layout) != layouts[0]:
+            expected = " or ".join("/".join(pair) for pair in known)
             return f"its convolution's layouts are {'/'.join(layouts)}, not {expected}"
-        if axis != 1:
-            return f"it normalises axis {axis}, not the convolution's channels (axis 1)"
+        channels, weight_channels, _ = known[layouts]
+        if axis != channels:
+            return f"it normalises axis {axis}, not the convolution's channels (axis {channels})"
         if not isinstance(call.args[1], ir.Constant):
             return "its convolution's weight is not a constant"
-        return gemm, 1, call.args[1], 0
+        return gemm, 1, call.args[1], weight_channels
     if not call.op.same_as(_MATMUL):
         return f"it follows {call.op.name}, not a convolution or a matmul"
     dims = static_dims(gemm)
@@ -216,6 +224,12 @@ def _weight(gemm, axis: int, values: dict, uses) -> tuple | str:
     if len(permute.args[0].value.shape) != 2 or uses[weight] != 1:
         return "its matmul's weight is not a 2-D transposed constant used by this matmul alone"
     return weight, 0, permute.args[0], 0
+
+
+def _library_layout(conv: relax.Call) -> bool:
+    """Whether ``conv``'s layouts are those the library's own convolution serves."""
+    layouts = (str(conv.attrs.data_layout), str(conv.attrs.kernel_layout))
+    return _CONVS[conv.op].get(layouts, (0, 0, False))[2]
 
 
 def _fold(function: str, norm, out, call, values: dict, uses) -> Fold | str:
@@ -234,6 +248,7 @@ def _fold(function: str, norm, out, call, values: dict, uses) -> Fold | str:
         and bias is None
         and conv.op in _CONVS
         and int(conv.attrs.groups) == 1
+        and not _library_layout(conv)
     ):
         return (
             "its convolution has no bias, and a folded shift would be one: "

@@ -116,6 +116,9 @@ def _site(function: str, out_var, call: relax.Call) -> ConvolutionSite | str:
     data_layout, kernel_layout = _OPS[call.op]
     attrs = call.attrs
     layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
+    native = conv_choice.native_convolution() if conv_choice.mode() != "im2col" else None
+    if layouts == ("NHWC", "HWIO", "NHWC") and native is not None:
+        return f"channels-last: kept whole for {native}, matched in TIR"
     if layouts != (data_layout, kernel_layout, data_layout):
         return (
             f"layouts {'/'.join(layouts)}; im2col serves {data_layout}/{kernel_layout}/"
@@ -133,7 +136,6 @@ def _site(function: str, out_var, call: relax.Call) -> ConvolutionSite | str:
     strides, padding = _ints(attrs.strides), _ints(attrs.padding)
     batch, channels = x_dims[:2]
     groups = int(attrs.groups)
-    native = conv_choice.native_convolution() if conv_choice.mode() != "im2col" else None
     if groups > 1 and w_dims[1] == 1 and native is not None:
         return f"depthwise (groups = {groups}): kept whole for {native}, matched in TIR"
     if groups > 1 and w_dims[1] == 1:

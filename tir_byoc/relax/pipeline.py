@@ -45,6 +45,7 @@ from ..registry import REGISTRY, Registry
 from ..rewrite import calls_in_parallel_loops
 from .batch_norm import FoldBatchNorms
 from .bounded_shapes import BoundShapes
+from .channels_last import ChannelsLast
 from .convolutions import ConvolutionsAsGemms
 from .fuse_rows import FuseIntoRows
 from .linear_reshapes import FoldLinearReshapes
@@ -73,8 +74,9 @@ class RemoveDeadCode:
 BEFORE_LEGALIZE = (
     BoundShapes,
     WrapIndices,
-    FoldBatchNorms,
     ClipPoolWindows,
+    ChannelsLast,
+    FoldBatchNorms,
     ConvolutionsAsGemms,
     FoldLinearReshapes,
     SliceSplits,
