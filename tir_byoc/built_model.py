@@ -335,6 +335,8 @@ def _why_unseen(name: str, func: tirx.PrimFunc) -> str:
     TOPI's functions, whose loops TOPI schedules itself)."""
     if name.startswith("shape_func"):
         return _SHAPE_FUNC
+    if name == dynamic.CHECK_BOUNDS:
+        return _CHECK_BOUNDS
     parallel = []
     tvm_ffi.structural_walk(
         func.body, (tirx.For, lambda loop: parallel.append(loop.kind == tirx.ForKind.PARALLEL))
@@ -351,6 +353,13 @@ _SHAPE_FUNC = (
     "added by TVM's Relax build pipeline (VMShapeLower) for the symbolic dims: computes the "
     "shapes of a call's values from its inputs' dims, a few scalar operations a call, nothing "
     "to schedule"
+)
+
+
+#: Why the bounds check runs as written.
+_CHECK_BOUNDS = (
+    "added by tir_byoc for the symbolic dims (dynamic.with_bounds_check): asserts each within "
+    "its bounds, a few comparisons a call, nothing to schedule"
 )
 
 

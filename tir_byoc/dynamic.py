@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
-from tvm import relax, sym, tirx
+from tvm import ir, relax, sym, tirx
 
 LOWER, UPPER = "tir_var_lower_bound", "tir_var_upper_bound"
 
@@ -224,9 +224,77 @@ class Signature:
             return
         low, high = self.bounds.get(name, (0, None))
         if size < low or (high is not None and size > high):
-            span = f"{low}..{high}" if high is not None else f"{low} or more"
-            raise ValueError(f"tir_byoc.Model: {at} ({name}) is {size}, expected {span}")
+            raise ValueError(
+                f"tir_byoc.Model: {at} ({name}) is {size}, expected {_span(low, high)}"
+            )
         values[name], where[name] = size, at
+
+
+def _span(low: int, high: int | None) -> str:
+    return f"{low}..{high}" if high is not None else f"{low} or more"
+
+
+#: The PrimFunc :func:`with_bounds_check` adds, called by name first thing in the entry.
+CHECK_BOUNDS = "tir_byoc_check_bounds"
+
+
+def with_bounds_check(mod: tvm.IRModule, entry: str = "main") -> tvm.IRModule:
+    """``mod`` whose Relax function ``entry`` first checks its symbolic dims against their
+    bounds, so that the library checks a call wherever it is loaded: with
+    ``tvm.runtime.load_module`` and a plain ``relax.VirtualMachine`` no :class:`Signature`
+    checks anything, and a size outside the bounds ran silently (Relax plans memory at the
+    upper bounds).
+
+    A PrimFunc :data:`CHECK_BOUNDS`, compiled into the library, takes each bounded dim that is
+    an input's dim (the first place it appears) and asserts it within its bounds; a call
+    outside them stops with a ``ValueError`` worded as :meth:`Signature.check`'s, but for the
+    size, which a TIR assert cannot print (``tir_byoc.Model: input 0 (input_ids) dim 1 (seq)
+    is out of its bounds, expected 1..512``).  The entry calls it by name, outside any
+    dataflow block, and is marked impure for it.  ``mod`` itself when nothing is bounded."""
+    func = mod[entry] if any(g.name_hint == entry for g in mod.get_global_vars()) else None
+    if not isinstance(func, relax.Function) or CHECK_BOUNDS in [
+        g.name_hint for g in mod.get_global_vars()
+    ]:
+        return mod
+    known = bounds_of(func)
+    checks: dict = {}  # dim's name -> (its var in the check, condition, message)
+    for index, param in enumerate(func.params):
+        for axis, dim in enumerate(getattr(getattr(param.ty, "shape", None), "values", ())):
+            if not isinstance(dim, tirx.Var) or dim.name in checks or dim.name not in known:
+                continue
+            low, high = known[dim.name]
+            var = tirx.Var(dim.name, dim.ty.dtype)
+            condition = var >= low if high is None else tirx.And(var >= low, var <= high)
+            message = (
+                f"tir_byoc.Model: input {index} ({param.name}) dim {axis} ({dim.name}) is out "
+                f"of its bounds, expected {_span(low, high)}"
+            )
+            checks[dim.name] = (dim, var, condition, message)
+    if not checks:
+        return mod
+    # Step 1. The check: one assert per dim.
+    asserts = [
+        tirx.AssertStmt(condition, ir.StringImm("ValueError"), [ir.StringImm(message)])
+        for _, _, condition, message in checks.values()
+    ]
+    body = tirx.SeqStmt([*asserts, tirx.Evaluate(tirx.const(0, "int32"))])
+    params = [var for _, var, _, _ in checks.values()]
+    check = tirx.PrimFunc(params, body).with_attr("global_symbol", CHECK_BOUNDS)
+    # Step 2. Its call, first in the entry.
+    call = relax.Call(
+        relax.ExternFunc(CHECK_BOUNDS),
+        [relax.prim_value(dim) for dim, _, _, _ in checks.values()],
+        ty_args=[relax.ObjectType()],
+    )
+    first = relax.BindingBlock(
+        [relax.VarBinding(relax.Var("bounds_checked", relax.ObjectType()), call)]
+    )
+    body = relax.SeqExpr([first, *func.body.blocks], func.body.body)
+    checked = relax.Function(func.params, body, func.ret_ty, False, func.attrs, func.span)
+    mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
+    mod[entry] = checked
+    mod[CHECK_BOUNDS] = check
+    return mod
 
 
 def _evaluate(expr, values: dict) -> int | None:

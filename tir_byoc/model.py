@@ -222,6 +222,8 @@ def build_model(
     mod = report.module
     # Step 4. The Relax build pipeline (as tvm.compile would run it), then the build.
     if is_relax:
+        # The entry checks its symbolic dims' bounds itself, for a VM that loads it raw.
+        mod = dynamic_dims.with_bounds_check(mod, entry)
         mod = pipeline.build(mod, resolved)
         executable = frontend.compile_module(mod, resolved, relax_pipeline=None)
     else:

@@ -191,7 +191,7 @@ def test_transformer_gemms_all_served(transformer):
     assert not [n for n, rule in built.rules.items() if "matmul" in n]
     # Attention's q @ k^T reads K as it is (relax.untranspose proves the shapes symbolically).
     assert "NT_matmul" in built.intrinsics
-    assert set(built.unscheduled) <= {"shape_func"}
+    assert set(built.unscheduled) <= {"shape_func", tir_byoc.dynamic.CHECK_BOUNDS}
     assert all("symbolic dims" in why for why in built.unscheduled.values())
 
 
@@ -248,6 +248,7 @@ def test_cnn_every_batch_and_what_it_leaves_says_why():
 
 
 def test_dynamic_export_runs_at_every_batch_in_a_fresh_process(mlp, tmp_path):
+    """The library runs at every batch, and refuses a batch outside the bounds on its own."""
     module, built = mlp
     library = built.export_library(tmp_path / "mlp.so")
     inputs = {
@@ -264,6 +265,14 @@ def test_dynamic_export_runs_at_every_batch_in_a_fresh_process(mlp, tmp_path):
         outs = {{k: vm["main"](tvm.runtime.tensor(data[k]))[0].numpy() for k in data}}
         np.savez("out.npz", **outs)
         assert "tir_byoc" not in sys.modules, "the library needed tir_byoc"
+        # The library checks the bounds itself: 257 rows is one too many, 0 one too few.
+        for rows in (257, 0):
+            try:
+                vm["main"](tvm.runtime.tensor(np.zeros((rows, 64), "float32")))
+            except ValueError as error:
+                print(str(error).splitlines()[-1])
+            else:
+                print(f"{{rows}} rows ran")
     """
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script)],
@@ -273,6 +282,8 @@ def test_dynamic_export_runs_at_every_batch_in_a_fresh_process(mlp, tmp_path):
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
+    refused = "tir_byoc.Model: input 0 (input) dim 0 (batch) is out of its bounds, expected 1..256"
+    assert result.stdout.splitlines() == [refused, refused]
     outs = np.load(tmp_path / "out.npz")
     for key, x in inputs.items():
         assert outs[key].shape == (x.shape[0], 10)
