@@ -22,10 +22,12 @@
  *   sum, as the TIR adds it to the finished sum: one rounding each), then the ops oneDNN
  *   computes exactly as tir_byoc_epilogue.h does are post-ops: relu (each NaN spelling only
  *   if the kernel the call runs gives what the C relu gives on NaN, infinities and signed
- *   zeros, checked once per shape: EltwiseAgrees; clip likewise), a residual add (binary add of a tensor of y's
+ *   zeros, checked once per shape: EltwiseAgrees), a clip (as the first of eltwise_clip_v2,
+ *   eltwise_clip and binary_min/binary_max of its bounds that the same check finds giving the
+ *   C clip's values, NaN included: ClipForm), a residual add (binary add of a tensor of y's
  *   layout), a channel scale and a later bias (binary mul and add of an (o,) vector: a batch
  *   norm's scale and shift).  The ops after the first other op run in C
- *   (tir_byoc_conv_epilogue).
+ *   (tir_byoc_conv_epilogue), and all of them on the gemm-based kernel.
  * - Primitives are created once per (shape, layouts, packed, fused epilogue) and kept in a
  *   thread-safe cache; each runs with a user scratchpad of the calling thread (the PyPI oneDNN
  *   is built without concurrent execution, so its own scratchpad is shared by all threads).
@@ -68,11 +70,22 @@ dnnl::stream &Stream() {
   return stream;
 }
 
-/* One fused post-op: an eltwise relu, or a binary op on the residual / the channel vector. */
+/* One fused op of the epilogue: an eltwise relu, a clip, or a binary op on the residual / the
+ * channel vector. */
 enum class Post : int32_t { kRelu, kAdd, kChannelScale, kChannelAdd, kClip };
 
-/* An eltwise post-op (no tensor): relu, clip. */
+/* An op that reads no tensor of the call: relu, clip. */
 bool IsEltwise(Post post) { return post == Post::kRelu || post == Post::kClip; }
+
+/* The oneDNN post-ops a clip may be fused as, in the order KeyOf tries them.  They differ on
+ * NaN, which the C clip maps to the key's c2, the value TVM's spelling of the clip gives:
+ * eltwise_clip_v2 and eltwise_clip give lo here (measured on brgconv_1x1 and gemm:jit at
+ * AVX-512), so they serve max(min(z, lo) ...) spellings whose NaN result is lo; binary_min of
+ * hi then binary_max of lo (scalar operands, broadcast) give hi, what topi.clip's
+ * max(min(z, hi), lo) gives, the clip of ReLU6.  Each is kept only where the probe of the
+ * key's kernel agrees (EltwiseAgrees). */
+enum class ClipForm : int32_t { kClipV2, kClip, kMinMax };
+constexpr ClipForm kClipForms[] = {ClipForm::kClipV2, ClipForm::kClip, ClipForm::kMinMax};
 
 /* What a primitive is specialised for: the call's geometry, the weight's form and the fused
  * prefix of the epilogue. */
@@ -85,10 +98,11 @@ struct Key {
   bool bias = false;
   std::vector<Post> post;
   std::array<uint32_t, 3> clip{};  // the bits of a clip's lo, hi and NaN result (one clip)
+  ClipForm clip_form = ClipForm::kClipV2;  // the post-ops the clip is fused as
 
   auto Tie() const {
     return std::tie(layout, weight_layout, n, c, o, groups, in, out, kernel, stride, dilation,
-                    pad, packed, blocked, bias, post, clip);
+                    pad, packed, blocked, bias, post, clip, clip_form);
   }
   bool operator<(const Key &other) const { return Tie() < other.Tie(); }
 };
@@ -163,6 +177,12 @@ dnnl::memory::desc PlainWeights(const Key &key) {
   return dnnl::memory::desc(shape, dt::f32, strides);
 }
 
+/* One value broadcast over the output: a binary post-op's operand (1, 1, 1...). */
+dnnl::memory::desc ScalarOperand(int spatial_dims) {
+  const dims shape(2 + spatial_dims, 1);
+  return dnnl::memory::desc(shape, dt::f32, dims(shape.size(), 1));
+}
+
 dnnl::memory::desc AnyWeights(const Key &key) {
   dnnl::memory::desc plain = PlainWeights(key);
   return dnnl::memory::desc(plain.get_dims(), dt::f32, tag::any);
@@ -190,17 +210,23 @@ std::shared_ptr<const Entry> Create(const Key &key) {
   entry.channel = dnnl::memory::desc(channel_dims, dt::f32, channel_strides);
   dnnl::post_ops ops;
   for (Post post : key.post) {
-    if (post == Post::kRelu)
+    if (post == Post::kRelu) {
       ops.append_eltwise(dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
-    else if (post == Post::kClip)
-      ops.append_eltwise(dnnl::algorithm::eltwise_clip_v2, FloatOf(key.clip[0]),
-                         FloatOf(key.clip[1]));
-    else if (post == Post::kAdd)
+    } else if (post == Post::kClip && key.clip_form == ClipForm::kMinMax) {
+      ops.append_binary(dnnl::algorithm::binary_min, ScalarOperand(count));
+      ops.append_binary(dnnl::algorithm::binary_max, ScalarOperand(count));
+    } else if (post == Post::kClip) {
+      const dnnl::algorithm clip = key.clip_form == ClipForm::kClip
+                                       ? dnnl::algorithm::eltwise_clip
+                                       : dnnl::algorithm::eltwise_clip_v2;
+      ops.append_eltwise(clip, FloatOf(key.clip[0]), FloatOf(key.clip[1]));
+    } else if (post == Post::kAdd) {
       ops.append_binary(dnnl::algorithm::binary_add, entry.dst);
-    else if (post == Post::kChannelAdd)
+    } else if (post == Post::kChannelAdd) {
       ops.append_binary(dnnl::algorithm::binary_add, entry.channel);
-    else
+    } else {
       ops.append_binary(dnnl::algorithm::binary_mul, entry.channel);
+    }
   }
   dnnl::primitive_attr attr;
   attr.set_post_ops(ops);
@@ -279,7 +305,9 @@ void *Scratchpad(size_t bytes, int which = 0) {
 /* The memory objects of one entry's arguments, made once per thread and re-pointed per call. */
 struct BoundArgs {
   dnnl::memory src, weights, bias, dst, scratchpad, plain_src, plain_dst;
-  std::vector<dnnl::memory> operand;
+  std::vector<dnnl::memory> operand;  // per op of key.post: the call's tensor it reads, if any
+  dnnl::memory clip_hi, clip_lo;      // a clip fused as binary_min, binary_max: its bounds
+  float clip_bounds[2] = {0.0f, 0.0f};  // ... held here (hi, lo): this object does not move
   std::vector<dnnl_exec_arg_t> args;
   dnnl_exec_arg_t to_inner[2], to_plain[2];  // the reorders' arguments
 
@@ -303,15 +331,24 @@ struct BoundArgs {
       bias = dnnl::memory(entry.bias, engine, DNNL_MEMORY_NONE);
       args.push_back({DNNL_ARG_BIAS, bias.get()});
     }
-    for (size_t i = 0; i < key.post.size(); ++i) {
-      if (IsEltwise(key.post[i])) {
-        operand.emplace_back();
-        continue;
+    // oneDNN numbers its post-ops, `at`; a clip fused as min and max is two of them.
+    auto operand_of = [this](int at, const dnnl::memory &memory) {
+      args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(at) | DNNL_ARG_SRC_1, memory.get()});
+    };
+    int at = 0;
+    for (size_t i = 0; i < key.post.size(); ++i, ++at) {
+      operand.emplace_back();
+      if (key.post[i] == Post::kClip && key.clip_form == ClipForm::kMinMax) {
+        const dnnl::memory::desc scalar = ScalarOperand(SpatialDims(key));
+        clip_bounds[0] = FloatOf(key.clip[1]), clip_bounds[1] = FloatOf(key.clip[0]);
+        clip_hi = dnnl::memory(scalar, engine, &clip_bounds[0]);
+        clip_lo = dnnl::memory(scalar, engine, &clip_bounds[1]);
+        operand_of(at, clip_hi), operand_of(++at, clip_lo);
+      } else if (!IsEltwise(key.post[i])) {
+        const dnnl::memory::desc &md = key.post[i] == Post::kAdd ? entry.dst : entry.channel;
+        operand.back() = dnnl::memory(md, engine, DNNL_MEMORY_NONE);
+        operand_of(at, operand.back());
       }
-      const dnnl::memory::desc &md = key.post[i] == Post::kAdd ? entry.dst : entry.channel;
-      operand.push_back(dnnl::memory(md, engine, DNNL_MEMORY_NONE));
-      args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(static_cast<int>(i)) | DNNL_ARG_SRC_1,
-                      operand.back().get()});
     }
     if (entry.scratchpad.get_size() > 0) {
       scratchpad = dnnl::memory(entry.scratchpad, engine, DNNL_MEMORY_NONE);
@@ -453,6 +490,12 @@ Key KeyOf(const tir_byoc_conv &conv, int64_t form, int *fused) {
   int i = 0;
   const tir_byoc_epilogue &epilogue = conv.epilogue;
   if (i < epilogue.count && epilogue.op[i].code == TIR_BYOC_OP_BIAS) key.bias = true, ++i;
+  // Step 1. No post-ops where the shape runs the gemm-based convolution: it applies them in a
+  // slow pass of its own (a 3x3 depthwise over 32 x 56 x 56 took twice as long with a clip
+  // post-op as with the clip in C after), so its probes are not run either.
+  const std::string plain_kernel = i < epilogue.count ? Get(key)->implementation : "";
+  if (plain_kernel.find("gemm:") != std::string::npos) i = epilogue.count;
+  // Step 2. The longest prefix of the ops that oneDNN computes as the C epilogue does.
   for (; i < epilogue.count; ++i) {
     const int32_t code = epilogue.op[i].code;
     if (code == TIR_BYOC_OP_RELU || code == TIR_BYOC_OP_RELU_KEEP_NAN) {
@@ -463,12 +506,16 @@ Key KeyOf(const tir_byoc_conv &conv, int64_t form, int *fused) {
       }
     } else if (code == TIR_BYOC_OP_CLIP) {
       if (std::find(key.post.begin(), key.post.end(), Post::kClip) != key.post.end()) break;
-      const std::array<uint32_t, 3> saved = key.clip;
       for (int c = 0; c < 3; ++c) key.clip[c] = BitsOf(epilogue.op[i].c[c]);
       key.post.push_back(Post::kClip);
-      if (!EltwiseAgrees(key, Post::kClip, epilogue.op[i])) {
+      bool agrees = false;
+      for (ClipForm clip_form : kClipForms) {
+        key.clip_form = clip_form;
+        if ((agrees = EltwiseAgrees(key, Post::kClip, epilogue.op[i]))) break;
+      }
+      if (!agrees) {
         key.post.pop_back();
-        key.clip = saved;
+        key.clip = {}, key.clip_form = ClipForm::kClipV2;
         break;
       }
     } else if (code == TIR_BYOC_OP_ADD) {
@@ -482,21 +529,15 @@ Key KeyOf(const tir_byoc_conv &conv, int64_t form, int *fused) {
       break;
     }
   }
-  // Post-ops are dropped from the end, for the C epilogue to run, where oneDNN implements them
-  // only in its reference kernels for this shape (slow, and not the kernels the probes
-  // checked), and all of them where the shape runs the gemm-based convolution: it applies
-  // them in a slow pass of its own (a 3x3 depthwise over 32 x 56 x 56 took twice as long with
-  // a clip post-op as with the clip in C after).
+  // Step 3. Post-ops are dropped from the end, for the C epilogue to run, where oneDNN
+  // implements them only in its reference kernels for this shape (slow, and not the kernels
+  // the probes checked).
   auto slow = [](const std::string &kernel) {
     return kernel.rfind("ref", 0) == 0 || kernel.find("gemm:") != std::string::npos;
   };
-  if (!key.post.empty()) {
-    Key bare = key;
-    bare.post.clear(), bare.clip = {};
-    const std::string &plain_kernel = Get(bare)->implementation;
-    const bool gemm = plain_kernel.find("gemm:") != std::string::npos;
-    while (!key.post.empty() && (gemm || (!slow(plain_kernel) && slow(Get(key)->implementation)))) {
-      if (key.post.back() == Post::kClip) key.clip = {};
+  if (!slow(plain_kernel)) {
+    while (!key.post.empty() && slow(Get(key)->implementation)) {
+      if (key.post.back() == Post::kClip) key.clip = {}, key.clip_form = ClipForm::kClipV2;
       key.post.pop_back();
     }
   }
@@ -712,13 +753,13 @@ TIR_BYOC_DEFINE_CONV(onednn, Conv)
 
 /* Pack the plain weight w of a conv call (tir_byoc.h): with out == NULL set *size (0 for
  * TIR_BYOC_PACK_PLAIN), first choosing *form if it is TIR_BYOC_PACK_CHOOSE; else write the
- * block.  The epilogue's op codes shape the primitive (its fused post-ops); its constants do
- * not, and are ignored. */
+ * block.  The epilogue shapes the primitive (its fused post-ops): its op codes, and its
+ * constants where they decide a fusion (a clip's bounds and NaN result), so the call must pass
+ * those of the calls the block is made for. */
 extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_conv_pack(
     const void *w, int32_t dtypes, int32_t layout, int32_t weight_layout,
     TIR_BYOC_CONV_SHAPE_PARAMS_, int64_t ops, double c0, double c1, double c2, double c3,
     double c4, double c5, int32_t *form, void *out, int64_t *size) {
-  (void)c0, (void)c1, (void)c2, (void)c3, (void)c4, (void)c5;
   if (w == nullptr || form == nullptr || size == nullptr) return TIR_BYOC_ENULL;
   if (dtypes != TIR_BYOC_SIG_F32) return TIR_BYOC_EDTYPE;
   tir_byoc_conv conv;
@@ -726,7 +767,7 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_conv_pack(
   TIR_BYOC_CONV_OF_PARAMS_(conv);
   int32_t status = tir_byoc_check_conv(&conv);
   if (status != TIR_BYOC_OK) return status;
-  const double constants[TIR_BYOC_MAX_CONSTANTS] = {0};
+  const double constants[TIR_BYOC_MAX_CONSTANTS] = {c0, c1, c2, c3, c4, c5};
   const void *const tensors[TIR_BYOC_MAX_TENSORS] = {nullptr};
   const int64_t n_saved = conv.n;
   conv.n = 0;  // the tensors may be NULL here

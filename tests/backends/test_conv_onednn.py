@@ -1,13 +1,21 @@
 """oneDNN's conv entry point (intrinsics/onednn/conv.cpp) against the reference convolution
 (intrinsics/ref/conv.c), called through ctypes: every weight form, layouts, groups and
-epilogues, NaN through relu, and a packed weight met by a call it was not made for."""
+epilogues, NaN through relu and clip, and a packed weight met by a call it was not made for;
+ReLU6 after a convolution against TVM's own build, and which oneDNN post-ops serve a clip
+(oneDNN's verbose log)."""
 
 from __future__ import annotations
 
 import ctypes
+import os
+import re
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
+import tvm
+from support.conv_modules import ConvSpec, lowered
 
 import tir_byoc
 from tir_byoc import toolchain
@@ -68,10 +76,12 @@ def _aligned(size):
     return raw[offset : offset + size]
 
 
-def _call(backend, geometry, x, w, y, ops, tensors, form=PLAIN):
+def _call(backend, geometry, x, w, y, ops, tensors, form=PLAIN, constants=None):
     conv = toolchain.entry_point(backend, "conv")
     codes = _codes(ops)
-    constants = [c for op in ops for c in OPS[op].example][:6]
+    if constants is None:
+        constants = [c for op in ops for c in OPS[op].example][:6]
+    constants = list(constants)
     constants += [0.0] * (6 - len(constants))
     weight, dtypes = _pointer(w), F32
     if form != PLAIN:
@@ -205,3 +215,147 @@ def test_bad_calls_get_their_status_codes():
         == 1
     )  # fp16: not implemented
     assert tir_byoc.REGISTRY["onednn.conv"].backend == "onednn"
+
+
+# -- clip (ReLU6): fused where oneDNN computes what TVM computes, NaN included ---------------
+
+#: A clip's NaN result, as each spelling of it gives: TVM's clip (ReLU6) max(min(z, hi), lo)
+#: gives hi, min(max(z, lo), hi) gives lo, a bound-first spelling NaN.
+CLIP_NAN = {"hi": 6.0, "lo": 0.0, "nan": float("nan")}
+SPECIALS = [np.nan, np.inf, -np.inf, 3e38, -3e38, 1e30, -1e30, 7.0, -7.0, 6.0, 0.0]
+
+
+def _special_bias(o):
+    """A bias whose channels cycle through NaN, the infinities, huge and plain values."""
+    return np.array([SPECIALS[i % len(SPECIALS)] for i in range(o)], "float32")
+
+
+@pytest.mark.parametrize("form", [PLAIN, LIBRARY, BLOCKED])
+@pytest.mark.parametrize("layout", [0, 1])
+@pytest.mark.parametrize("nan", sorted(CLIP_NAN))
+def test_a_clip_after_the_bias_gives_what_the_c_clip_gives_on_nan_and_infinities(form, layout, nan):
+    # z = bias exactly (zero weight): every output channel meets one of SPECIALS.
+    geometry, _ = _geometry(layout, layout, 1, 16, 48, 1, (5, 5), (1, 1), (1, 1), (1, 1), (0, 0))
+    x = np.ones(16 * 25, "float32")
+    w = np.zeros(16 * 48, "float32")
+    bias = _special_bias(48)
+    constants = [0.0, 6.0, CLIP_NAN[nan]]
+    want, got = np.zeros(48 * 25, "float32"), np.zeros(48 * 25, "float32")
+    assert _call("ref", geometry, x, w, want, ("bias", "clip"), [bias], constants=constants) == 0
+    assert _call("onednn", geometry, x, w, got, ("bias", "clip"), [bias], form, constants) == 0
+    assert np.isnan(want).any() == (nan == "nan")
+    np.testing.assert_array_equal(got, want)
+
+
+def _conv_post_ops(run):
+    """The post-ops of each convolution oneDNN executed during ``run()``, from its verbose log
+    (switched on for that run): ["binary_min+binary_max", ...], "" for none."""
+    found = re.search(r"(/\S*libdnnl\.so[.\d]*)", Path("/proc/self/maps").read_text())
+    assert found, "oneDNN is not loaded"
+    dnnl, libc = ctypes.CDLL(found.group(1)), ctypes.CDLL(None)
+    libc.fflush(None)
+    saved = os.dup(1)
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 1)
+        try:
+            dnnl.dnnl_set_verbose(1)
+            run()
+        finally:
+            dnnl.dnnl_set_verbose(0)
+            libc.fflush(None)
+            os.dup2(saved, 1)
+            os.close(saved)
+        log.seek(0)
+        lines = log.read().decode().splitlines()
+    post_ops = []
+    for line in lines:
+        fields = line.split(",")
+        if len(fields) > 7 and fields[1] == "exec" and fields[3] == "convolution":
+            ops = fields[7].partition("attr-post-ops:")[2].split()
+            post_ops.append("+".join(op.split(":")[0] for op in "".join(ops[:1]).split("+")))
+    return post_ops
+
+
+@pytest.mark.parametrize(
+    ("nan", "post_ops"),
+    [
+        ("hi", "binary_min+binary_max"),  # TVM's clip, ReLU6
+        ("lo", "eltwise_clip_v2"),
+        ("nan", ""),  # no oneDNN post-op gives NaN for NaN: the clip runs in C
+    ],
+)
+def test_a_clip_is_fused_as_the_post_ops_that_give_its_nan_result(nan, post_ops):
+    # MobileNetV2's 1x1 expansion, channels last, its weight in the primitive's layout: a
+    # brgemm kernel here, which takes post-ops.
+    geometry, _ = _geometry(1, 1, 1, 16, 96, 1, (14, 14), (1, 1), (1, 1), (1, 1), (0, 0))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(16 * 196).astype("float32")
+    w = rng.standard_normal(16 * 96).astype("float32")
+    bias = _special_bias(96)
+    constants = [0.0, 6.0, CLIP_NAN[nan]]
+    want, got = np.zeros(96 * 196, "float32"), np.zeros(96 * 196, "float32")
+    assert _call("ref", geometry, x, w, want, ("bias", "clip"), [bias], constants=constants) == 0
+
+    def run():
+        status = _call("onednn", geometry, x, w, got, ("bias", "clip"), [bias], LIBRARY, constants)
+        assert status == 0
+
+    run()  # the probes run on the first call; the log is of the second
+    assert _conv_post_ops(run) == [post_ops]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _integral_inputs(spec, seed):
+    """x, w and a bias of small integers (every sum exact in fp32, in any order), with one of
+    SPECIALS in x at every third position of each spatial dim (one channel each: no window
+    of three taps meets two) and NaN and the infinities in three channels of the bias."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-3, 4, spec.x_shape).astype("float32")
+    w = rng.integers(-2, 3, spec.w_shape).astype("float32")
+    bias = rng.integers(-4, 5, spec.channel_shape).astype("float32")
+    flat_bias = bias.reshape(-1)
+    flat_bias[:3] = [np.nan, np.inf, -np.inf]
+    channels_first = spec.layout == "first"
+    for i, position in enumerate(np.ndindex(*(len(range(0, n, 3)) for n in spec.sizes))):
+        spatial = tuple(3 * p for p in position)
+        channel = i % spec.channels
+        index = (0, channel, *spatial) if channels_first else (0, *spatial, channel)
+        x[index] = SPECIALS[i % len(SPECIALS)]
+    return [x, w, bias]
+
+
+@pytest.mark.parametrize("layout", ["first", "last"])
+@pytest.mark.parametrize("kernel", [1, 3])
+def test_relu6_after_a_convolution_gives_tvms_bits_on_nan_infinities_and_huge_values(
+    layout, kernel
+):
+    def spec(ops):
+        pad = (kernel // 2,) * 2
+        return ConvSpec(
+            layout=layout,
+            channels=8,
+            out_channels=24,
+            sizes=(9, 9),
+            kernel=(kernel,) * 2,
+            pad_lo=pad,
+            pad_hi=pad,
+            ops=ops,
+        )
+
+    def run(mod, arrays):
+        executable = tvm.compile(mod, target="llvm")
+        vm = tvm.relax.VirtualMachine(executable, tvm.cpu())
+        return vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
+
+    relu6 = lowered(spec(("bias", "clip")))
+    arrays = _integral_inputs(spec(()), kernel)
+    # The values the clip meets hold NaN, both infinities, and values below, inside and above
+    # [0, 6].
+    z = run(lowered(spec(("bias",))), arrays)
+    assert np.isnan(z).any() and np.isposinf(z).any() and np.isneginf(z).any()
+    assert (z[np.isfinite(z)] > 6).any() and (z < 0).any() and ((z > 0) & (z < 6)).any()
+    (choice,) = tir_byoc.scan(relu6, backends=["onednn"])
+    assert choice.intrinsic == "onednn.conv", choice.reason
+    want = run(relu6, arrays)
+    got = run(tir_byoc.offload(relu6, backends=["onednn"]), arrays)
+    np.testing.assert_array_equal(got.view("uint32"), want.view("uint32"))
