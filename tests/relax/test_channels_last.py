@@ -240,3 +240,13 @@ def test_it_runs_in_the_pipeline_before_batch_norms_are_folded():
 def test_a_module_that_is_not_one_is_refused_in_one_line():
     with pytest.raises(TypeError, match=r"expected a tvm\.IRModule, got str"):
         channels_last.find("main")
+
+
+def test_a_symbolic_batch_keeps_nchw_and_says_why():
+    net, x = _net()
+    batch = torch.export.Dim("batch", min=1, max=8)
+    mod, _ = frontend.import_torch(net, (x,), dynamic_shapes={"x": {0: batch}})
+    sites, declines = channels_last.find(mod)
+    assert sites == ()
+    (decline,) = declines
+    assert "shape is symbolic" in decline.reason and "static shapes only" in decline.reason
