@@ -42,13 +42,85 @@ def _simplified(indices, domains) -> list | None:
     )
     if len(new) != len(indices):
         return None
+    analyzer = sym.Analyzer()
+    for var, dom in domains.items():
+        analyzer.bind(var, dom)
+    new = [_split_radix(index, analyzer) for index in new]
     if all(tvm_ffi.structural_equal(a, b) for a, b in zip(new, indices, strict=True)):
         return None
     return new
 
 
-def _block(block: s_tir.SBlock) -> s_tir.SBlock | None:
-    """``block`` with its loads and read regions simplified, or None if nothing changes."""
+def factors(expr) -> list:
+    """The factors ``expr`` is a product of (``batch * seq * 4``: batch, seq and 4)."""
+    if isinstance(expr, tirx.Mul):
+        return factors(expr.a) + factors(expr.b)
+    return [expr]
+
+
+def _terms(expr) -> list:
+    if isinstance(expr, tirx.Add):
+        return _terms(expr.a) + _terms(expr.b)
+    return [expr]
+
+
+def _product(factors, dtype):
+    if not factors:
+        return tirx.const(1, dtype)
+    result = factors[0]
+    for factor in factors[1:]:
+        result = result * factor
+    return result
+
+
+def _without(factors: list, removed: list) -> list | None:
+    """``factors`` less each of ``removed`` (structurally), or None if one is missing."""
+    left = list(factors)
+    for factor in removed:
+        at = next((i for i, f in enumerate(left) if tvm_ffi.structural_equal(f, factor)), None)
+        if at is None:
+            return None
+        del left[at]
+    return left
+
+
+def _split_radix(expr, analyzer: sym.Analyzer):
+    """``expr`` with each ``(p * s + r) // (s * k)`` written ``p // k`` and each
+    ``(p * s + r) % (s * k)`` written ``p % k * s + r``, where ``s`` is a product of symbolic
+    dims, ``k`` a constant and ``0 <= r < s`` provable over the iterators: a reshape's
+    linear index taken apart again (iterator-map analysis does not split by a symbolic
+    extent).  Exact: ``p * s + r`` lies in ``[p * s, p * s + s)``, so its quotient by
+    ``s * k`` is ``p``'s by ``k``."""
+
+    def rewrite(node, mutator):
+        node = mutator.default_mutate(node)
+        divisor = factors(node.b)
+        constants = [f for f in divisor if isinstance(f, tirx.IntImm)]
+        symbolic = [f for f in divisor if not isinstance(f, tirx.IntImm)]
+        if not symbolic:
+            return node
+        dtype = node.a.ty.dtype
+        quotients, rest = [], []
+        for term in _terms(node.a):
+            left = _without(factors(term), symbolic)
+            (quotients if left is not None else rest).append(left or term)
+        if not quotients:
+            return node
+        s, k = _product(symbolic, dtype), _product(constants, dtype)
+        r = sum(rest[1:], rest[0]) if rest else tirx.const(0, dtype)
+        if not (analyzer.can_prove(r >= 0) and analyzer.can_prove(r < s)):
+            return node
+        p = sum((_product(q, dtype) for q in quotients[1:]), _product(quotients[0], dtype))
+        if isinstance(node, tirx.FloorDiv):
+            return analyzer.simplify(tirx.floordiv(p, k))
+        return analyzer.simplify(tirx.floormod(p, k) * s + r)
+
+    return tvm_ffi.structural_mutate(expr, [(tirx.FloorDiv, rewrite), (tirx.FloorMod, rewrite)])
+
+
+def simplify_block(block: s_tir.SBlock) -> s_tir.SBlock | None:
+    """``block`` with its loads and read regions simplified, or None if nothing changes (the
+    default CPU rules call it again once inlining has composed a fused function's indices)."""
     domains = {iv.var: iv.dom for iv in block.iter_vars}
     if not domains:
         return None
@@ -95,7 +167,7 @@ def simplify(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
     def on_block(block, mutator):
         block = mutator.default_mutate(block)  # the blocks inside it first
-        return _block(block) or block
+        return simplify_block(block) or block
 
     body = tvm_ffi.structural_mutate(func.body, [(s_tir.SBlock, on_block)])
     return func if body.same_as(func.body) else func.with_body(body)
@@ -168,4 +240,12 @@ class MarkSymbolicCopies:
         return mod
 
 
-__all__ = ["INJECTIVE", "OPAQUE", "MarkSymbolicCopies", "SimplifyIndices", "simplify"]
+__all__ = [
+    "INJECTIVE",
+    "OPAQUE",
+    "MarkSymbolicCopies",
+    "SimplifyIndices",
+    "factors",
+    "simplify",
+    "simplify_block",
+]

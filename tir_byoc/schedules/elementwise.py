@@ -12,6 +12,7 @@ from tvm.target import Target
 
 from .base import NotingRule
 from .loops import schedule_blocks
+from .symbolic import simplify_indices
 
 
 class Elementwise(NotingRule):
@@ -27,6 +28,7 @@ class Elementwise(NotingRule):
             return None
         # Step 1. One loop nest per output where inlining allows: no intermediate buffers.
         blocks = try_inline(sch, blocks)
+        simplify_indices(sch, blocks)  # what inlining composed, on symbolic shapes
         # Step 2. Parallel outside, vector inside.
         self.notes = schedule_blocks(sch, blocks, target)
         return sch

@@ -13,6 +13,7 @@ from tvm.target import Target
 
 from .base import NotingRule
 from .loops import schedule_blocks
+from .symbolic import simplify_indices
 
 
 class RowReduction(NotingRule):
@@ -33,6 +34,7 @@ class RowReduction(NotingRule):
             return None
         # Step 1. Fold the elementwise blocks into their neighbours.
         blocks = try_inline(sch, blocks)
+        simplify_indices(sch, blocks)  # what inlining composed, on symbolic shapes
         # Step 2. Each block in parallel over its rows.
         self.notes = schedule_blocks(sch, blocks, target)
         return sch

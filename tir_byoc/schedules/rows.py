@@ -37,6 +37,7 @@ from .loops import (
     vectorize_partials,
     vectorize_split,
 )
+from .symbolic import simplify_row_body
 
 
 class VectorRows(NotingRule):
@@ -76,6 +77,7 @@ class VectorRows(NotingRule):
         sch.parallel(row_loop)
         for block, _, _ in reversed(plan[:-1]):
             sch.compute_at(block, row_loop, preserve_unit_loops=True)
+        simplify_row_body(sch, row_loop)  # what compute_at wrote for symbolic extents
 
         # Step 3. Vector loops inside each row (after compute_at: a loop partitioned at a
         # remainder hides the last block's loops from it).
