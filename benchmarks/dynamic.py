@@ -1,10 +1,13 @@
-"""One dynamic build against a static build per size: a BERT-like encoder, batch x sequence.
+"""One dynamic build against a static build per size: BERT, GPT-2 and LLaMA, batch x sequence.
 
-Entry point: ``python benchmarks/dynamic.py`` (``make bench-dynamic``).  Each thread count runs
-in a child process of its own, every pool told that count before any library loads.  In it:
+Entry point: ``python benchmarks/dynamic.py`` (``make bench-dynamic``);
+``--models bert,gpt2,llama``, ``--batches 1,4,16``, ``--sequences 32,128,384`` and
+``--threads 1,2`` choose the matrix (those are the defaults).  Each thread count runs in a
+child process of its own, every pool told that count before any library loads.  In it, for
+each model:
 
-1. one dynamic build, ``build_model(..., dynamic={"input_ids": {0: "batch", 1: "seq"}})``, with
-   the batch in 1..max(--batches) and the sequence in 1..max(--sequences), timed;
+1. one dynamic build, ``build_model(..., dynamic={0: {0: ("batch", 1, B), 1: ("seq", 1, S)}})``
+   with B and S the largest batch and sequence asked for, timed;
 2. for each batch and sequence: a static build at that size (timed), ONNX Runtime on one
    export with dynamic axes (``torch.onnx.export``, batch and sequence dynamic; ORT's CPU
    provider, all graph optimisations; see benchmarks/models.py), and torch eager
@@ -12,11 +15,14 @@ in a child process of its own, every pool told that count before any library loa
    round times each column once for about ``--budget`` seconds; the table keeps each
    column's median over the rounds).
 
-The table gives each column's milliseconds a run and ``dynamic / static`` (the target: within
-1.10 at every size), then the build time of the one dynamic build against the sum of the
-static builds.  The model is built from a ``BertConfig`` with random weights (nothing is
-downloaded): ``--hidden`` wide (default 256, 4 heads of 64, FFN 4x), ``--layers`` layers,
-positions for 512 tokens, returning the last hidden state.
+The table gives each column's milliseconds a run, ``dynamic / static`` (the target: within
+1.10 at every size), ``onnxruntime / dynamic`` and ``onnxruntime / static`` (the target: the
+dynamic build ahead of ONNX Runtime wherever the static one is) and ``torch / dynamic``; then,
+per model, the build time of the one dynamic build against the sum of the static builds.  The
+models (:func:`build_model`) are the zoo's architectures built from configs with random
+weights (nothing is downloaded): ``--hidden`` wide (default 256, heads of 64, FFN 4x),
+``--layers`` layers, positions for 512 tokens; BERT returns its last hidden state, the
+decoders their logits under a causal mask sliced to the sequence's length.
 """
 
 from __future__ import annotations
@@ -39,30 +45,82 @@ RESULTS = HERE / "results" / "dynamic"
 TOLERANCE = 1e-3
 
 
-def build_model(hidden: int, layers: int):
-    """A BERT-like encoder (torch module in eval mode) returning the last hidden state."""
+#: The models (``--models``): each a transformers config of the zoo's architecture at the
+#: benchmark's width, ids in; the encoder returns its last hidden state, the decoders their
+#: logits under a causal mask sliced to the sequence's length.
+MODELS = ("bert", "gpt2", "llama")
+#: Positions every model takes (the longest sequence must be below: see DynamicCausal).
+POSITIONS = 512
+VOCAB = 1000
+
+
+def _decoder_class():
+    import torch
+
+    from tir_byoc.frontend import causal_mask
+
+    class DynamicCausal(torch.nn.Module):
+        """A decoder's logits under the additive causal mask sliced to the sequence's length.
+
+        The mask has one row more than the longest sequence: a slice that takes the whole
+        tensor is one torch.export specializes (its guard would refuse the bound)."""
+
+        def __init__(self, decoder, longest: int):
+            super().__init__()
+            self.decoder = decoder
+            self.register_buffer("mask", causal_mask(longest + 1))
+
+        def forward(self, ids):
+            s = ids.shape[1]
+            mask = self.mask[:, :, :s, :s]
+            return self.decoder(input_ids=ids, attention_mask=mask, use_cache=False).logits
+
+    return DynamicCausal
+
+
+def build_model(name: str, hidden: int, layers: int, longest: int = 384):
+    """The model ``name`` of :data:`MODELS` (torch module in eval mode, random weights):
+    ``hidden`` wide in heads of 64 (LLaMA with half as many key/value heads), feed-forward
+    4 x ``hidden``, ``layers`` layers, sequences up to ``longest``."""
     import torch
 
     from tir_byoc.testing import models
 
-    settings = dict(
+    heads = max(1, hidden // 64)
+    bert_like = dict(
         hidden_size=hidden,
         num_hidden_layers=layers,
-        num_attention_heads=max(1, hidden // 64),
+        num_attention_heads=heads,
         intermediate_size=4 * hidden,
-        max_position_embeddings=512,
-        vocab_size=1000,
+        max_position_embeddings=POSITIONS,
+        vocab_size=VOCAB,
     )
     torch.manual_seed(0)
-    model = models.from_config("BertConfig", "BertModel", settings, {"add_pooling_layer": False})
-    return models.last_hidden_state(model)
+    if name == "bert":
+        model = models.from_config(
+            "BertConfig", "BertModel", bert_like, {"add_pooling_layer": False}
+        )
+        return models.last_hidden_state(model)
+    if name == "gpt2":
+        settings = dict(
+            n_embd=hidden, n_layer=layers, n_head=heads, n_inner=4 * hidden,
+            vocab_size=VOCAB, n_positions=POSITIONS, bos_token_id=0, eos_token_id=0,
+        )  # fmt: skip
+        config, model_class = "GPT2Config", "GPT2LMHeadModel"
+    elif name == "llama":
+        settings = dict(bert_like, num_key_value_heads=max(1, heads // 2))
+        config, model_class = "LlamaConfig", "LlamaForCausalLM"
+    else:
+        raise ValueError(f"benchmarks/dynamic.py: expected a model of {MODELS}, got {name!r}")
+    decoder = models.from_config(config, model_class, dict(settings, use_cache=False))
+    return _decoder_class()(decoder, longest).eval()
 
 
 def _ids(batch: int, sequence: int):
     import torch
 
     generator = torch.Generator().manual_seed(batch * 1000 + sequence)
-    return torch.randint(0, 1000, (batch, sequence), generator=generator)
+    return torch.randint(0, VOCAB, (batch, sequence), generator=generator)
 
 
 def _onnxruntime(model, batch: int, sequence: int, threads: int):
@@ -112,16 +170,14 @@ def _error(result, expected) -> str:
     return "" if error <= TOLERANCE * scale else f"max |diff| {error:.3g} vs torch"
 
 
-def child(args) -> dict:
-    """One thread count: the dynamic build, then every size's columns."""
+def _model_rows(args, name: str, threads: int) -> dict:
+    """One model at one thread count: its dynamic build, then every size's columns."""
     import torch
 
     import tir_byoc
 
-    threads = args.threads[0]
-    torch.set_num_threads(threads)
     batches, sequences = args.batches, args.sequences
-    model = build_model(args.hidden, args.layers)
+    model = build_model(name, args.hidden, args.layers, max(sequences))
     start = time.perf_counter()
     dynamic = tir_byoc.build_model(
         model,
@@ -129,7 +185,7 @@ def child(args) -> dict:
         dynamic={0: {0: ("batch", 1, max(batches)), 1: ("seq", 1, max(sequences))}},
     )
     dynamic_seconds = time.perf_counter() - start
-    session, name = _onnxruntime(model, max(batches), max(sequences), threads)
+    session, input_name = _onnxruntime(model, max(batches), max(sequences), threads)
     rows, static_seconds = [], 0.0
     for batch in batches:
         for sequence in sequences:
@@ -139,7 +195,7 @@ def child(args) -> dict:
             static_seconds += time.perf_counter() - start
             with torch.inference_mode():
                 expected = model(ids)
-            feed = {name: ids.numpy()}
+            feed = {input_name: ids.numpy()}
 
             def eager(ids=ids):
                 with torch.inference_mode():
@@ -156,13 +212,14 @@ def child(args) -> dict:
             for _ in range(args.rounds):
                 for column, run in runs.items():
                     times[column].append(_median_ms(run, args.budget))
-            row = {"threads": threads, "batch": batch, "sequence": sequence}
+            row = {"threads": threads, "model": name, "batch": batch, "sequence": sequence}
             row.update({k: statistics.median(v) for k, v in times.items()})
             row["notes"] = "; ".join(f"{k}: {v}" for k, v in notes.items() if v)
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
     return {
         "threads": threads,
+        "model": name,
         "rows": rows,
         "dynamic_build_s": dynamic_seconds,
         "static_builds_s": static_seconds,
@@ -170,27 +227,38 @@ def child(args) -> dict:
     }
 
 
+def child(args) -> list[dict]:
+    """One thread count: each model's rows and build times."""
+    import torch
+
+    threads = args.threads[0]
+    torch.set_num_threads(threads)
+    return [_model_rows(args, name, threads) for name in args.models]
+
+
 def table(results: list[dict]) -> str:
     """The markdown table of every child's rows, and the build times."""
     lines = [
-        "| threads | batch | seq | dynamic ms | static ms | dynamic / static | onnxruntime ms "
-        "| torch ms | torch / dynamic |",
-        "|" + " --- |" * 9,
+        "| threads | model | batch | seq | dynamic ms | static ms | dynamic / static "
+        "| onnxruntime ms | onnxruntime / dynamic | onnxruntime / static | torch ms "
+        "| torch / dynamic |",
+        "|" + " --- |" * 12,
     ]
     for result in results:
         for row in result["rows"]:
-            ratio = row["dynamic"] / row["static"]
+            dynamic, static, ort = row["dynamic"], row["static"], row["onnxruntime"]
             lines.append(
-                f"| {row['threads']} | {row['batch']} | {row['sequence']} | {row['dynamic']:.2f} "
-                f"| {row['static']:.2f} | {ratio:.2f} | {row['onnxruntime']:.2f} "
-                f"| {row['torch']:.2f} | {row['torch'] / row['dynamic']:.2f} |"
-                + (f" {row['notes']}" if row["notes"] else "")
+                f"| {row['threads']} | {row['model']} | {row['batch']} | {row['sequence']} "
+                f"| {dynamic:.2f} | {static:.2f} | {dynamic / static:.2f} | {ort:.2f} "
+                f"| {ort / dynamic:.2f} | {ort / static:.2f} | {row['torch']:.2f} "
+                f"| {row['torch'] / dynamic:.2f} |" + (f" {row['notes']}" if row["notes"] else "")
             )
     lines.append("")
     for result in results:
         lines.append(
-            f"{result['threads']} thread(s): one dynamic build {result['dynamic_build_s']:.1f} s, "
-            f"{result['static_builds']} static builds {result['static_builds_s']:.1f} s in all"
+            f"{result['threads']} thread(s), {result['model']}: one dynamic build "
+            f"{result['dynamic_build_s']:.1f} s, {result['static_builds']} static builds "
+            f"{result['static_builds_s']:.1f} s in all"
         )
     return "\n".join(lines)
 
@@ -210,8 +278,17 @@ def _numbers(text: str) -> list[int]:
     return [int(v) for v in text.split(",") if v]
 
 
+def _models(text: str) -> list[str]:
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = [n for n in names if n not in MODELS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"expected models among {', '.join(MODELS)}, got {text!r}")
+    return names
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", type=_models, default=list(MODELS))
     parser.add_argument("--threads", type=_numbers, default=[1, 2])
     parser.add_argument("--batches", type=_numbers, default=[1, 4, 16])
     parser.add_argument("--sequences", type=_numbers, default=[32, 128, 384])
@@ -227,7 +304,7 @@ def main(argv=None) -> int:
     results = []
     for threads in args.threads:
         argv_child = [
-            "--child", "--threads", str(threads),
+            "--child", "--threads", str(threads), "--models", ",".join(args.models),
             "--batches", ",".join(map(str, args.batches)),
             "--sequences", ",".join(map(str, args.sequences)),
             "--hidden", str(args.hidden), "--layers", str(args.layers),
@@ -242,7 +319,7 @@ def main(argv=None) -> int:
         )
         if done.returncode != 0:
             raise SystemExit(f"benchmarks/dynamic.py: child at {threads} thread(s) failed")
-        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        results += json.loads(done.stdout.strip().splitlines()[-1])
     text = table(results)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "table.md").write_text(text + "\n")

@@ -16,6 +16,7 @@ def dynamic():
 def _row(batch, sequence, dynamic_ms, static_ms, notes=""):
     return {
         "threads": 1,
+        "model": "gpt2",
         "batch": batch,
         "sequence": sequence,
         "dynamic": dynamic_ms,
@@ -29,17 +30,33 @@ def _row(batch, sequence, dynamic_ms, static_ms, notes=""):
 def test_the_table_gives_dynamic_over_static_and_the_build_times(dynamic):
     result = {
         "threads": 1,
+        "model": "gpt2",
         "rows": [_row(1, 32, 1.1, 1.0), _row(16, 384, 2.0, 2.0, "static: max |diff| 1")],
         "dynamic_build_s": 12.5,
         "static_builds_s": 80.25,
         "static_builds": 2,
     }
     lines = dynamic.table([result]).splitlines()
-    assert lines[2] == "| 1 | 1 | 32 | 1.10 | 1.00 | 1.10 | 2.00 | 4.00 | 3.64 |"
-    assert lines[3].endswith("| 2.00 | 1.00 | 2.00 | 4.00 | 2.00 | static: max |diff| 1")
-    assert lines[-1] == "1 thread(s): one dynamic build 12.5 s, 2 static builds 80.2 s in all"
+    # dynamic / static, onnxruntime / dynamic and / static, torch / dynamic
+    assert lines[2] == (
+        "| 1 | gpt2 | 1 | 32 | 1.10 | 1.00 | 1.10 | 2.00 | 1.82 | 2.00 | 4.00 | 3.64 |"
+    )
+    assert lines[3].endswith(
+        "| 2.00 | 1.00 | 2.00 | 1.00 | 1.00 | 4.00 | 2.00 | static: max |diff| 1"
+    )
+    assert lines[-1] == (
+        "1 thread(s), gpt2: one dynamic build 12.5 s, 2 static builds 80.2 s in all"
+    )
 
 
-def test_sizes_and_threads_are_comma_lists(dynamic):
+def test_sizes_threads_and_models_are_comma_lists(dynamic):
     assert dynamic._numbers("1,4,16") == [1, 4, 16]
     assert dynamic._environment(2)["TVM_NUM_THREADS"] == "2"
+    assert dynamic._models("gpt2,bert") == ["gpt2", "bert"]
+    with pytest.raises(Exception, match="expected models among bert, gpt2, llama, got 'opt'"):
+        dynamic._models("opt")
+
+
+def test_an_unknown_model_is_refused_in_one_line(dynamic):
+    with pytest.raises(ValueError, match=r"expected a model of \('bert', 'gpt2', 'llama'\)"):
+        dynamic.build_model("opt", 64, 1)
