@@ -79,11 +79,11 @@ bool IsEltwise(Post post) { return post == Post::kRelu || post == Post::kClip; }
 
 /* The oneDNN post-ops a clip may be fused as, in the order KeyOf tries them.  They differ on
  * NaN, which the C clip maps to the key's c2, the value TVM's spelling of the clip gives:
- * eltwise_clip_v2 and eltwise_clip give lo here (measured on brgconv_1x1 and gemm:jit at
- * AVX-512), so they serve max(min(z, lo) ...) spellings whose NaN result is lo; binary_min of
- * hi then binary_max of lo (scalar operands, broadcast) give hi, what topi.clip's
- * max(min(z, hi), lo) gives, the clip of ReLU6.  Each is kept only where the probe of the
- * key's kernel agrees (EltwiseAgrees). */
+ * eltwise_clip_v2 and eltwise_clip give lo (seen on brgconv_1x1 and gemm:jit with AVX-512),
+ * so they serve the spellings whose NaN result is lo (min(max(z, lo), hi)); binary_min of hi
+ * then binary_max of lo (scalar operands, broadcast) give hi, what topi.clip's
+ * max(min(z, hi), lo) gives: the clip of ReLU6.  None gives NaN for NaN.  Each is kept only
+ * where the probe of the key's kernel agrees (EltwiseAgrees). */
 enum class ClipForm : int32_t { kClipV2, kClip, kMinMax };
 constexpr ClipForm kClipForms[] = {ClipForm::kClipV2, ClipForm::kClip, ClipForm::kMinMax};
 
