@@ -177,12 +177,24 @@ def test_build_model_leaves_no_function_unscheduled_and_agrees_with_torch(name):
     np.testing.assert_allclose(built(*model.inputs).numpy(), expected, rtol=1e-4, atol=1e-4)
 
 
-def test_convnext_runs_its_depthwise_convolutions_in_the_window_rule_and_agrees_with_torch():
+@pytest.mark.parametrize("channels_last", ["1", "0"], ids=["nhwc", "nchw"])
+def test_convnext_runs_its_depthwise_convolutions_fast_and_agrees_with_torch(
+    channels_last, monkeypatch
+):
+    """Channels-last (the default), each 7 x 7 depthwise convolution is the library's
+    convolution; kept NCHW, TVM's loop in the window rule."""
+    monkeypatch.setenv("TIR_BYOC_CHANNELS_LAST", channels_last)
     model = models.convnext()
     built = tir_byoc.build_model(model.module, model.inputs)
     windows = {name for name, rule in built.rules.items() if rule == "SlidingWindow"}
-    assert len(windows) == 2, dict(built.rules)  # one depthwise convolution per stage
-    assert all("conv2d" in name for name in windows)
+    profile = built.profile(*model.inputs, repeat=1, warmup=0)
+    library = {t.name for t in profile.functions if t.offloaded and "conv2d" in t.name}
+    if channels_last == "1":
+        # The stem, the two depthwise convolutions and the downsampling between the stages.
+        assert windows == set() and len(library) == 4, (windows, library)
+    else:
+        assert len(windows) == 2, dict(built.rules)  # one depthwise convolution per stage
+        assert all("conv2d" in name for name in windows)
     assert dict(built.unscheduled) == {}
     with torch.no_grad():
         expected = model.module(*model.inputs).numpy()
