@@ -246,8 +246,9 @@ def test_a_clip_after_the_bias_gives_what_the_c_clip_gives_on_nan_and_infinities
 
 
 def _conv_post_ops(run, capfd):
-    """The post-ops of each convolution oneDNN executed during ``run()``, from its verbose log
-    on stdout (switched on for that run): ["binary_min+binary_max", ...], "" for none."""
+    """(kernel, post-ops) of each convolution oneDNN executed during ``run()``, from its
+    verbose log on stdout (switched on for that run): [("brgconv_1x1:avx512_core",
+    "binary_min+binary_max"), ...], "" for no post-op."""
     found = re.search(r"(/\S*libdnnl\.so[.\d]*)", Path("/proc/self/maps").read_text())
     assert found, "oneDNN is not loaded"
     dnnl, libc = ctypes.CDLL(found.group(1)), ctypes.CDLL(None)
@@ -265,7 +266,7 @@ def _conv_post_ops(run, capfd):
         if len(fields) > 7 and fields[1] == "exec" and fields[3] == "convolution":
             attributes = fields[7].partition("attr-post-ops:")[2].split()
             names = attributes[0].split("+") if attributes else []
-            post_ops.append("+".join(name.split(":")[0] for name in names))
+            post_ops.append((fields[4], "+".join(name.split(":")[0] for name in names)))
     return post_ops
 
 
@@ -294,7 +295,10 @@ def test_a_clip_is_fused_as_the_post_ops_that_give_its_nan_result(nan, post_ops,
         assert status == 0
 
     run()  # the probes run on the first call; the log is of the second
-    assert _conv_post_ops(run, capfd) == [post_ops]
+    ((kernel, fused),) = _conv_post_ops(run, capfd)
+    if kernel.startswith("ref") or "gemm" in kernel:
+        pytest.skip(f"this CPU runs the shape on {kernel}, which gets no post-ops")
+    assert fused == post_ops, kernel
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
