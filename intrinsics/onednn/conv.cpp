@@ -116,10 +116,13 @@ struct Entry {
   dnnl::reorder to_inner, to_plain;
   bool reorder_src = false, reorder_dst = false;
   std::string implementation;
+  uint64_t weights_layout;  // LayoutHash of weights and implementation: what a block names
   uint64_t id;
 };
 
 std::atomic<uint64_t> next_entry_id{1};
+
+uint64_t LayoutHash(const dnnl::memory::desc &weights, const std::string &implementation);
 
 float FloatOf(uint32_t bits) {
   float value;
@@ -250,6 +253,7 @@ std::shared_ptr<const Entry> Create(const Key &key) {
                                                                  Engine(), entry.dst));
   entry.scratchpad = desc.scratchpad_desc();
   entry.primitive = dnnl::convolution_forward(desc);
+  entry.weights_layout = LayoutHash(entry.weights, entry.implementation);
   entry.id = next_entry_id++;
   return std::make_shared<const Entry>(std::move(entry));
 }
@@ -283,14 +287,25 @@ std::shared_ptr<const Entry> Shared(const Key &key) {
   return cache.emplace(key, entry).first->second;
 }
 
-/* This thread's scratchpad, at least `bytes` long (see the file comment); NULL without memory. */
-void *Scratchpad(size_t bytes, int which = 0) {
+/* The buffers of a thread (Scratchpad's `which`). */
+enum ThreadBuffer : int {
+  kScratchpad,
+  kInnerSrc,          // the blocked activations of TIR_BYOC_PACK_CONV_BLOCKED
+  kInnerDst,
+  kReorderedWeights,  // a block's weight in the layout a call of another batch asks for
+  kPlainWeights,      // ... and in the plain layout it may pass through
+  kScratchKinds
+};
+
+/* This thread's buffer `which`, at least `bytes` long (see the file comment); NULL without
+ * memory. */
+void *Scratchpad(size_t bytes, int which = kScratchpad) {
   struct Buffer {
     void *data = nullptr;
     size_t size = 0;
     ~Buffer() { std::free(data); }
   };
-  thread_local Buffer buffers[3];  // the scratchpad, the blocked src and the blocked dst
+  thread_local Buffer buffers[kScratchKinds];
   Buffer &buffer = buffers[which];
   if (bytes > buffer.size) {
     const size_t size = (bytes + 63) / 64 * 64;
@@ -373,8 +388,10 @@ bool Point(const dnnl::memory &memory, const void *data) {
 int32_t Execute(const Entry &entry, const Key &key, const void *x, const void *w,
                 const void *bias, const void *const *operands, void *y) {
   BoundArgs &bound = Bind(entry, key);
-  void *inner_src = entry.reorder_src ? Scratchpad(entry.inner_src.get_size(), 1) : nullptr;
-  void *inner_dst = entry.reorder_dst ? Scratchpad(entry.inner_dst.get_size(), 2) : nullptr;
+  void *inner_src =
+      entry.reorder_src ? Scratchpad(entry.inner_src.get_size(), kInnerSrc) : nullptr;
+  void *inner_dst =
+      entry.reorder_dst ? Scratchpad(entry.inner_dst.get_size(), kInnerDst) : nullptr;
   if ((entry.reorder_src && inner_src == nullptr) || (entry.reorder_dst && inner_dst == nullptr))
     return TIR_BYOC_EBACKEND;
   bool pointed = Point(bound.src, entry.reorder_src ? inner_src : x) && Point(bound.weights, w) &&
@@ -546,8 +563,8 @@ Key KeyOf(const tir_byoc_conv &conv, int64_t form, int *fused) {
 }
 
 /* Run a conv call whose weight `w` is in the form of `key`; the unfused ops in C after. */
-int32_t Run(const tir_byoc_conv &conv, const Key &key, int fused, const void *w) {
-  std::shared_ptr<const Entry> entry = Get(key);
+int32_t Run(const tir_byoc_conv &conv, const Key &key, int fused,
+            const std::shared_ptr<const Entry> &entry, const void *w) {
   const void *operands[TIR_BYOC_MAX_OPS] = {nullptr};
   const int first = key.bias ? 1 : 0;
   for (size_t i = 0; i < key.post.size(); ++i) operands[i] = conv.epilogue.op[first + i].tensor;
@@ -560,22 +577,41 @@ int32_t Run(const tir_byoc_conv &conv, const Key &key, int fused, const void *w)
 
 /* ------------------------------------------------------------------------------------------
  * Packed weights: a 64-byte header, then the weight reordered into the layout the primitive
- * created with format_tag::any asks for.  The header names that layout (a hash of the memory
- * descriptor and of oneDNN's kernel name), so a block made for another shape, epilogue, CPU or
- * oneDNN version gives TIR_BYOC_EPACKED.
+ * created with format_tag::any asks for, for the batch n of the pack call.  The header names
+ * that layout (a hash of the memory descriptor and of oneDNN's kernel name) and that batch.
+ *
+ * A block meets calls at other batches: a model built once for every batch size packs its
+ * weight for one of them.  A call whose primitive asks for the block's layout runs on the
+ * block.  Otherwise the call rebuilds the block's descriptor (the primitive of the call at the
+ * block's batch, which must name the header's layout) and reorders the block into the layout
+ * its own primitive asks for, in a buffer of the calling thread, on every such call: correct,
+ * and slower by one pass over the weight.  (oneDNN 3.2 cannot serialise a memory descriptor:
+ * memory::desc::get_blob came in 3.4; so the header keeps the batch, not the descriptor.)
+ * Seen with the PyPI oneDNN 3.2 on AVX-512 (brgconv, brgconv_1x1, brdgmm_dw and jit kernels),
+ * for the 53 distinct convolutions of ResNet-50 and MobileNetV2 on a 224 x 224 image, channels
+ * last with an HWIO weight, bias and relu or ReLU6, in both packed forms, at every n from 1 to
+ * 32: at one thread each asks for one weight layout at every n; at two threads all but one do,
+ * and ResNet-50's 1x1 1024 -> 512 over 14 x 14 asks for Acdb64a at n = 1 and Acdb48a (512
+ * channels padded to 528) at n >= 2.  The layout depends on the threads too, so a block made
+ * at build time may also meet a call whose process runs another number of threads.
+ * TIR_BYOC_ONEDNN_TEST_REORDER=1 (for tests) treats every block as made for another layout.
+ *
+ * A block made for another shape, epilogue, CPU or oneDNN version gives TIR_BYOC_EPACKED, as
+ * does a block of an older format (its magic names the format's version).
  */
 struct PackHeader {
   char magic[8];
-  uint64_t layout;
-  uint64_t bytes;
-  uint64_t form;
-  uint64_t reserved[4];
+  uint64_t layout;  // Entry::weights_layout of the primitive the block was made for
+  uint64_t bytes;   // the weight's bytes after the header
+  uint64_t form;    // TIR_BYOC_PACK_LIBRARY or TIR_BYOC_PACK_CONV_BLOCKED
+  uint64_t batch;   // the n of that primitive
+  uint64_t reserved[3];
 };
 static_assert(sizeof(PackHeader) == 64, "the packed data starts 64-byte aligned");
-constexpr char kPackMagic[8] = {'t', 'i', 'r', 'b', 'y', 'o', 'c', 'C'};
+// Version 2 added `batch`; version 1 ("tirbyocC") had none.
+constexpr char kPackMagic[8] = {'t', 'i', 'r', 'b', 'y', 'C', 'v', '2'};
 
-uint64_t LayoutHash(const Entry &entry) {
-  const dnnl::memory::desc &md = entry.weights;
+uint64_t LayoutHash(const dnnl::memory::desc &md, const std::string &implementation) {
   uint64_t h = 1469598103934665603ull;
   auto mix = [&h](uint64_t part) { h = (h ^ part) * 1099511628211ull; };
   auto mix_all = [&mix](const dims &values) {
@@ -589,8 +625,107 @@ uint64_t LayoutHash(const Entry &entry) {
   mix_all(md.get_strides());
   mix_all(md.get_inner_blks());
   mix_all(md.get_inner_idxs());
-  for (char ch : entry.implementation) mix(static_cast<uint64_t>(ch));
+  for (char ch : implementation) mix(static_cast<uint64_t>(ch));
   return h;
+}
+
+/* One reorder of a weight, between two layouts. */
+struct WeightReorder {
+  dnnl::reorder primitive;
+  dnnl::memory::desc from, to, scratchpad;
+  std::string kernel;
+
+  WeightReorder(const dnnl::memory::desc &source, const dnnl::memory::desc &target)
+      : from(source), to(target) {
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    const dnnl::reorder::primitive_desc desc(Engine(), from, Engine(), to, attr);
+    primitive = dnnl::reorder(desc);
+    scratchpad = desc.scratchpad_desc(), kernel = desc.impl_info_str();
+  }
+};
+
+/* The reorders from the block's layout (`packed`'s) to the one `wanted` asks for: one where
+ * oneDNN has a jit kernel for it, else two through the plain (k..., I, O) layout, each of which
+ * has one: between two blocked layouts (Acdb64a to Acdb48a, ResNet-50's above) oneDNN 3.2 has
+ * only its generic reorder, 42 ms for that 512 x 1024 weight at one thread where the two took
+ * 0.14 ms. */
+std::vector<WeightReorder> WeightReorders(const Key &key, const Entry &packed,
+                                          const Entry &wanted) {
+  std::vector<WeightReorder> steps{WeightReorder(packed.weights, wanted.weights)};
+  if (steps[0].kernel.find("jit") != std::string::npos) return steps;
+  Key plain = key;
+  plain.weight_layout = TIR_BYOC_CONV_WEIGHT_KIO;
+  const dnnl::memory::desc between = PlainWeights(plain);
+  steps.clear();
+  steps.emplace_back(packed.weights, between);
+  steps.emplace_back(between, wanted.weights);
+  return steps;
+}
+
+/* The block's weight (laid out for `packed`) in the layout `wanted` (the entry of `key`) asks
+ * for, in a buffer of the calling thread that the thread's next such call overwrites; NULL
+ * without memory. */
+const void *Reordered(const Key &key, const Entry &packed, const Entry &wanted,
+                      const void *weight) {
+  // The reorders per pair of entries and thread; entry ids are never reused.
+  thread_local std::map<std::pair<uint64_t, uint64_t>, std::vector<WeightReorder>> known;
+  const std::pair<uint64_t, uint64_t> id{packed.id, wanted.id};
+  auto found = known.find(id);
+  if (found == known.end()) {
+    if (known.size() >= kCapacity) known.clear();
+    found = known.emplace(id, WeightReorders(key, packed, wanted)).first;
+  }
+  const void *from = weight;
+  for (size_t i = 0; i < found->second.size(); ++i) {
+    const WeightReorder &step = found->second[i];
+    const int buffer = i + 1 == found->second.size() ? kReorderedWeights : kPlainWeights;
+    void *to = Scratchpad(step.to.get_size(), buffer);
+    const size_t scratchpad_bytes = step.scratchpad.get_size();
+    void *scratchpad = scratchpad_bytes > 0 ? Scratchpad(scratchpad_bytes) : nullptr;
+    if (to == nullptr || (scratchpad_bytes > 0 && scratchpad == nullptr)) return nullptr;
+    std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_FROM, dnnl::memory(step.from, Engine(), const_cast<void *>(from))},
+        {DNNL_ARG_TO, dnnl::memory(step.to, Engine(), to)}};
+    if (scratchpad_bytes > 0)
+      args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(step.scratchpad, Engine(), scratchpad));
+    step.primitive.execute(Stream(), args);
+    Stream().wait();
+    from = to;
+  }
+  return from;
+}
+
+/* Whether a test asked for every block to be reordered (see the comment above PackHeader). */
+bool TestReorder() {
+  const char *setting = std::getenv("TIR_BYOC_ONEDNN_TEST_REORDER");
+  return setting != nullptr && std::strcmp(setting, "1") == 0;
+}
+
+/* Run a conv call on the packed block of `header` (its magic and form checked). */
+int32_t RunPacked(const tir_byoc_conv &conv, const PackHeader &header) {
+  int fused = 0;
+  const int64_t form = static_cast<int64_t>(header.form);
+  const Key key = KeyOf(conv, form, &fused);
+  std::shared_ptr<const Entry> entry = Get(key);
+  const void *weight = &header + 1;
+  const bool reorder = TestReorder();
+  // Step 1. The common case: the call's primitive asks for the block's layout.
+  if (!reorder && header.layout == entry->weights_layout &&
+      header.bytes == entry->weights.get_size())
+    return Run(conv, key, fused, entry, weight);
+  // Step 2. The block's descriptor: the primitive's at the block's batch (same epilogue).
+  tir_byoc_conv at_pack = conv;
+  at_pack.n = static_cast<int64_t>(header.batch);
+  int unused = 0;
+  std::shared_ptr<const Entry> packed = Get(KeyOf(at_pack, form, &unused));
+  if (header.layout != packed->weights_layout || header.bytes != packed->weights.get_size())
+    return TIR_BYOC_EPACKED;
+  // Step 3. The same layout under another kernel runs on the block; another is reordered.
+  if (!reorder && packed->weights == entry->weights) return Run(conv, key, fused, entry, weight);
+  const void *reordered = Reordered(key, *packed, *entry, weight);
+  if (reordered == nullptr) return TIR_BYOC_EBACKEND;
+  return Run(conv, key, fused, entry, reordered);
 }
 
 void Reorder(const Key &plain, const void *w, const Entry &entry, void *out) {
@@ -730,17 +865,14 @@ int32_t Conv(const tir_byoc_conv *conv) {
         return TIR_BYOC_OK;
       }
       const Key key = KeyOf(*conv, TIR_BYOC_PACK_PLAIN, &fused);  // sets fused
-      return Run(*conv, key, fused, conv->w);
+      return Run(*conv, key, fused, Get(key), conv->w);
     }
     const PackHeader *header = static_cast<const PackHeader *>(conv->w);
     if (std::memcmp(header->magic, kPackMagic, sizeof kPackMagic) != 0 ||
-        (header->form != TIR_BYOC_PACK_LIBRARY && header->form != TIR_BYOC_PACK_CONV_BLOCKED))
+        (header->form != TIR_BYOC_PACK_LIBRARY && header->form != TIR_BYOC_PACK_CONV_BLOCKED) ||
+        header->batch < 1 || header->batch > static_cast<uint64_t>(INT32_MAX))
       return TIR_BYOC_EPACKED;
-    const Key key = KeyOf(*conv, static_cast<int64_t>(header->form), &fused);
-    std::shared_ptr<const Entry> entry = Get(key);
-    if (header->layout != LayoutHash(*entry) || header->bytes != entry->weights.get_size())
-      return TIR_BYOC_EPACKED;
-    return Run(*conv, key, fused, header + 1);
+    return RunPacked(*conv, *header);
   } catch (...) {
     return TIR_BYOC_EBACKEND;
   }
@@ -774,6 +906,11 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_conv_pack(
   if ((status = tir_byoc_conv_decode_epilogue(&conv, ops, constants, tensors)) != TIR_BYOC_OK)
     return status;
   conv.n = n_saved;
+  if (conv.n < 1) {  // no batch to lay the weight out for (a block names its batch)
+    if (out != nullptr) return TIR_BYOC_ESHAPE;
+    *form = TIR_BYOC_PACK_PLAIN, *size = 0;
+    return TIR_BYOC_OK;
+  }
   try {
     int fused = 0;
     // A weight whose infinities or NaNs the padding would meet stays plain (see Conv).
@@ -798,9 +935,10 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_conv_pack(
     PackHeader *header = static_cast<PackHeader *>(out);
     std::memset(header, 0, sizeof *header);
     std::memcpy(header->magic, kPackMagic, sizeof kPackMagic);
-    header->layout = LayoutHash(*entry);
+    header->layout = entry->weights_layout;
     header->bytes = entry->weights.get_size();
     header->form = static_cast<uint64_t>(*form);
+    header->batch = static_cast<uint64_t>(conv.n);
     Reorder(plain, w, *entry, header + 1);
   } catch (...) {
     return TIR_BYOC_EBACKEND;
