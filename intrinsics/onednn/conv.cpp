@@ -39,6 +39,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -116,13 +117,13 @@ struct Entry {
   dnnl::reorder to_inner, to_plain;
   bool reorder_src = false, reorder_dst = false;
   std::string implementation;
-  uint64_t weights_layout;  // LayoutHash of weights and implementation: what a block names
+  std::string blocking;  // the weights' descriptor as a block's header holds it (Blocking)
   uint64_t id;
 };
 
 std::atomic<uint64_t> next_entry_id{1};
 
-uint64_t LayoutHash(const dnnl::memory::desc &weights, const std::string &implementation);
+std::string BlockingOf(const dnnl::memory::desc &weights);
 
 float FloatOf(uint32_t bits) {
   float value;
@@ -253,7 +254,7 @@ std::shared_ptr<const Entry> Create(const Key &key) {
                                                                  Engine(), entry.dst));
   entry.scratchpad = desc.scratchpad_desc();
   entry.primitive = dnnl::convolution_forward(desc);
-  entry.weights_layout = LayoutHash(entry.weights, entry.implementation);
+  entry.blocking = BlockingOf(entry.weights);
   entry.id = next_entry_id++;
   return std::make_shared<const Entry>(std::move(entry));
 }
@@ -576,57 +577,110 @@ int32_t Run(const tir_byoc_conv &conv, const Key &key, int fused,
 }
 
 /* ------------------------------------------------------------------------------------------
- * Packed weights: a 64-byte header, then the weight reordered into the layout the primitive
- * created with format_tag::any asks for, for the batch n of the pack call.  The header names
- * that layout (a hash of the memory descriptor and of oneDNN's kernel name) and that batch.
+ * Packed weights: a header (PackHeader), then the weight reordered into the layout the
+ * primitive created with format_tag::any asks for, for the batch n of the pack call.  The
+ * header holds that layout's memory descriptor: dims, padded dims, strides and inner blocks
+ * (what oneDNN 3.4's memory::desc::get_blob would serialise; 3.2 has no such call).
  *
  * A block meets calls at other batches: a model built once for every batch size packs its
- * weight for one of them.  A call whose primitive asks for the block's layout runs on the
- * block.  Otherwise the call rebuilds the block's descriptor (the primitive of the call at the
- * block's batch, which must name the header's layout) and reorders the block into the layout
- * its own primitive asks for, in a buffer of the calling thread, on every such call: correct,
- * and slower by one pass over the weight.  (oneDNN 3.2 cannot serialise a memory descriptor:
- * memory::desc::get_blob came in 3.4; so the header keeps the batch, not the descriptor.)
+ * weight for one of them.  A call whose primitive asks for exactly the header's descriptor runs
+ * on the block.  Otherwise the call rebuilds the block's descriptor (the format tag whose
+ * descriptor is exactly the header's) and reorders the block into the layout its own primitive
+ * asks for, in a buffer of the calling thread, on every such call: correct, and slower by a
+ * pass or two over the weight.
  * Seen with the PyPI oneDNN 3.2 on AVX-512 (brgconv, brgconv_1x1, brdgmm_dw and jit kernels),
  * for the 53 distinct convolutions of ResNet-50 and MobileNetV2 on a 224 x 224 image, channels
  * last with an HWIO weight, bias and relu or ReLU6, in both packed forms, at every n from 1 to
  * 32: at one thread each asks for one weight layout at every n; at two threads all but one do,
  * and ResNet-50's 1x1 1024 -> 512 over 14 x 14 asks for Acdb64a at n = 1 and Acdb48a (512
- * channels padded to 528) at n >= 2.  The layout depends on the threads too, so a block made
- * at build time may also meet a call whose process runs another number of threads.
- * TIR_BYOC_ONEDNN_TEST_REORDER=1 (for tests) treats every block as made for another layout.
+ * channels padded to 528) at n >= 2.  The layout depends on the threads too, and the
+ * descriptor in the header serves a call in a process of other threads (or another CPU) as
+ * well.  TIR_BYOC_ONEDNN_TEST_REORDER=1 (for tests) treats every block as made for another
+ * layout.
  *
- * A block made for another shape, epilogue, CPU or oneDNN version gives TIR_BYOC_EPACKED, as
- * does a block of an older format (its magic names the format's version).
+ * A block of another weight shape gives TIR_BYOC_EPACKED, as does a block of an older format
+ * (its magic names the format's version) or one whose blocking no format tag of this oneDNN
+ * has.
  */
 struct PackHeader {
   char magic[8];
-  uint64_t layout;  // Entry::weights_layout of the primitive the block was made for
-  uint64_t bytes;   // the weight's bytes after the header
-  uint64_t form;    // TIR_BYOC_PACK_LIBRARY or TIR_BYOC_PACK_CONV_BLOCKED
-  uint64_t batch;   // the n of that primitive
-  uint64_t reserved[3];
+  uint64_t bytes;  // the weight's bytes after the header
+  uint64_t form;   // TIR_BYOC_PACK_LIBRARY or TIR_BYOC_PACK_CONV_BLOCKED
+  uint64_t batch;  // the n of the primitive the block was made for (for reports)
+  // The weight's memory descriptor (fp32, blocked, offset 0): ndims and inner_nblks entries,
+  // the rest 0 (Blocking: these fields as bytes).
+  int32_t ndims, inner_nblks;
+  int64_t dims[DNNL_MAX_NDIMS], padded_dims[DNNL_MAX_NDIMS], strides[DNNL_MAX_NDIMS];
+  int64_t inner_blks[DNNL_MAX_NDIMS], inner_idxs[DNNL_MAX_NDIMS];
+  uint64_t reserved[7];
 };
-static_assert(sizeof(PackHeader) == 64, "the packed data starts 64-byte aligned");
-// Version 2 added `batch`; version 1 ("tirbyocC") had none.
-constexpr char kPackMagic[8] = {'t', 'i', 'r', 'b', 'y', 'C', 'v', '2'};
+static_assert(sizeof(PackHeader) == 576, "the packed data starts 64-byte aligned");
+// Version 3 holds the descriptor; version 2 ("tirbyCv2", 64 bytes) had the batch and a hash
+// of the layout, version 1 ("tirbyocC") the hash.
+constexpr char kPackMagic[8] = {'t', 'i', 'r', 'b', 'y', 'C', 'v', '3'};
 
-uint64_t LayoutHash(const dnnl::memory::desc &md, const std::string &implementation) {
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&h](uint64_t part) { h = (h ^ part) * 1099511628211ull; };
-  auto mix_all = [&mix](const dims &values) {
-    mix(values.size());
-    for (int64_t v : values) mix(static_cast<uint64_t>(v));
-  };
-  mix(static_cast<uint64_t>(md.get_format_kind()));
-  mix(md.get_size());
-  mix_all(md.get_dims());
-  mix_all(md.get_padded_dims());
-  mix_all(md.get_strides());
-  mix_all(md.get_inner_blks());
-  mix_all(md.get_inner_idxs());
-  for (char ch : implementation) mix(static_cast<uint64_t>(ch));
-  return h;
+/* The blocking of `md` as the header holds it; false if it is not an fp32 blocked descriptor
+ * at offset 0 within DNNL_MAX_NDIMS dims (none of oneDNN's weights is otherwise). */
+bool Describe(const dnnl::memory::desc &md, PackHeader *header) {
+  const dims shape = md.get_dims(), padded = md.get_padded_dims(), strides = md.get_strides();
+  const dims blocks = md.get_inner_blks(), indices = md.get_inner_idxs();
+  const dims offsets = md.get_padded_offsets();
+  if (md.get_format_kind() != dnnl::memory::format_kind::blocked || md.get_data_type() != dt::f32 ||
+      md.get_submemory_offset() != 0 || shape.size() > DNNL_MAX_NDIMS ||
+      blocks.size() > DNNL_MAX_NDIMS ||
+      std::any_of(offsets.begin(), offsets.end(), [](int64_t v) { return v != 0; }))
+    return false;
+  header->ndims = static_cast<int32_t>(shape.size());
+  header->inner_nblks = static_cast<int32_t>(blocks.size());
+  std::copy(shape.begin(), shape.end(), header->dims);
+  std::copy(padded.begin(), padded.end(), header->padded_dims);
+  std::copy(strides.begin(), strides.end(), header->strides);
+  std::copy(blocks.begin(), blocks.end(), header->inner_blks);
+  std::copy(indices.begin(), indices.end(), header->inner_idxs);
+  return true;
+}
+
+/* The descriptor fields of a header, as bytes: what identifies the block's layout. */
+constexpr size_t kBlockingBytes = offsetof(PackHeader, reserved) - offsetof(PackHeader, ndims);
+
+std::string Blocking(const PackHeader &header) {
+  return std::string(reinterpret_cast<const char *>(&header.ndims), kBlockingBytes);
+}
+
+/* The Blocking of the descriptor `weights`; empty for a descriptor no header can hold. */
+std::string BlockingOf(const dnnl::memory::desc &weights) {
+  PackHeader header{};
+  return Describe(weights, &header) ? Blocking(header) : std::string();
+}
+
+/* The descriptor the header holds: the format tag's whose blocking is exactly the header's,
+ * each distinct blocking searched once per thread; false if no tag has it. */
+bool Described(const PackHeader &header, dnnl::memory::desc *out) {
+  thread_local std::map<std::string, std::pair<bool, dnnl::memory::desc>> known;
+  const std::string blocking = Blocking(header);
+  auto found = known.find(blocking);
+  if (found == known.end()) {
+    if (known.size() >= kCapacity) known.clear();
+    std::pair<bool, dnnl::memory::desc> described{false, {}};
+    const int ndims = header.ndims;
+    if (ndims >= 1 && ndims <= DNNL_MAX_NDIMS && header.inner_nblks >= 0 &&
+        header.inner_nblks <= DNNL_MAX_NDIMS) {
+      const dims shape(header.dims, header.dims + ndims);
+      for (int t = dnnl_a; t < dnnl_format_tag_last && !described.first; ++t) {
+        dnnl_memory_desc_t md = nullptr;
+        if (dnnl_memory_desc_create_with_tag(&md, ndims, shape.data(), dnnl_f32,
+                                             static_cast<dnnl_format_tag_t>(t)) != dnnl_success)
+          continue;
+        dnnl::memory::desc candidate(md);
+        PackHeader own{};
+        if (Describe(candidate, &own) && Blocking(own) == blocking)
+          described = {true, candidate};
+      }
+    }
+    found = known.emplace(blocking, described).first;
+  }
+  if (found->second.first) *out = found->second.second;
+  return found->second.first;
 }
 
 /* One reorder of a weight, between two layouts. */
@@ -650,27 +704,27 @@ struct WeightReorder {
  * has one: between two blocked layouts (Acdb64a to Acdb48a, ResNet-50's above) oneDNN 3.2 has
  * only its generic reorder, 42 ms for that 512 x 1024 weight at one thread where the two took
  * 0.14 ms. */
-std::vector<WeightReorder> WeightReorders(const Key &key, const Entry &packed,
+std::vector<WeightReorder> WeightReorders(const Key &key, const dnnl::memory::desc &packed,
                                           const Entry &wanted) {
-  std::vector<WeightReorder> steps{WeightReorder(packed.weights, wanted.weights)};
+  std::vector<WeightReorder> steps{WeightReorder(packed, wanted.weights)};
   if (steps[0].kernel.find("jit") != std::string::npos) return steps;
   Key plain = key;
   plain.weight_layout = TIR_BYOC_CONV_WEIGHT_KIO;
   const dnnl::memory::desc between = PlainWeights(plain);
   steps.clear();
-  steps.emplace_back(packed.weights, between);
+  steps.emplace_back(packed, between);
   steps.emplace_back(between, wanted.weights);
   return steps;
 }
 
-/* The block's weight (laid out for `packed`) in the layout `wanted` (the entry of `key`) asks
- * for, in a buffer of the calling thread that the thread's next such call overwrites; NULL
- * without memory. */
-const void *Reordered(const Key &key, const Entry &packed, const Entry &wanted,
-                      const void *weight) {
-  // The reorders per pair of entries and thread; entry ids are never reused.
-  thread_local std::map<std::pair<uint64_t, uint64_t>, std::vector<WeightReorder>> known;
-  const std::pair<uint64_t, uint64_t> id{packed.id, wanted.id};
+/* The block's weight (laid out as `packed`, the descriptor `header` holds) in the layout
+ * `wanted` (the entry of `key`) asks for, in a buffer of the calling thread that the thread's
+ * next such call overwrites; NULL without memory. */
+const void *Reordered(const Key &key, const PackHeader &header, const dnnl::memory::desc &packed,
+                      const Entry &wanted, const void *weight) {
+  // The reorders per block layout, entry (ids are never reused) and thread.
+  thread_local std::map<std::pair<std::string, uint64_t>, std::vector<WeightReorder>> known;
+  const std::pair<std::string, uint64_t> id{Blocking(header), wanted.id};
   auto found = known.find(id);
   if (found == known.end()) {
     if (known.size() >= kCapacity) known.clear();
@@ -711,19 +765,17 @@ int32_t RunPacked(const tir_byoc_conv &conv, const PackHeader &header) {
   const void *weight = &header + 1;
   const bool reorder = TestReorder();
   // Step 1. The common case: the call's primitive asks for the block's layout.
-  if (!reorder && header.layout == entry->weights_layout &&
+  if (!reorder && entry->blocking.size() == kBlockingBytes &&
+      std::memcmp(entry->blocking.data(), &header.ndims, kBlockingBytes) == 0 &&
       header.bytes == entry->weights.get_size())
     return Run(conv, key, fused, entry, weight);
-  // Step 2. The block's descriptor: the primitive's at the block's batch (same epilogue).
-  tir_byoc_conv at_pack = conv;
-  at_pack.n = static_cast<int64_t>(header.batch);
-  int unused = 0;
-  std::shared_ptr<const Entry> packed = Get(KeyOf(at_pack, form, &unused));
-  if (header.layout != packed->weights_layout || header.bytes != packed->weights.get_size())
+  // Step 2. The block's descriptor, from the header: a weight of the call's shape.
+  dnnl::memory::desc packed;
+  if (!Described(header, &packed) || packed.get_dims() != entry->weights.get_dims() ||
+      packed.get_size() != header.bytes)
     return TIR_BYOC_EPACKED;
-  // Step 3. The same layout under another kernel runs on the block; another is reordered.
-  if (!reorder && packed->weights == entry->weights) return Run(conv, key, fused, entry, weight);
-  const void *reordered = Reordered(key, *packed, *entry, weight);
+  // Step 3. Another layout: the block reordered into it.
+  const void *reordered = Reordered(key, header, packed, *entry, weight);
   if (reordered == nullptr) return TIR_BYOC_EBACKEND;
   return Run(conv, key, fused, entry, reordered);
 }
@@ -870,7 +922,7 @@ int32_t Conv(const tir_byoc_conv *conv) {
     const PackHeader *header = static_cast<const PackHeader *>(conv->w);
     if (std::memcmp(header->magic, kPackMagic, sizeof kPackMagic) != 0 ||
         (header->form != TIR_BYOC_PACK_LIBRARY && header->form != TIR_BYOC_PACK_CONV_BLOCKED) ||
-        header->batch < 1 || header->batch > static_cast<uint64_t>(INT32_MAX))
+        header->bytes == 0)
       return TIR_BYOC_EPACKED;
     return RunPacked(*conv, *header);
   } catch (...) {
@@ -906,7 +958,7 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_conv_pack(
   if ((status = tir_byoc_conv_decode_epilogue(&conv, ops, constants, tensors)) != TIR_BYOC_OK)
     return status;
   conv.n = n_saved;
-  if (conv.n < 1) {  // no batch to lay the weight out for (a block names its batch)
+  if (conv.n < 1) {  // no batch to lay the weight out for
     if (out != nullptr) return TIR_BYOC_ESHAPE;
     *form = TIR_BYOC_PACK_PLAIN, *size = 0;
     return TIR_BYOC_OK;
@@ -935,10 +987,10 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_conv_pack(
     PackHeader *header = static_cast<PackHeader *>(out);
     std::memset(header, 0, sizeof *header);
     std::memcpy(header->magic, kPackMagic, sizeof kPackMagic);
-    header->layout = entry->weights_layout;
     header->bytes = entry->weights.get_size();
     header->form = static_cast<uint64_t>(*form);
     header->batch = static_cast<uint64_t>(conv.n);
+    if (!Describe(entry->weights, header)) return TIR_BYOC_EBACKEND;
     Reorder(plain, w, *entry, header + 1);
   } catch (...) {
     return TIR_BYOC_EBACKEND;

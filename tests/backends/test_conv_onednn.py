@@ -192,14 +192,33 @@ def test_a_packed_weight_met_by_another_call_is_refused_not_computed(pack_batch)
     assert _call_packed(geometry, x, block, y, (), []) == 0
 
 
-def test_a_block_of_the_format_before_the_batch_was_recorded_is_refused():
+#: The offset of the weight descriptor's strides in a conv block's header (PackHeader in
+#: intrinsics/onednn/conv.cpp).
+STRIDES = 232
+
+
+@pytest.mark.parametrize("magic", [b"tirbyocC", b"tirbyCv2"])
+def test_a_block_of_an_earlier_format_is_refused(magic):
+    """Versions 1 and 2 of the block named their layout by a hash, without its descriptor."""
     geometry, _ = _geometry(1, 1, 1, 8, 8, 1, (6, 6), (3, 3), (1, 1), (1, 1), (1, 1))
     w = np.ones(8 * 8 * 9, "float32")
     block = _pack(geometry, w, (), LIBRARY)
     x, y = np.ones(8 * 36, "float32"), np.zeros(8 * 36, "float32")
     assert _call_packed(geometry, x, block, y, (), []) == 0
-    block[:8] = np.frombuffer(b"tirbyocC", "uint8")  # version 1's magic, which had no batch
+    block[:8] = np.frombuffer(magic, "uint8")
     assert _call_packed(geometry, x, block, y, (), []) == 6  # TIR_BYOC_EPACKED
+
+
+@pytest.mark.parametrize("reorder", ["0", "1"])
+def test_a_block_whose_descriptor_no_layout_has_is_refused(reorder, monkeypatch):
+    monkeypatch.setenv("TIR_BYOC_ONEDNN_TEST_REORDER", reorder)
+    case = (1, 1, 8, 16, 1, (9, 9), (3, 3), (1, 1), (1, 1), (1, 1))
+    geometry, x, bias, y_count = _batch_inputs(case, 2, 0)
+    block = _packed_for(case, 2, LIBRARY, _weight(case))
+    y = np.zeros(y_count, "float32")
+    assert _call_packed(geometry, x, block, y, BATCH_OPS, [bias]) == 0
+    block[STRIDES : STRIDES + 8] = np.frombuffer(np.int64(7).tobytes(), "uint8")
+    assert _call_packed(geometry, x, block, y, BATCH_OPS, [bias]) == 6  # TIR_BYOC_EPACKED
 
 
 def test_no_block_is_made_for_a_call_without_a_batch():
