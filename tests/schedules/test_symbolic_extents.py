@@ -95,6 +95,24 @@ def test_a_head_split_of_symbolic_shape_divides_by_no_symbolic_extent():
         np.testing.assert_array_equal(built(a), expected)
 
 
+def _heads_merged(x):
+    """(batch, 4, seq, seq) attention weights -> (batch * 4, seq, seq) * 0.125: a reshape whose
+    index is a linear index over a square of symbolic sides, taken apart again."""
+    b, _, s, _ = x.ty.shape.values
+    merged = relax.op.reshape(x, relax.ShapeExpr([b * 4, s, s]))
+    return relax.op.multiply(merged, relax.const(0.125, "float32"))
+
+
+def test_a_reshape_over_a_symbolic_square_divides_by_no_symbolic_extent():
+    built = _build([BATCH, 4, SEQ, SEQ], _heads_merged)
+    divisors = _divisors(_scheduled(built))
+    assert all(isinstance(d, tirx.IntImm) for d in divisors), [str(d) for d in divisors]
+    rng = np.random.default_rng(2)
+    for b, s in [(1, 1), (2, 3), (1, 17)]:
+        a = rng.standard_normal((b, 4, s, s)).astype("float32")
+        np.testing.assert_array_equal(built(a), a.reshape(b * 4, s, s) * np.float32(0.125))
+
+
 def test_a_static_head_split_fuses_every_loop_as_before():
     built = _build([4, 32, 256], _head_split)
     (extent,) = _parallel_extents(_scheduled(built))

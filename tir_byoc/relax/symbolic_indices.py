@@ -33,8 +33,9 @@ def _symbolic(func: tirx.PrimFunc) -> bool:
     )
 
 
-def _simplified(indices, domains) -> list | None:
-    """``indices`` simplified over ``domains``, or None where nothing changes."""
+def _simplified(indices, domains, split_radix: bool = False) -> list | None:
+    """``indices`` simplified over ``domains`` (and by :func:`_split_radix` if asked), or None
+    where nothing changes."""
     if not indices:
         return None
     new = list(
@@ -42,10 +43,11 @@ def _simplified(indices, domains) -> list | None:
     )
     if len(new) != len(indices):
         return None
-    analyzer = sym.Analyzer()
-    for var, dom in domains.items():
-        analyzer.bind(var, dom)
-    new = [_split_radix(index, analyzer) for index in new]
+    if split_radix:
+        analyzer = sym.Analyzer()
+        for var, dom in domains.items():
+            analyzer.bind(var, dom)
+        new = [_split_radix(index, analyzer) for index in new]
     if all(tvm_ffi.structural_equal(a, b) for a, b in zip(new, indices, strict=True)):
         return None
     return new
@@ -59,8 +61,14 @@ def factors(expr) -> list:
 
 
 def _terms(expr) -> list:
+    """The terms ``expr`` sums, products of sums distributed (``(a * s + b) * s``: ``a * s * s``
+    and ``b * s``)."""
     if isinstance(expr, tirx.Add):
         return _terms(expr.a) + _terms(expr.b)
+    if isinstance(expr, tirx.Mul):
+        left, right = _terms(expr.a), _terms(expr.b)
+        if len(left) > 1 or len(right) > 1:
+            return [a * b for a in left for b in right]
     return [expr]
 
 
@@ -82,6 +90,26 @@ def _without(factors: list, removed: list) -> list | None:
             return None
         del left[at]
     return left
+
+
+def _below(r, bound: list, analyzer: sym.Analyzer) -> bool:
+    """Whether ``0 <= r < product(bound)`` is provable: directly, or ``r = q * f + r'`` with
+    ``f`` the last factor, ``0 <= r' < f`` and ``0 <= q < product(the others)`` (then
+    ``r <= (P - 1) * f + f - 1``): ``v1 * seq + v2`` is below ``seq * seq``."""
+    dtype = r.ty.dtype
+    if analyzer.can_prove(r >= 0) and analyzer.can_prove(r < _product(bound, dtype)):
+        return True
+    if len(bound) < 2:
+        return False
+    quotients, rest = [], []
+    for term in _terms(r):
+        left = _without(factors(term), bound[-1:])
+        (quotients if left is not None else rest).append(left or term)
+    if not quotients:
+        return False
+    q = sum((_product(f, dtype) for f in quotients[1:]), _product(quotients[0], dtype))
+    rest_sum = sum(rest[1:], rest[0]) if rest else tirx.const(0, dtype)
+    return _below(rest_sum, bound[-1:], analyzer) and _below(q, bound[:-1], analyzer)
 
 
 def _split_radix(expr, analyzer: sym.Analyzer):
@@ -108,7 +136,7 @@ def _split_radix(expr, analyzer: sym.Analyzer):
             return node
         s, k = _product(symbolic, dtype), _product(constants, dtype)
         r = sum(rest[1:], rest[0]) if rest else tirx.const(0, dtype)
-        if not (analyzer.can_prove(r >= 0) and analyzer.can_prove(r < s)):
+        if not _below(r, symbolic, analyzer):
             return node
         p = sum((_product(q, dtype) for q in quotients[1:]), _product(quotients[0], dtype))
         if isinstance(node, tirx.FloorDiv):
@@ -118,9 +146,11 @@ def _split_radix(expr, analyzer: sym.Analyzer):
     return tvm_ffi.structural_mutate(expr, [(tirx.FloorDiv, rewrite), (tirx.FloorMod, rewrite)])
 
 
-def simplify_block(block: s_tir.SBlock) -> s_tir.SBlock | None:
-    """``block`` with its loads and read regions simplified, or None if nothing changes (the
-    default CPU rules call it again once inlining has composed a fused function's indices)."""
+def simplify_block(block: s_tir.SBlock, split_radix: bool = False) -> s_tir.SBlock | None:
+    """``block`` with its loads and read regions simplified, or None if nothing changes.  The
+    default CPU rules call it again once inlining has composed a fused function's indices,
+    with ``split_radix`` (:func:`_split_radix`; the pass before fusion leaves it off, so that
+    what fuses is decided on the indices as ``LegalizeOps`` wrote them)."""
     domains = {iv.var: iv.dom for iv in block.iter_vars}
     if not domains:
         return None
@@ -128,7 +158,7 @@ def simplify_block(block: s_tir.SBlock) -> s_tir.SBlock | None:
 
     def on_load(load, mutator):
         load = mutator.default_mutate(load)  # loads inside its indices first (a gather)
-        new = _simplified(load.indices, domains)
+        new = _simplified(load.indices, domains, split_radix)
         if new is None:
             return load
         changed.append(load)
@@ -142,7 +172,7 @@ def simplify_block(block: s_tir.SBlock) -> s_tir.SBlock | None:
         ranges = list(region.region)
         new = None
         if all(isinstance(r.extent, tirx.IntImm) and r.extent.value == 1 for r in ranges):
-            new = _simplified([r.min for r in ranges], domains)
+            new = _simplified([r.min for r in ranges], domains, split_radix)
         if new is not None:
             ranges = [tvm.ir.Range.from_min_extent(m, r.extent) for m, r in zip(new, ranges)]
             region = ir.TensorRegion(region.source, ranges, region.ty)

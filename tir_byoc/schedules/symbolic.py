@@ -30,7 +30,7 @@ def simplify_indices(sch: s_tir.Schedule, blocks) -> None:
         block = sch.get(info.block_rv)
         if all(isinstance(iv.dom.extent, tirx.IntImm) for iv in block.iter_vars):
             continue
-        simplified = simplify_block(block)
+        simplified = simplify_block(block, split_radix=True)
         if simplified is not None:
             sch.state.replace(sch.get_sref(info.block_rv), simplified, {block: simplified})
 
