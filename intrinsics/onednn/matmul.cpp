@@ -99,9 +99,11 @@ uint32_t Bits(float value) {
 }
 
 /* One post-op of a primitive: an eltwise op (algorithm, alpha, beta), or a binary op whose
- * second operand is an (n,) row broadcast over the output, or a tensor of the output's shape. */
+ * second operand is an (n,) row broadcast over the output, or a tensor of the output's shape;
+ * or a clip as two binary post-ops, binary_min of hi (beta) then binary_max of lo (alpha),
+ * each a scalar broadcast over the output (kMinMax). */
 struct PostOp {
-  enum Operand : int32_t { kEltwise, kRow, kFull };
+  enum Operand : int32_t { kEltwise, kRow, kFull, kMinMax };
   dnnl::algorithm algorithm = dnnl::algorithm::undef;
   float alpha = 0.0f, beta = 0.0f;
   Operand operand = kEltwise;
@@ -182,6 +184,7 @@ struct Entry {
   dnnl::memory::desc scratchpad;  // the caller's: see Scratchpad
   Fusion fusion;
   dnnl::memory::desc operand[TIR_BYOC_MAX_OPS];  // second operand of each binary post-op
+                                                 // (a kMinMax clip's: a scalar)
   std::string implementation;                    // oneDNN's name for the kernel it chose
   uint64_t id;  // unique per creation, keys the per-thread argument cache
 };
@@ -224,6 +227,23 @@ dnnl::memory::desc Row(const Key &key, dt type) {
                         : dnnl::memory::desc({1, key.n}, type, dims{key.n, 1});
 }
 
+/* One value broadcast over an output of `rank` dims: a kMinMax clip's bounds. */
+dnnl::memory::desc Scalar(int rank) {
+  return dnnl::memory::desc(dims(rank, 1), dt::f32, dims(rank, 1));
+}
+
+/* The post-ops of `post`, appended to `ops` (`operand`: a binary one's second operand). */
+void Append(const PostOp &post, const dnnl::memory::desc &operand, dnnl::post_ops *ops) {
+  if (post.operand == PostOp::kEltwise) {
+    ops->append_eltwise(post.algorithm, post.alpha, post.beta);
+  } else if (post.operand == PostOp::kMinMax) {
+    ops->append_binary(dnnl::algorithm::binary_min, operand);
+    ops->append_binary(dnnl::algorithm::binary_max, operand);
+  } else {
+    ops->append_binary(post.algorithm, operand);
+  }
+}
+
 /* The weight as the call passes it: (K, N) with the strides of its layout, never copied. */
 dnnl::memory::desc PlainWeights(const Key &key, dt type) {
   dims weight_strides = key.layout == TIR_BYOC_LAYOUT_NK ? dims{1, key.k} : dims{key.n, 1};
@@ -247,21 +267,20 @@ std::shared_ptr<const Entry> Create(const Key &key, const Dtypes &dtypes) {
   if (key.fusion.bias) entry.bias = Row(key, dtypes.y);
   for (int i = 0; i < key.fusion.count; ++i) {
     const PostOp::Operand operand = key.fusion.post[i].operand;
-    if (operand != PostOp::kEltwise)
-      entry.operand[i] = operand == PostOp::kRow ? Row(key, dtypes.y) : entry.dst;
+    if (operand == PostOp::kRow)
+      entry.operand[i] = Row(key, dtypes.y);
+    else if (operand == PostOp::kFull)
+      entry.operand[i] = entry.dst;
+    else if (operand == PostOp::kMinMax)
+      entry.operand[i] = Scalar(IsBatched(key) ? 4 : 2);
   }
   // Step 3. The primitive; post-ops oneDNN does not implement for this shape, or implements
   // only in its reference kernels (slow, and not the kernels measured in the table above
   // Plan), are dropped from the end until it does.  The caller runs what was dropped in C.
   for (;; --entry.fusion.count) {
     dnnl::post_ops ops;
-    for (int i = 0; i < entry.fusion.count; ++i) {
-      const PostOp &post = entry.fusion.post[i];
-      if (post.operand == PostOp::kEltwise)
-        ops.append_eltwise(post.algorithm, post.alpha, post.beta);
-      else
-        ops.append_binary(post.algorithm, entry.operand[i]);
-    }
+    for (int i = 0; i < entry.fusion.count; ++i)
+      Append(entry.fusion.post[i], entry.operand[i], &ops);
     dnnl::primitive_attr attr;
     attr.set_post_ops(ops);
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -361,7 +380,9 @@ PrimitiveCache &Cache() {
 struct BoundArgs {
   dnnl::memory src, weights, bias, dst, scratchpad;
   dnnl::memory operand[TIR_BYOC_MAX_OPS];  // of the binary post-ops
-  dnnl_exec_arg_t args[5 + TIR_BYOC_MAX_OPS];
+  dnnl::memory clip_lo[TIR_BYOC_MAX_OPS];  // of a kMinMax clip: operand[i] holds its hi
+  float bounds[TIR_BYOC_MAX_OPS][2] = {};  // ... and here are hi and lo (this does not move)
+  dnnl_exec_arg_t args[5 + 2 * TIR_BYOC_MAX_OPS];
   int count = 0;
 
   explicit BoundArgs(const Entry &entry) {
@@ -376,10 +397,21 @@ struct BoundArgs {
       bias = dnnl::memory(entry.bias, engine, DNNL_MEMORY_NONE);
       args[count++] = {DNNL_ARG_BIAS, bias.get()};
     }
-    for (int i = 0; i < entry.fusion.count; ++i) {
-      if (entry.fusion.post[i].operand == PostOp::kEltwise) continue;
+    // oneDNN numbers its post-ops, `at`; a kMinMax clip is two of them.
+    for (int i = 0, at = 0; i < entry.fusion.count; ++i, ++at) {
+      const PostOp &post = entry.fusion.post[i];
+      if (post.operand == PostOp::kEltwise) continue;
+      if (post.operand == PostOp::kMinMax) {
+        bounds[i][0] = post.beta, bounds[i][1] = post.alpha;
+        operand[i] = dnnl::memory(entry.operand[i], engine, &bounds[i][0]);
+        clip_lo[i] = dnnl::memory(entry.operand[i], engine, &bounds[i][1]);
+        args[count++] = {DNNL_ARG_ATTR_MULTIPLE_POST_OP(at) | DNNL_ARG_SRC_1, operand[i].get()};
+        ++at;
+        args[count++] = {DNNL_ARG_ATTR_MULTIPLE_POST_OP(at) | DNNL_ARG_SRC_1, clip_lo[i].get()};
+        continue;
+      }
       operand[i] = dnnl::memory(entry.operand[i], engine, DNNL_MEMORY_NONE);
-      args[count++] = {DNNL_ARG_ATTR_MULTIPLE_POST_OP(i) | DNNL_ARG_SRC_1, operand[i].get()};
+      args[count++] = {DNNL_ARG_ATTR_MULTIPLE_POST_OP(at) | DNNL_ARG_SRC_1, operand[i].get()};
     }
     if (entry.scratchpad.get_size() > 0) {
       scratchpad = dnnl::memory(entry.scratchpad, engine, DNNL_MEMORY_NONE);
@@ -439,9 +471,11 @@ int32_t Execute(const Entry &entry, const void *x, const void *w, const void *bi
     if (scratchpad == nullptr) return TIR_BYOC_EBACKEND;  // out of memory
     pointed = pointed && Point(bound.scratchpad, scratchpad);
   }
-  for (int i = 0; i < entry.fusion.count; ++i)
-    if (entry.fusion.post[i].operand != PostOp::kEltwise)
+  for (int i = 0; i < entry.fusion.count; ++i) {
+    const PostOp::Operand operand = entry.fusion.post[i].operand;
+    if (operand == PostOp::kRow || operand == PostOp::kFull)
       pointed = pointed && Point(bound.operand[i], operands[i]);
+  }
   if (!pointed) return TIR_BYOC_EBACKEND;
   dnnl::stream &stream = Stream();
   if (dnnl_primitive_execute(entry.primitive.get(), stream.get(), bound.count, bound.args) !=
@@ -657,6 +691,8 @@ int32_t BatchedGemm(const void *x, const void *w, const void *bias, void *y, int
  *   sigmoid        eltwise_logistic             NaN    1      0      1      0      0      yes
  *   tanh           eltwise_tanh                 NaN    1      -1     1      -1     -1     yes
  *   clip lo hi c2  eltwise_clip_v2(lo, hi)      lo (C: c2)   hi     lo     hi     lo     c2 == lo
+ *                  binary_min hi, binary_max lo (not in that measurement: Checked tries the
+ *                  forms of a clip in turn, and the probe found hi for NaN on AVX-512)  c2 == hi
  *   leaky_relu a   eltwise_relu(a)              NaN    inf    -inf   1e30   a*z    a*z    a > 0
  *     a = 0                                     0 (C: NaN); -inf: 0 (C: 0 * -inf = NaN)   no
  *   add, mul       binary_add / binary_mul of   IEEE fp32 + and *, as C                   yes
@@ -718,7 +754,7 @@ Verdict Probe(const tir_byoc_op &op, const PostOp &post) {
     dnnl::memory::desc src({m, k}, dt::f32, dims{k, 1}), weights({k, n}, dt::f32, dims{n, 1}),
         dst({m, n}, dt::f32, dims{n, 1});
     dnnl::post_ops ops;
-    ops.append_eltwise(post.algorithm, post.alpha, post.beta);
+    Append(post, Scalar(2), &ops);
     dnnl::primitive_attr attr;
     attr.set_post_ops(ops);
     dnnl::matmul::primitive_desc desc;
@@ -730,8 +766,16 @@ Verdict Probe(const tir_byoc_op &op, const PostOp &post) {
     if (std::string(desc.impl_info_str()).rfind("ref", 0) == 0) continue;
     dnnl::memory src_m(src, Engine(), x.data()), weights_m(weights, Engine(), w.data()),
         dst_m(dst, Engine(), y.data());
-    dnnl::matmul(desc).execute(
-        Stream(), {{DNNL_ARG_SRC, src_m}, {DNNL_ARG_WEIGHTS, weights_m}, {DNNL_ARG_DST, dst_m}});
+    float bounds[2] = {post.beta, post.alpha};  // a kMinMax clip's hi and lo
+    std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_SRC, src_m}, {DNNL_ARG_WEIGHTS, weights_m}, {DNNL_ARG_DST, dst_m}};
+    if (post.operand == PostOp::kMinMax) {
+      args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
+                   dnnl::memory(Scalar(2), Engine(), &bounds[0]));
+      args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(1) | DNNL_ARG_SRC_1,
+                   dnnl::memory(Scalar(2), Engine(), &bounds[1]));
+    }
+    dnnl::matmul(desc).execute(Stream(), args);
     Stream().wait();
     for (int64_t i = 0; i < m; ++i) {
       std::fill(want.begin(), want.end(), values[i]);
@@ -752,10 +796,12 @@ Verdict Probe(const tir_byoc_op &op, const PostOp &post) {
  * constants; a failure to check is a no). */
 Verdict Check(const tir_byoc_op &op, const PostOp &post) {
   static std::mutex mutex;
-  static std::map<std::array<uint32_t, 4>, Verdict> verdicts;
+  static std::map<std::array<uint32_t, 5>, Verdict> verdicts;
   // Plan asks on every call: a key on the stack, no allocation.
-  const std::array<uint32_t, 4> key{static_cast<uint32_t>(op.code), Bits(post.alpha),
-                                    Bits(post.beta), Bits(static_cast<float>(op.c[2]))};
+  const std::array<uint32_t, 5> key{
+      static_cast<uint32_t>(op.code),
+      static_cast<uint32_t>(post.algorithm) << 8 | static_cast<uint32_t>(post.operand),
+      Bits(post.alpha), Bits(post.beta), Bits(static_cast<float>(op.c[2]))};
   std::lock_guard<std::mutex> lock(mutex);
   auto found = verdicts.find(key);
   if (found != verdicts.end()) return found->second;
@@ -783,7 +829,6 @@ bool PostOpOf(const tir_byoc_op &op, PostOp *post) {
   using alg = dnnl::algorithm;
   // The constants as tir_byoc_op_row takes them.
   const float c0 = static_cast<float>(op.c[0]), c1 = static_cast<float>(op.c[1]);
-  const float c2 = static_cast<float>(op.c[2]);
   const float sqrt_half = static_cast<float>(0.70710678118654752440);
   const float sqrt_2_over_pi = static_cast<float>(0.79788456080286535588);
   auto eltwise = [post](alg algorithm, float alpha, float beta) {
@@ -816,8 +861,8 @@ bool PostOpOf(const tir_byoc_op &op, PostOp *post) {
       return eltwise(alg::eltwise_logistic, 0.0f, 0.0f);
     case TIR_BYOC_OP_TANH:
       return eltwise(alg::eltwise_tanh, 0.0f, 0.0f);
-    case TIR_BYOC_OP_CLIP:  // a NaN bound fails both comparisons
-      return c0 <= c1 && c2 == c0 && eltwise(alg::eltwise_clip_v2, c0, c1);
+    case TIR_BYOC_OP_CLIP:  // the first form; Checked tries the others (ClipForms)
+      return c0 <= c1 && eltwise(alg::eltwise_clip_v2, c0, c1);
     case TIR_BYOC_OP_LEAKY_RELU:
       return c0 > 0.0f && std::isfinite(c0) && eltwise(alg::eltwise_relu, c0, 0.0f);
     case TIR_BYOC_OP_ADD:
@@ -848,9 +893,29 @@ bool FasterInC(const PostOp &post) {
   return !avx512 && (tir_byoc_vector_math() & 2) != 0;  // bit 1: tanhf
 }
 
+/* How `op` compares as the eltwise post-op `post` (PostOpOf's) on this machine (Check); for a
+ * clip, the first of its forms that agrees everywhere, written to `post`: eltwise_clip_v2,
+ * eltwise_clip, then binary_min of hi and binary_max of lo.  They differ on NaN, which the C
+ * clip maps to c2, the value TVM's spelling gives: eltwise_clip_v2 and eltwise_clip give lo
+ * on the kernels seen (AVX-512 brgemm, AVX2 gemm:jit), min then max gives hi, what topi.clip's
+ * max(min(z, hi), lo) gives: ReLU6's clip.  None gives NaN for NaN (that spelling runs in C). */
+Verdict Checked(const tir_byoc_op &op, PostOp *post) {
+  if (op.code != TIR_BYOC_OP_CLIP) return Check(op, *post);
+  const float lo = post->alpha, hi = post->beta;
+  const PostOp forms[] = {{dnnl::algorithm::eltwise_clip_v2, lo, hi, PostOp::kEltwise},
+                          {dnnl::algorithm::eltwise_clip, lo, hi, PostOp::kEltwise},
+                          {dnnl::algorithm::binary_min, lo, hi, PostOp::kMinMax}};
+  for (const PostOp &form : forms) {
+    if (Check(op, form) != Verdict::kExact) continue;
+    *post = form;
+    return Verdict::kExact;
+  }
+  return Verdict::kNo;
+}
+
 /* The longest prefix of `epilogue` that oneDNN computes exactly: a leading bias as the bias
- * argument (oneDNN adds it before every post-op), then one post-op per op; it ends before an
- * op the C epilogue computes faster (FasterInC). */
+ * argument (oneDNN adds it before every post-op), then one post-op per op (two for a clip as
+ * min and max); it ends before an op the C epilogue computes faster (FasterInC). */
 Fusion Plan(const tir_byoc_epilogue &epilogue) {
   Fusion fusion;
   PostOp post;
@@ -861,7 +926,7 @@ Fusion Plan(const tir_byoc_epilogue &epilogue) {
       break;
     else if (post.operand != PostOp::kEltwise)
       fusion.post[fusion.count++] = post;
-    else if (Verdict verdict = Check(epilogue.op[i], post); verdict == Verdict::kNo)
+    else if (Verdict verdict = Checked(epilogue.op[i], &post); verdict == Verdict::kNo)
       break;
     else if (verdict == Verdict::kExact)
       fusion.post[fusion.count++] = post;
@@ -1241,7 +1306,7 @@ extern "C" TIR_BYOC_EXPORT void tir_byoc_onednn_cache_info(int64_t *out) { Cache
 
 /* How the gemm entry point computes the op `code` with constants c0..c2 (not a tensor op) on
  * this machine: 1 as a post-op of its primitive, 2 as a guarded one (Fusion::guarded), 0 in C
- * after the primitive (PostOpOf, FasterInC, then Check); for reports and tests. */
+ * after the primitive (PostOpOf, FasterInC, then Checked); for reports and tests. */
 extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_fuses(int32_t code, double c0, double c1,
                                                         double c2) {
   tir_byoc_op op{};
@@ -1251,7 +1316,7 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_fuses(int32_t code, double c0
   op.c[2] = c2;
   PostOp post;
   if (tir_byoc_op_has_tensor(code) || !PostOpOf(op, &post) || FasterInC(post)) return 0;
-  switch (Check(op, post)) {
+  switch (Checked(op, &post)) {
     case Verdict::kExact:
       return 1;
     case Verdict::kWhereFinite:

@@ -459,7 +459,7 @@ ONEDNN_FUSION = {
     "div by powers of two: both fused": ((Op("div", (8.0,)),), (Op("div", (4.0,)),), False),
     "keep-NaN relu: in C": ((Op("bias"), RELU_KEEP_NAN), (Op("bias"),), True),
     "relu: fused": ((Op("bias"), Op("relu")), (Op("bias"),), False),
-    "clip turning NaN into hi: in C": ((clip(0.0, 6.0, 6.0),), (clip(0.0, 6.0, NAN),), True),
+    "clip turning NaN into NaN: in C": ((clip(0.0, 6.0, NAN),), (RELU_KEEP_NAN,), True),
     "clip turning NaN into lo: fused": ((clip(0.0, 6.0, 0.0),), (clip(0.0, 5.0, 0.0),), False),
     "leaky relu of slope 0: in C": ((Op("leaky_relu", (0.0,)),), (RELU_KEEP_NAN,), True),
     "leaky relu of slope 0.1: fused": ((Op("leaky_relu", (0.1,)),), (RELU_KEEP_NAN,), False),

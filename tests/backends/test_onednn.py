@@ -19,6 +19,7 @@ from support.backend_checks import (
     run_exported_mlp_in_fresh_process,
     uninstall_every_wheel,
 )
+from tvm import te
 
 import tir_byoc
 from tir_byoc import toolchain
@@ -198,7 +199,8 @@ def test_an_op_is_fused_only_where_onednn_computes_it_as_the_tir_does():
     # value), then the check on this machine; tensor ops are binary post-ops, not asked here.
     assert not onednn.fuses("div", (3.0,))  # z * (1/3) is not z / 3
     assert not onednn.fuses("gelu", (0.6,))  # not the constant oneDNN's gelu uses
-    assert not onednn.fuses("clip", (0.0, 6.0, 6.0))  # oneDNN's clip maps NaN to lo
+    assert not onednn.fuses("clip", (0.0, 6.0, float("nan")))  # no post-op gives NaN for NaN
+    assert not onednn.fuses("clip", (6.0, 0.0, 6.0))  # bounds out of order
     assert not onednn.fuses("add")
     with pytest.raises(ValueError, match=r"'softmax' is not an epilogue op \(expected one of"):
         onednn.fuses("softmax")
@@ -319,3 +321,59 @@ def test_half_inputs_with_infinities_give_what_tir_gives(batched):
     original, rewritten = results
     assert np.isinf(original).any()
     np.testing.assert_allclose(rewritten, original, rtol=1e-5, atol=1e-5)
+
+
+#: The spellings of a clip to [0, 6] and the value each gives for NaN (the op's c2): TVM's
+#: clip (ReLU6) max(min(z, hi), lo) gives hi, min(max(z, lo), hi) gives lo.
+CLIP_SPELLINGS = {
+    "hi": (lambda z: te.max(te.min(z, 6.0), 0.0), 6.0),
+    "lo": (lambda z: te.min(te.max(z, 0.0), 6.0), 0.0),
+}
+
+
+@pytest.mark.parametrize("shape", [(5, 16, 8), (64, 96, 32)])
+@pytest.mark.parametrize("spelling", sorted(CLIP_SPELLINGS))
+def test_a_clip_after_a_gemm_gives_tvms_bits_on_nan_and_infinities(spelling, shape):
+    """A clip is fused as the first of eltwise_clip_v2, eltwise_clip and binary_min/max that
+    the probe finds giving the C clip's values, NaN included (matmul.cpp, Checked): ReLU6's
+    spelling, whose NaN gives hi, as min and max where oneDNN's min gives hi, its other
+    spelling as eltwise_clip_v2; either way the bits are TVM's."""
+    m, n, k = shape
+    clip, nan_result = CLIP_SPELLINGS[spelling]
+    x = te.placeholder((m, k), "float32", name="X")
+    w = te.placeholder((n, k), "float32", name="W")
+    b = te.placeholder((n,), "float32", name="b")
+    r = te.reduce_axis((0, k), name="r")
+    product = te.compute((m, n), lambda i, j: te.sum(x[i, r] * w[j, r], r), name="dense")
+    z = te.compute((m, n), lambda i, j: product[i, j] + b[j], name="Z")
+    y = te.compute((m, n), lambda i, j: clip(z[i, j]), name="clip")
+    mod = tvm.IRModule({"main": te.create_prim_func([x, w, b, y])})
+    offloaded = tir_byoc.offload(mod, backends="onednn")
+    assert intrinsics_fired(offloaded["main"]) == ["onednn.gemm"]
+    toolchain.load_called(offloaded)
+    # Small integers (every sum exact in any order), the bias cycling through NaN, the
+    # infinities and huge values, and an infinity in x (inf * 0 is NaN in both).
+    rng = np.random.default_rng(m)
+    xs = rng.integers(-3, 4, (m, k)).astype("float32")
+    ws = rng.integers(-2, 3, (n, k)).astype("float32")
+    specials = [np.nan, np.inf, -np.inf, 3e38, -3e38, 7.0, -7.0, 6.0, 0.0, 2.5]
+    bias = np.array([specials[j % len(specials)] for j in range(n)], "float32")
+    xs[0, 0] = np.inf
+    results = []
+    for module in (mod, offloaded):
+        args = [tvm.runtime.tensor(a) for a in (xs, ws, bias, np.zeros((m, n), "float32"))]
+        tvm.compile(module, target="llvm")["main"](*args)
+        results.append(args[-1].numpy())
+    original, rewritten = results
+    assert (original[:, np.isnan(bias)] == nan_result).all()  # NaN met the clip
+    assert np.isin([0.0, 6.0], original).all() and ((original > 0) & (original < 6)).any()
+    np.testing.assert_array_equal(rewritten.view("uint32"), original.view("uint32"))
+
+
+def test_relu6s_clip_is_fused_on_avx512():
+    # The probe found oneDNN's binary_min giving hi for NaN on AVX-512 (brgemm), as ReLU6's
+    # clip does, and eltwise_clip_v2 lo, as the other spelling does.
+    if not {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= onednn.cpu_flags():
+        pytest.skip("no AVX-512 here: which forms agree is this CPU's kernels' to say")
+    assert onednn.fuses("clip", (0.0, 6.0, 6.0))
+    assert onednn.fuses("clip", (0.0, 6.0, 0.0))
