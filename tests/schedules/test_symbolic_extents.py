@@ -144,3 +144,33 @@ def _walk_expr(expr, types) -> list:
     for node_type in types:
         tvm_ffi.structural_walk(expr, (node_type, found.append))
     return found
+
+
+def _scaled_masked_softmax(x):
+    b, s = x.ty.shape.values[0], x.ty.shape.values[-1]
+    mask = relax.op.zeros(relax.ShapeExpr([b, 4, s, s]), "float32")
+    scaled = relax.op.add(relax.op.multiply(x, relax.const(0.125, "float32")), mask)
+    return relax.op.nn.softmax(scaled, axis=-1)
+
+
+def _block_names(func) -> set[str]:
+    return {block.name_hint for block in _walk(func, s_tir.SBlock)}
+
+
+def test_a_softmax_over_symbolic_rows_computes_its_scale_in_its_passes():
+    # Row fusion puts the scale and mask in the softmax's function; on rows of symbolic length
+    # each block kept per row is a heap allocation per row, so they are inlined instead.
+    built = _build([BATCH, 4, SEQ, SEQ], _scaled_masked_softmax)
+    (name,) = [n for n, rule in built.rules.items() if rule == "VectorRows"]
+    names = _block_names(built.module[name])
+    assert "T_softmax_exp" in names
+    assert not names & {"T_multiply", "T_add"}, names
+    static = _build([2, 4, 16, 16], _scaled_masked_softmax)
+    (name,) = [n for n, rule in static.rules.items() if rule == "VectorRows"]
+    assert {"T_multiply", "T_add"} <= _block_names(static.module[name])
+    rng = np.random.default_rng(3)
+    for b, s in [(1, 1), (2, 9), (1, 33)]:
+        a = rng.standard_normal((b, 4, s, s)).astype("float32")
+        z = a * np.float32(0.125)
+        e = np.exp(z - z.max(-1, keepdims=True))
+        np.testing.assert_allclose(built(a), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)

@@ -42,20 +42,13 @@ import tvm
 import tvm_ffi
 from tvm import ir, relax, s_tir, tirx
 
-from ..decline import Decline
 from ..match.reduction import looks_like_gemm
 from ..match.stir import COMM_REDUCE
-from .analysis import static_dims, variable_uses
+from .analysis import tensor_dims, variable_uses
 
 _CALL_TIR = ir.Op.get("relax.call_tir")
 #: AnnotateTIROpPattern's kinds up to injective: elementwise 0, broadcast 1, injective 2.
 _INJECTIVE = 2
-#: Why a producer of a symbolic shape stays apart (measured: merged, BERT's softmax with its
-#: scale and mask at 4 x 384 took 35 ms a call, many times the two functions apart).
-SYMBOLIC = (
-    "its shape is symbolic: merged, the row schedule cannot bound the producer's region per "
-    "row (compute_at on symbolic extents), which made a softmax many times slower"
-)
 
 
 @dataclass(frozen=True)
@@ -74,8 +67,8 @@ class RowMerge:
 
 def find(mod: tvm.IRModule) -> tuple[tuple[RowMerge, ...], tuple]:
     """``(sites, declines)``: the merges :func:`rewrite` makes in ``mod``'s Relax functions, in
-    binding order; a producer that does not merge stays where ``FuseOps`` put it.  The one
-    decline: a producer that would merge but for its symbolic shape (:data:`SYMBOLIC`).
+    binding order; a producer that does not merge stays where ``FuseOps`` put it, so there are
+    no declines.
 
     One pass over each dataflow block: a consumer takes its producers one after another (a
     merged group's new arguments are candidates too), so the cost grows with the module's size,
@@ -86,7 +79,7 @@ def find(mod: tvm.IRModule) -> tuple[tuple[RowMerge, ...], tuple]:
     for gvar, func in mod.functions_items():
         if isinstance(func, relax.Function) and not _is_group(func):
             sites += finder.function(gvar.name_hint, func)
-    return tuple(sites), tuple(finder.declines)
+    return tuple(sites), ()
 
 
 def rewrite(mod: tvm.IRModule, sites: tuple[RowMerge, ...]) -> tvm.IRModule:
@@ -145,19 +138,14 @@ def _injective(funcs: list[tirx.PrimFunc]) -> bool:
 
 
 def _same_tensor_type(a: relax.Expr, b: relax.Expr) -> bool:
-    """Condition 4: the same static shape and dtype."""
-    dims = static_dims(a)
-    return dims is not None and dims == static_dims(b) and a.ty.dtype == b.ty.dtype
-
-
-def _same_symbolic_type(a: relax.Expr, b: relax.Expr) -> bool:
-    """Condition 4 but for static dims: the same symbolic shape and dtype."""
-    shape_a, shape_b = (getattr(v.ty, "shape", None) for v in (a, b))
-    return (
-        isinstance(shape_a, relax.ShapeExpr)
-        and tvm_ffi.structural_equal(shape_a, shape_b)
-        and a.ty.dtype == b.ty.dtype
-        and static_dims(a) is None
+    """Condition 4: the same shape and dtype; a symbolic dim the same variable (``seq``), not
+    an expression (``batch * seq``, which the merged group could not define)."""
+    dims, other = tensor_dims(a), tensor_dims(b)
+    if dims is None or other is None or len(dims) != len(other) or a.ty.dtype != b.ty.dtype:
+        return False
+    return all(
+        isinstance(x, tirx.IntImm | tirx.Var) and tvm_ffi.structural_equal(x, y)
+        for x, y in zip(dims, other, strict=True)
     )
 
 
@@ -168,8 +156,6 @@ class _Finder:
         self.mod = mod
         self._funcs: dict[ir.GlobalVar, list[tirx.PrimFunc] | None] = {}
         self._reduces: dict[ir.GlobalVar, bool] = {}
-        self.declines: list[Decline] = []
-        self._name = ""
 
     # What a binding's value runs ------------------------------------------------------
 
@@ -208,7 +194,6 @@ class _Finder:
         """The merges of ``func`` (named ``name``), consumer by consumer in binding order."""
         if not isinstance(func.body, relax.SeqExpr):
             return []
-        self._name = name
         uses = None
         sites = []
         for block in func.body.blocks:
@@ -240,14 +225,8 @@ class _Finder:
             if not isinstance(arg, relax.Var) or arg not in position or uses[arg] != 1:
                 continue
             p = position[arg]
-            if not self.injective(values[p]):
-                continue
-            if _same_tensor_type(arg, result):
+            if self.injective(values[p]) and _same_tensor_type(arg, result):
                 return p, arg_index
-            if _same_symbolic_type(arg, result):
-                self.declines.append(
-                    Decline(self._name, (arg.name, result.name), "row fusion", SYMBOLIC)
-                )
         return None
 
 
@@ -270,6 +249,26 @@ class _Merged:
     group: relax.Function
     args: list[relax.Expr]
     name: str
+
+
+def _same_symbolic_dims(p_group, c_group, arg_index: int, p_args, c_args) -> relax.Function:
+    """The consumer's group with its symbolic dims renamed to the producer's (each group is a
+    copy on fresh variables: else a dim only the replaced parameter defined, ``seq``, is
+    defined by nothing in the merged group), matched on the parameters the two share."""
+    pairs = [(c_group.params[arg_index], p_group.body.body)]
+    for j, arg in enumerate(c_args):
+        i = next((i for i, p_arg in enumerate(p_args) if p_arg.same_as(arg)), None)
+        if j != arg_index and i is not None and isinstance(arg, relax.Var):
+            pairs.append((c_group.params[j], p_group.params[i]))
+    renames = {}
+    for c_expr, p_expr in pairs:
+        c_dims, p_dims = tensor_dims(c_expr), tensor_dims(p_expr)
+        if c_dims is None or p_dims is None or len(c_dims) != len(p_dims):
+            continue
+        for c_dim, p_dim in zip(c_dims, p_dims, strict=True):
+            if isinstance(c_dim, tirx.Var) and not c_dim.same_as(p_dim):
+                renames.setdefault(c_dim, p_dim)
+    return c_group.bind_symbolic_vars(renames) if renames else c_group
 
 
 def _merged_arguments(producer, consumer, arg_index: int) -> tuple[dict[int, relax.Var], list]:
@@ -336,6 +335,7 @@ class _Merger:
         p_group, c_group = self._group(producer), self._group(consumer)
         p_args, c_args = _arguments(producer), _arguments(consumer)
         (p_block,) = p_group.body.blocks
+        c_group = _same_symbolic_dims(p_group, c_group, arg_index, p_args, c_args)
 
         # The consumer's parameter for `p` becomes the producer's result; a parameter the
         # producer also takes (the same Relax variable passed to both) becomes the producer's.

@@ -51,6 +51,8 @@ class VectorRows(NotingRule):
         kinds = [info.dom_kind() for info in infos]
         if any(not kind.startswith("S") for kind in kinds):
             return None
+        infos = _inline_symbolic_producers(sch, infos)
+        kinds = [info.dom_kind() for info in infos]
         rows = min(leading_spatial(kind) for kind in kinds)
         writes = sch.get(infos[-1].block_rv).writes
         lanes = vector_lanes(target, writes[0].source.dtype.bits if writes else 32)
@@ -89,6 +91,28 @@ class VectorRows(NotingRule):
                 if why is not None:
                     self.notes[sch.get(block).name_hint] = f"reduces each row serially: {why}"
         return sch
+
+
+def _inline_symbolic_producers(sch: s_tir.Schedule, infos) -> list:
+    """``infos`` less the spatial blocks before the first reduction, inlined into their readers,
+    when that reduction's row has a symbolic length (else ``infos`` as given).
+
+    Each block computed inside the row loop keeps a row of its own, and a row of symbolic
+    length is allocated on the heap for each row (``TVMBackendAllocWorkspace``): a softmax
+    merged with its scale and mask (:mod:`tir_byoc.relax.fuse_rows`) kept three such rows more
+    and took ten times the static build's time.  Inlined, the scale and mask are computed
+    again in the maximum's pass and the exponentials' (a multiply and an add each), and no
+    row is kept for them; the values are the same expressions."""
+    first = next(i for i, info in enumerate(infos) if not info.is_injective())
+    if first == 0 or isinstance(get_extent(sch, sch.get_loops(infos[first].block_rv)[-1]), int):
+        return infos
+    kept = []
+    for info in infos[:first]:
+        try:
+            sch.compute_inline(info.block_rv)
+        except s_tir.ScheduleError:
+            kept.append(info)
+    return kept + list(infos[first:])
 
 
 def _vectorize_inner(sch: s_tir.Schedule, block, lanes: int) -> None:
