@@ -980,7 +980,9 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_conv_pack(
     std::shared_ptr<const Entry> entry = Get(KeyOf(conv, *form, &fused));
     const int64_t bytes = static_cast<int64_t>(sizeof(PackHeader) + entry->weights.get_size());
     if (out == nullptr) {
-      *size = bytes;
+      // A layout no header can describe (none of oneDNN's fp32 weights): the plain weight.
+      if (entry->blocking.empty()) *form = TIR_BYOC_PACK_PLAIN;
+      *size = entry->blocking.empty() ? 0 : bytes;
       return TIR_BYOC_OK;
     }
     if (*size < bytes) return TIR_BYOC_ESHAPE;
