@@ -54,6 +54,10 @@ logger = logging.getLogger("tir_byoc")
 #: block (``TIR_BYOC_PACK_*``), by name.
 PACK_CHOOSE, PACK_CHOOSE_ANY_M = -1, -2
 PACK_FORMS = {0: "plain", 1: "library", 2: "transposed", 3: "blocked"}
+#: The batch a convolution of a symbolic batch is packed (and its form timed) for: oneDNN
+#: asked one of ResNet-50's weights in another layout at batch 1 than at 2 and more (two
+#: threads), and a call whose layout differs pays a reorder of the weight.
+PACK_BATCH = 8
 
 _CALL_TIR = ir.Op.get("relax.call_tir")
 _F32 = DtypeSignature.parse("float32")
@@ -125,7 +129,9 @@ def _pack_call(lib, match: Match, weight: tvm.runtime.Tensor, form: int | None =
     codes, constants = epilogue_arguments(match)
     if isinstance(match, ConvMatch):
         form = PACK_CHOOSE if form is None else form
-        geometry = match.conv.call_arguments()
+        # A symbolic batch is packed for a batch of PACK_BATCH; the conv entry point reorders
+        # the block at run time for a batch whose primitive wants another layout.
+        geometry = [v if isinstance(v, int) else PACK_BATCH for v in match.conv.call_arguments()]
         args = [ctypes.c_void_p(plain.ctypes.data), ctypes.c_int32(match.dtype.code)]
         args += [*map(ctypes.c_int32, geometry[:2]), *map(ctypes.c_int64, geometry[2:])]
         args += [ctypes.c_int64(codes), *(ctypes.c_double(c) for c in constants)]

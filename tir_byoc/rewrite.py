@@ -140,7 +140,10 @@ def conv_arguments(match: ConvMatch, packing=None) -> list:
     args.append(tirx.IntImm("int32", match.dtype.code | flags))
     geometry = match.conv.call_arguments()
     args += [tirx.IntImm("int32", v) for v in geometry[:2]]
-    args += [tirx.IntImm("int64", v) for v in geometry[2:]]
+    args += [
+        tirx.IntImm("int64", v) if isinstance(v, int) else tirx.Cast("int64", v)
+        for v in geometry[2:]
+    ]  # every dim static but a symbolic batch
     codes, constants = epilogue_arguments(match)
     tensors = list(match.tensors)
     if len(tensors) > MAX_TENSORS:

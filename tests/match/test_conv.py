@@ -174,3 +174,31 @@ def test_a_channels_first_depthwise_convolution_is_left_to_tvm_with_the_reason()
     mod = lowered(ConvSpec(layout="last", channels=4, out_channels=4, groups=4))
     (choice,) = tir_byoc.scan(mod, backends=["ref"])
     assert choice.intrinsic == "ref.conv"  # channels last: served
+
+
+@pytest.mark.parametrize("layout", ["first", "last"])
+def test_a_symbolic_batch_is_read_as_the_call_passes_it(layout):
+    """Every dim static but the batch, which the call passes as it is (one build for every
+    batch); its rows are the batch times the output positions."""
+    batch = tvm.tirx.Var("n", "int64")
+    scan = _scan(_func(lowered(ConvSpec(layout=layout, batch=batch, ops=("bias", "relu")))))
+    (match,) = scan.matches
+    assert scan.rejections == ()
+    assert isinstance(match.conv.batch, tvm.tirx.Var) and match.conv.batch.name == "n"
+    assert not match.conv.static_batch
+    assert match.conv.text.split()[1] == "nx4x7x7"
+    assert str(match.m) == "n * T.int64(49)"
+
+
+def test_a_batch_the_input_does_not_share_is_declined():
+    """The output's batch n read from an input whose batch is m: not one convolution."""
+    spec = ConvSpec(layout="last", batch=tvm.tirx.Var("n", "int64"))
+    text = _func(lowered(spec)).script()
+    old, new = "x: T.Buffer((n, T.int64(7)", "x: T.Buffer((m, T.int64(7)"
+    declared = 'n = TypeVar("n")'
+    assert old in text and declared in text
+    text = text.replace(old, new).replace(declared, f'{declared}\nm = TypeVar("m")')
+    func = tvm.script.from_source(text)
+    scan = _scan(func)
+    assert scan.matches == ()
+    assert any("batch" in r.reason for r in scan.rejections), [str(r) for r in scan.rejections]

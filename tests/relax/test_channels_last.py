@@ -242,11 +242,16 @@ def test_a_module_that_is_not_one_is_refused_in_one_line():
         channels_last.find("main")
 
 
-def test_a_symbolic_batch_keeps_nchw_and_says_why():
+def test_a_symbolic_batch_converts_and_a_symbolic_image_size_keeps_nchw_and_says_why():
     net, x = _net()
     batch = torch.export.Dim("batch", min=1, max=8)
     mod, _ = frontend.import_torch(net, (x,), dynamic_shapes={"x": {0: batch}})
     sites, declines = channels_last.find(mod)
+    assert len(sites) == 1 and declines == ()
+    conv = nn.Conv2d(3, 4, 3).eval()
+    size = torch.export.Dim("size", min=8, max=64)
+    mod, _ = frontend.import_torch(conv, (torch.randn(1, 3, 16, 16),), {"input": {2: size}})
+    sites, declines = channels_last.find(mod)
     assert sites == ()
     (decline,) = declines
-    assert "shape is symbolic" in decline.reason and "static shapes only" in decline.reason
+    assert "symbolic beyond its batch" in decline.reason

@@ -26,7 +26,7 @@ from tvm import ir, sym, tirx
 
 from ..decline import Declined
 from ..signature import DtypeSignature
-from .conv_padding import read_padding, static_extent
+from .conv_padding import dim_extent, read_padding, same_extent, static_extent
 from .conv_records import CHANNELS_FIRST, CHANNELS_LAST, WEIGHT_KIO, WEIGHT_OIK, ConvGeometry
 from .exprs import const_value, dtype_of, expr_text, shape_of
 from .extents import Extents
@@ -94,6 +94,11 @@ def looks_like_conv(block) -> bool:
 
 
 _static = static_extent
+
+
+def _sizes(buffer) -> list:
+    """A buffer's dims: ints, the first (the batch) possibly symbolic."""
+    return [dim_extent(d, a, f"a dim of {buffer.name}") for a, d in enumerate(shape_of(buffer))]
 
 
 def _nearest(dims: int) -> str:
@@ -269,16 +274,20 @@ def read_convolution(position: int, index: FunctionIndex, extents: Extents) -> C
     padded, w = data.source, weight.source
     layout = roles["layout"]
     rank = len(out_indices)
-    padded_sizes = [_static(d, f"a dim of {padded.name}") for d in shape_of(padded)]
+    padded_sizes = _sizes(padded)
     if len(padded_sizes) != rank:
         reader.fail(f"{padded.name} has {len(padded_sizes)} dims, expected {rank}")
     channel_at = 1 if layout == CHANNELS_FIRST else rank - 1
     channels = padded_sizes[channel_at]
     groups, strides, dilations = reader.data_indices(roles, channels)
     # Step 4. Shapes: the iterators cover the output and the weight; reads stay in the input.
-    out_sizes = [_static(d, f"a dim of {out.name}") for d in shape_of(out)]
+    out_sizes = _sizes(out)
     by_handle = {it.handle: it for it in nest.iterators}
-    if [_static(by_handle[i.__chandle__()].extent, "an extent") for i in out_indices] != out_sizes:
+    covered = [
+        dim_extent(by_handle[i.__chandle__()].extent, axis, "an extent")
+        for axis, i in enumerate(out_indices)
+    ]
+    if not all(same_extent(e, size) for e, size in zip(covered, out_sizes)):
         reader.fail(f"its iterators do not cover {out.name} whole")
     w_sizes = [_static(d, f"a dim of {w.name}") for d in shape_of(w)]
     w_extents = [_static(by_handle[i.__chandle__()].extent, "an extent") for i in weight.indices]
@@ -290,7 +299,7 @@ def read_convolution(position: int, index: FunctionIndex, extents: Extents) -> C
     for q, k, s, d, size in zip(positions, kernel, strides, dilations, padded_spatial):
         if (q - 1) * s + (k - 1) * d >= size:
             reader.fail(f"reads past the end of {padded.name} ({size} positions)")
-    if padded_sizes[0] != out_sizes[0]:
+    if not same_extent(padded_sizes[0], out_sizes[0]):
         reader.fail(f"{padded.name} has batch {padded_sizes[0]}, the output {out_sizes[0]}")
     # Step 5. The padding block, when the reduction reads one.
     pad_nest, x, pads = None, padded, [0] * (rank - 2)
@@ -309,8 +318,8 @@ def read_convolution(position: int, index: FunctionIndex, extents: Extents) -> C
         pads = [low[a] for a in roles["spatial_at"]]
         if low[0] or low[channel_at]:
             reader.fail("its padding block pads the batch or the channels")
-    x_sizes = [_static(d, f"a dim of {x.name}") for d in shape_of(x)]
-    if x_sizes[0] != out_sizes[0] or x_sizes[channel_at] != channels:
+    x_sizes = _sizes(x)
+    if not same_extent(x_sizes[0], out_sizes[0]) or x_sizes[channel_at] != channels:
         reader.fail(f"{x.name} has shape {x_sizes}, not the batch and channels the block reads")
     for var in (x, w, out):
         reason = compact_global(var)

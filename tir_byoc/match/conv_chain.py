@@ -71,6 +71,17 @@ class ConvEpilogueParser(EpilogueParser):
         return Step(op, OPS[op].code, (), buffer)
 
 
+def _rows(geometry) -> tirx.PrimExpr:
+    """The GEMM rows a convolution's output holds (batch x positions), int64: a constant, or
+    an expression of a symbolic batch."""
+    positions = math.prod(geometry.out_size)
+    if geometry.static_batch:
+        return tirx.IntImm("int64", geometry.batch * positions)
+    batch = geometry.batch
+    batch = batch if dtype_of(batch) == "int64" else tirx.Cast("int64", batch)
+    return batch * tirx.IntImm("int64", positions)
+
+
 def _match(core: ConvCore, cut: Cut, members, written, index, func_name, shorter=()):
     geometry = core.geometry
     inside = members[: cut.count]
@@ -87,7 +98,7 @@ def _match(core: ConvCore, cut: Cut, members, written, index, func_name, shorter
         pattern=conv_pattern(geometry.dims, ops),
         blocks=tuple(n.name for n in nests),
         dtype=core.dtype,
-        m=tirx.IntImm("int64", geometry.batch * math.prod(geometry.out_size)),
+        m=_rows(geometry),
         n=tirx.IntImm("int64", geometry.out_channels),
         k=tirx.IntImm("int64", per_group * math.prod(geometry.kernel)),
         x=core.x,

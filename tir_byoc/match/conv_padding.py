@@ -39,6 +39,30 @@ def static_extent(value, what: str) -> int:
     return int(found)
 
 
+def batch_extent(value, what: str):
+    """``value`` as an int, or the symbolic batch itself (an integer expression): a
+    convolution's batch (its first dim) may be symbolic, its other dims are matched static."""
+    found = const_value(value)
+    if found is not None:
+        return int(found)
+    if not ir.is_prim_expr(value) or not dtype_of(value).startswith("int"):
+        raise Declined(f"{what} is {expr_text(value)}, not an integer", nearest="conv2d")
+    return value
+
+
+def dim_extent(value, axis: int, what: str):
+    """A convolution's dim ``axis``: :func:`batch_extent` for the batch, else
+    :func:`static_extent`."""
+    return batch_extent(value, what) if axis == 0 else static_extent(value, what)
+
+
+def same_extent(a, b) -> bool:
+    """Whether two extents (ints, or a symbolic batch) are provably equal."""
+    if isinstance(a, int) or isinstance(b, int):
+        return isinstance(a, int) and isinstance(b, int) and a == b
+    return bool(sym.Analyzer().can_prove_equal(a, b))
+
+
 def _bounds(cond, handles: dict[int, int], fail) -> dict[int, list]:
     """Per axis, [lo, hi) from a conjunction of comparisons of an iterator with a constant."""
     bounds: dict[int, list] = {}
@@ -93,8 +117,9 @@ def read_padding(pad: Nest, padded, extents: Extents, near: str):
         )
     ):
         fail(f"does not write {padded.name} at its iterators in order")
-    sizes = [static_extent(d, f"a dim of {padded.name}") for d in shape_of(padded)]
-    if [static_extent(it.extent, "an iterator's extent") for it in iterators] != sizes:
+    sizes = [dim_extent(d, a, f"a dim of {padded.name}") for a, d in enumerate(shape_of(padded))]
+    extents = [dim_extent(it.extent, a, "an iterator's extent") for a, it in enumerate(iterators)]
+    if not all(same_extent(e, size) for e, size in zip(extents, sizes)):
         fail(f"does not cover {padded.name} whole")
     value, cond = store.value, None
     if isinstance(value, ir.Call) and value.op.same_as(_IF_THEN_ELSE):
@@ -114,7 +139,7 @@ def read_padding(pad: Nest, padded, extents: Extents, near: str):
     x = then.source
     handles = {it.handle: axis for axis, it in enumerate(iterators)}
     bounds = _bounds(cond, handles, fail) if cond is not None else {}
-    x_sizes = [static_extent(d, f"a dim of {x.name}") for d in shape_of(x)]
+    x_sizes = [dim_extent(d, a, f"a dim of {x.name}") for a, d in enumerate(shape_of(x))]
     pads = []
     for axis, (index, it) in enumerate(zip(elements(then.indices), iterators)):
         coefficients = sym.detect_linear_equation(index, [it.var])
@@ -122,6 +147,11 @@ def read_padding(pad: Nest, padded, extents: Extents, near: str):
         if len(values) != 2 or None in values or values[0] != 1 or values[1] > 0:
             fail(f"reads {x.name} at {expr_text(index)}, not {it.var.name} - padding")
         low = -int(values[1])
+        if not isinstance(sizes[axis], int):  # the symbolic batch: copied whole, never padded
+            if low != 0 or axis in bounds or not same_extent(sizes[axis], x_sizes[axis]):
+                fail(f"does not copy {x.name}'s batch {expr_text(sizes[axis])} as it is")
+            pads.append(0)
+            continue
         lo, hi = bounds.get(axis, [None, None])
         lo = 0 if lo is None else max(lo, 0)
         hi = sizes[axis] if hi is None else min(hi, sizes[axis])
@@ -137,4 +167,4 @@ def read_padding(pad: Nest, padded, extents: Extents, near: str):
     return x, pads
 
 
-__all__ = ["read_padding", "static_extent"]
+__all__ = ["batch_extent", "dim_extent", "read_padding", "same_extent", "static_extent"]

@@ -15,6 +15,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from tvm import tirx
+
 from .records import Match
 
 #: The pattern of the intrinsics that serve convolutions: the conv entry point.
@@ -57,7 +59,8 @@ def conv_ops(name: str, known) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class ConvGeometry:
-    """What a convolution computes, as its call passes it (all static).
+    """What a convolution computes, as its call passes it: every dim static but the batch,
+    which may be symbolic (an integer expression the call passes as it is).
 
     ``in_size``, ``out_size``, ``kernel``, ``stride``, ``dilation`` and ``pad`` (the low
     padding) have one entry per spatial dim, outermost first.  Output position q of dim a reads
@@ -67,7 +70,7 @@ class ConvGeometry:
 
     layout: str
     weight_layout: str
-    batch: int
+    batch: int | tirx.PrimExpr
     channels: int
     out_channels: int
     groups: int
@@ -129,8 +132,12 @@ class ConvGeometry:
         return (*args, *self.pad, *([0] * fill))
 
     @property
-    def flops(self) -> int:
-        """Multiply-adds times two."""
+    def static_batch(self) -> bool:
+        return isinstance(self.batch, int)
+
+    @property
+    def flops(self) -> int | tirx.PrimExpr:
+        """Multiply-adds times two (an expression of the batch where it is symbolic)."""
         per_output = (self.channels // self.groups) * math.prod(self.kernel)
         return 2 * self.batch * self.out_channels * math.prod(self.out_size) * per_output
 
