@@ -6,8 +6,10 @@
    each convolution of one group as im2col and a GEMM, the reshapes around each
    Linear on an N-D activation folded away (so its activation or residual add fuses with the
    GEMM), a packed q/k/v split read as slices, attention's ``q @ k^T`` on K as it is; and,
-   before the convolutions, each eval-mode batch norm folded into the convolution or Linear
-   before it (:mod:`.batch_norm`), each pooling window clipped to its input (:mod:`.pooling`).
+   before the convolutions, each pooling window clipped to its input (:mod:`.pooling`), a
+   CNN's convolutions and the work between them put in channels-last layout where a library
+   convolution serves them (:mod:`.channels_last`), and each eval-mode batch norm folded into
+   the convolution or Linear before it (:mod:`.batch_norm`).
 2. :data:`LOWERING`: operators to TIR (on symbolic shapes, their indices simplified and a
    reshape marked injective, as on static ones), fused into PrimFuncs, each elementwise op
    before a row reduction fused into it.  :func:`lower` runs 1 and 2.
