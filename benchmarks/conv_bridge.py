@@ -28,9 +28,11 @@ SOURCE = HERE / "conv_bridge_onednn.cpp"
 LIBRARY = HERE / "results" / "bin" / "conv_bridge_onednn.so"
 
 
-def conv_shapes(name: str) -> Counter:
+def conv_shapes(name: str, layout: str = "nhwc") -> Counter:
     """The distinct shapes of ``name``'s Conv2d layers on one 224 x 224 image, with how often
-    each runs: (geometry of the conv entry point, relu) -> count."""
+    each runs: (geometry of the conv entry point, relu) -> count; in ``layout`` ``nhwc`` (HWIO
+    weights, as :mod:`tir_byoc.relax.channels_last` hands them to the library) or ``nchw``
+    (OIHW weights)."""
     import torch
 
     from tir_byoc.testing import cnns
@@ -43,9 +45,10 @@ def conv_shapes(name: str) -> Counter:
         n, c, h, w = x.shape
         out_h = h + 2 * module.padding[0] - module.dilation[0] * (module.kernel_size[0] - 1) - 1
         out_w = w + 2 * module.padding[1] - module.dilation[1] * (module.kernel_size[1] - 1) - 1
+        last = 1 if layout == "nhwc" else 0
         geometry = (
-            0,
-            0,
+            last,
+            last,
             n,
             c,
             module.out_channels,
@@ -107,6 +110,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--models", default="resnet50,mobilenet_v2")
+    parser.add_argument(
+        "--layout",
+        choices=("nhwc", "nchw"),
+        default="nhwc",
+        help="the activations' layout (build_model hands CNNs over in nhwc)",
+    )
     args = parser.parse_args(argv)
     import tir_byoc  # noqa: F401  (registers the backends)
     from tir_byoc import toolchain
@@ -126,14 +135,14 @@ def main(argv=None) -> int:
     pack = toolchain.entry_point("onednn", "conv_pack")
     addresses = [ctypes.cast(f, ctypes.c_void_p) for f in (conv, pack)]
     print(
-        "| model | shape (NCHW, out, kernel/stride, pad, groups) | runs | oneDNN direct ms | "
+        "| model | shape (n, c, h, w, out, kernel/stride, pad, groups) | runs | oneDNN direct ms | "
         "tir_byoc ms | tir_byoc / direct | weight |"
     )
     print("| --- | --- | ---: | ---: | ---: | ---: | --- |")
     failed = 0
     for name in args.models.split(","):
         totals = [0.0, 0.0]
-        for geometry, count in conv_shapes(name).items():
+        for geometry, count in conv_shapes(name, args.layout).items():
             relu = 1
             out = (ctypes.c_double * 3)()
             shape = (ctypes.c_int64 * 24)(*geometry)
