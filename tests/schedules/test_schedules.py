@@ -545,10 +545,31 @@ def test_a_window_whose_rows_take_no_vector_stays_serial_along_them_and_says_why
     )
 
 
+@pytest.mark.parametrize("op", ["max", "conv"])
+def test_a_stride_2_window_gathers_every_other_input_into_its_vectors(op):
+    """VGG's 2 x 2 max pooling and MobileNetV2's stride-2 depthwise convolutions in NCHW: the
+    rows still run in vectors, each lane reading every other input; a max is the unscheduled
+    one bit for bit, a sum within a fused multiply-add's rounding."""
+    kernel, width = (2, 62) if op == "max" else (3, 64)  # output rows of 32 either way
+    func = _window(width, kernel=kernel, stride=2, op=op)
+    report = _schedule(func)
+    assert dict(report.rules) == {"main": "SlidingWindow"}
+    notes = report.serial_blocks.get("main", {}).values()
+    assert not [n for n in notes if "vectorised" in n], notes  # (too small for two threads)
+    scheduled = report.module["main"]
+    assert vector_loads(scheduled)
+    arrays = _params(func)
+    got, want = _run(scheduled, arrays)[-1], _run(func, arrays)[-1]
+    if op == "max":
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize(
     "func",
-    [_window(32, kernel=3, stride=2), row_sum, row_sum_512, total_sum, _rms_norm(4)],
-    ids=["stride 2", "row sum", "row sum 512", "total sum", "two reductions"],
+    [_window(36, kernel=3, stride=3), row_sum, row_sum_512, total_sum, _rms_norm(4)],
+    ids=["stride 3", "row sum", "row sum 512", "total sum", "two reductions"],
 )
 def test_the_window_rule_declines_reductions_that_do_not_read_along_their_rows(func):
     assert SlidingWindow().apply(func, TARGET, False) is None

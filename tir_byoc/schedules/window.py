@@ -38,6 +38,9 @@ from .loops import (
 
 #: The innermost loop over the window's taps is unrolled up to this extent.
 MAX_UNROLLED = 16
+#: The largest stride along the rows a window may read with (a pooling or a convolution of
+#: stride 2 reads every other input of a row: the vector's lanes gather them).
+MAX_STEP = 2
 
 
 class SlidingWindow(NotingRule):
@@ -47,8 +50,10 @@ class SlidingWindow(NotingRule):
 
     Applies when the function has exactly one reduction block, its iterators are spatial ones
     then reduction ones, all of static extent, it stores along its last spatial iterator, and
-    every buffer it reads is read either along that iterator (with step 1, in the buffer's last
-    axis) or not at all by it (a weight, read once per tap).  Every other block is spatial.
+    every buffer it reads is read either along that iterator (with a step of 1 or 2, in the
+    buffer's last axis: a stride-2 pooling or depthwise convolution in NCHW, each lane reading
+    every other input) or not at all by it (a weight, read once per tap).  Every other block
+    is spatial.
     """
 
     def schedule(self, sch: s_tir.Schedule, blocks, target: Target) -> s_tir.Schedule | None:
@@ -80,8 +85,8 @@ class SlidingWindow(NotingRule):
         # Step 3. The other blocks (a pad before, a bias after) each in parallel, vectorised.
         others = [block for block in blocks if block is not window]
         self.notes = schedule_blocks(sch, others, target)
-        note = note or serial
-        if note is not None:
+        note = "; ".join(n for n in (note, serial) if n)
+        if note:
             self.notes[window.name] = note
         return sch
 
@@ -120,15 +125,16 @@ def _reads_along_rows(sch: s_tir.Schedule, block_rv, rows: int) -> bool:
         *leading, last = list(load.indices) or [None]
         if any(reads_var(index, x) for index in leading):
             return False
-        if last is not None and reads_var(last, x) and not _step_one(last, x):
+        if last is not None and reads_var(last, x) and not _small_step(last, x):
             return False
     return True
 
 
-def _step_one(index, var) -> bool:
-    """Whether ``index`` is ``var`` plus an expression without ``var``."""
+def _small_step(index, var) -> bool:
+    """Whether ``index`` is ``var`` times a step of 1 to :data:`MAX_STEP` plus an expression
+    without ``var``."""
     coefficients = sym.detect_linear_equation(index, [var])
     if len(coefficients) != 2:
         return False
     step = const_value(coefficients[0])
-    return step == 1 and not reads_var(coefficients[1], var)
+    return step is not None and 1 <= step <= MAX_STEP and not reads_var(coefficients[1], var)
