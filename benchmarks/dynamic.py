@@ -1,13 +1,16 @@
-"""One dynamic build against a static build per size: BERT, GPT-2 and LLaMA, batch x sequence.
+"""One dynamic build against a static build per size: BERT, GPT-2 and LLaMA, batch x sequence;
+ResNet-50 and MobileNetV2, batch.
 
 Entry point: ``python benchmarks/dynamic.py`` (``make bench-dynamic``);
-``--models bert,gpt2,llama``, ``--batches 1,4,16``, ``--sequences 32,128,384`` and
-``--threads 1,2`` choose the matrix (those are the defaults).  Each thread count runs in a
+``--models bert,gpt2,llama,resnet50,mobilenet_v2``, ``--batches 1,4,16``,
+``--sequences 32,128,384``, ``--image-batches 1,8`` and ``--threads 1,2`` choose the matrix
+(those are the defaults).  Each thread count runs in a
 child process of its own, every pool told that count before any library loads.  In it, for
 each model:
 
 1. one dynamic build, ``build_model(..., dynamic={0: {0: ("batch", 1, B), 1: ("seq", 1, S)}})``
-   with B and S the largest batch and sequence asked for, timed;
+   with B and S the largest batch and sequence asked for (a CNN: the batch only, its images
+   224 x 224), timed;
 2. for each batch and sequence: a static build at that size (timed), ONNX Runtime on one
    export with dynamic axes (``torch.onnx.export``, batch and sequence dynamic; ORT's CPU
    provider, all graph optimisations; see benchmarks/models.py), and torch eager
@@ -22,7 +25,9 @@ per model, the build time of the one dynamic build against the sum of the static
 models (:func:`build_model`) are the zoo's architectures built from configs with random
 weights (nothing is downloaded): ``--hidden`` wide (default 256, heads of 64, FFN 4x),
 ``--layers`` layers, positions for 512 tokens; BERT returns its last hidden state, the
-decoders their logits under a causal mask sliced to the sequence's length.
+decoders their logits under a causal mask sliced to the sequence's length; the CNNs are the
+zoo's (:mod:`tir_byoc.testing.cnns`: transformers' configs, batch norm calibrated), their
+logits.
 """
 
 from __future__ import annotations
@@ -48,7 +53,10 @@ TOLERANCE = 1e-3
 #: The models (``--models``): each a transformers config of the zoo's architecture at the
 #: benchmark's width, ids in; the encoder returns its last hidden state, the decoders their
 #: logits under a causal mask sliced to the sequence's length.
-MODELS = ("bert", "gpt2", "llama")
+MODELS = ("bert", "gpt2", "llama", "resnet50", "mobilenet_v2")
+#: The models of :data:`MODELS` that take images: a symbolic batch, no sequence.
+CNNS = ("resnet50", "mobilenet_v2")
+IMAGE = 224
 #: Positions every model takes (the longest sequence must be below: see DynamicCausal).
 POSITIONS = 512
 VOCAB = 1000
@@ -96,6 +104,10 @@ def build_model(name: str, hidden: int, layers: int, longest: int = 384):
         vocab_size=VOCAB,
     )
     torch.manual_seed(0)
+    if name in CNNS:
+        from tir_byoc.testing import cnns
+
+        return cnns.CNNS[name]().module
     if name == "bert":
         model = models.from_config(
             "BertConfig", "BertModel", bert_like, {"add_pooling_layer": False}
@@ -123,23 +135,40 @@ def _ids(batch: int, sequence: int):
     return torch.randint(0, VOCAB, (batch, sequence), generator=generator)
 
 
-def _onnxruntime(model, batch: int, sequence: int, threads: int):
-    """A session of one export with batch and sequence dynamic, and its input's name."""
+def _images(batch: int):
+    import torch
+
+    generator = torch.Generator().manual_seed(batch)
+    return torch.randn(batch, 3, IMAGE, IMAGE, generator=generator)
+
+
+def _input(name: str, batch: int, sequence: int | None):
+    return _images(batch) if name in CNNS else _ids(batch, sequence)
+
+
+def _dims(name: str, batch: int, sequence: int | None) -> dict:
+    """The input's dynamic dims as build_model's short form takes them."""
+    if name in CNNS:
+        return {0: ("batch", 1, batch)}
+    return {0: ("batch", 1, batch), 1: ("seq", 1, sequence)}
+
+
+def _onnxruntime(model, name: str, batch: int, sequence: int | None, threads: int):
+    """A session of one export with batch (and sequence) dynamic, and its input's name."""
     import onnxruntime
     import torch
 
     path = Path(tempfile.mkdtemp()) / "model.onnx"
-    dims = {
-        0: torch.export.Dim("batch", min=1, max=batch),
-        1: torch.export.Dim("seq", max=sequence),
-    }
+    dims = {0: torch.export.Dim("batch", min=1, max=batch)}
+    if name not in CNNS:
+        dims[1] = torch.export.Dim("seq", max=sequence)
     torch.onnx.export(
         model,
-        (_ids(2, 16),),
+        (_input(name, 2, 16),),
         str(path),
         dynamo=True,
         external_data=False,
-        dynamic_shapes=({0: dims[0], 1: dims[1]},),
+        dynamic_shapes=(dims,),
     )
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
@@ -176,47 +205,48 @@ def _model_rows(args, name: str, threads: int) -> dict:
 
     import tir_byoc
 
-    batches, sequences = args.batches, args.sequences
-    model = build_model(name, args.hidden, args.layers, max(sequences))
+    if name in CNNS:
+        sizes = [(batch, None) for batch in args.image_batches]
+    else:
+        sizes = [(batch, sequence) for batch in args.batches for sequence in args.sequences]
+    longest = max(args.sequences)
+    model = build_model(name, args.hidden, args.layers, longest)
     start = time.perf_counter()
-    dynamic = tir_byoc.build_model(
-        model,
-        (_ids(2, 16),),
-        dynamic={0: {0: ("batch", 1, max(batches)), 1: ("seq", 1, max(sequences))}},
-    )
+    most = max(batch for batch, _ in sizes)
+    dims = _dims(name, most, longest)
+    dynamic = tir_byoc.build_model(model, (_input(name, 2, 16),), dynamic={0: dims})
     dynamic_seconds = time.perf_counter() - start
-    session, input_name = _onnxruntime(model, max(batches), max(sequences), threads)
+    session, input_name = _onnxruntime(model, name, most, longest, threads)
     rows, static_seconds = [], 0.0
-    for batch in batches:
-        for sequence in sequences:
-            ids = _ids(batch, sequence)
-            start = time.perf_counter()
-            static = tir_byoc.build_model(model, (ids,))
-            static_seconds += time.perf_counter() - start
+    for batch, sequence in sizes:
+        ids = _input(name, batch, sequence)
+        start = time.perf_counter()
+        static = tir_byoc.build_model(model, (ids,))
+        static_seconds += time.perf_counter() - start
+        with torch.inference_mode():
+            expected = model(ids)
+        feed = {input_name: ids.numpy()}
+
+        def eager(ids=ids):
             with torch.inference_mode():
-                expected = model(ids)
-            feed = {input_name: ids.numpy()}
+                return model(ids)
 
-            def eager(ids=ids):
-                with torch.inference_mode():
-                    return model(ids)
-
-            runs = {
-                "dynamic": lambda ids=ids: dynamic(ids),
-                "static": lambda ids=ids: static(ids),
-                "onnxruntime": lambda feed=feed: session.run(None, feed)[0],
-                "torch": eager,
-            }
-            notes = {k: _error(run(), expected) for k, run in runs.items()}
-            times = {k: [] for k in runs}
-            for _ in range(args.rounds):
-                for column, run in runs.items():
-                    times[column].append(_median_ms(run, args.budget))
-            row = {"threads": threads, "model": name, "batch": batch, "sequence": sequence}
-            row.update({k: statistics.median(v) for k, v in times.items()})
-            row["notes"] = "; ".join(f"{k}: {v}" for k, v in notes.items() if v)
-            rows.append(row)
-            print(json.dumps(row), file=sys.stderr, flush=True)
+        runs = {
+            "dynamic": lambda ids=ids: dynamic(ids),
+            "static": lambda ids=ids: static(ids),
+            "onnxruntime": lambda feed=feed: session.run(None, feed)[0],
+            "torch": eager,
+        }
+        notes = {k: _error(run(), expected) for k, run in runs.items()}
+        times = {k: [] for k in runs}
+        for _ in range(args.rounds):
+            for column, run in runs.items():
+                times[column].append(_median_ms(run, args.budget))
+        row = {"threads": threads, "model": name, "batch": batch, "sequence": sequence}
+        row.update({k: statistics.median(v) for k, v in times.items()})
+        row["notes"] = "; ".join(f"{k}: {v}" for k, v in notes.items() if v)
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
     return {
         "threads": threads,
         "model": name,
@@ -248,7 +278,7 @@ def table(results: list[dict]) -> str:
         for row in result["rows"]:
             dynamic, static, ort = row["dynamic"], row["static"], row["onnxruntime"]
             lines.append(
-                f"| {row['threads']} | {row['model']} | {row['batch']} | {row['sequence']} "
+                f"| {row['threads']} | {row['model']} | {row['batch']} | {row['sequence'] or '-'} "
                 f"| {dynamic:.2f} | {static:.2f} | {dynamic / static:.2f} | {ort:.2f} "
                 f"| {ort / dynamic:.2f} | {ort / static:.2f} | {row['torch']:.2f} "
                 f"| {row['torch'] / dynamic:.2f} |" + (f" {row['notes']}" if row["notes"] else "")
@@ -292,6 +322,7 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=_numbers, default=[1, 2])
     parser.add_argument("--batches", type=_numbers, default=[1, 4, 16])
     parser.add_argument("--sequences", type=_numbers, default=[32, 128, 384])
+    parser.add_argument("--image-batches", type=_numbers, default=[1, 8])
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--budget", type=float, default=0.3, help="seconds per column a round")
@@ -307,6 +338,7 @@ def main(argv=None) -> int:
             "--child", "--threads", str(threads), "--models", ",".join(args.models),
             "--batches", ",".join(map(str, args.batches)),
             "--sequences", ",".join(map(str, args.sequences)),
+            "--image-batches", ",".join(map(str, args.image_batches)),
             "--hidden", str(args.hidden), "--layers", str(args.layers),
             "--budget", str(args.budget), "--rounds", str(args.rounds),
         ]  # fmt: skip
