@@ -53,10 +53,16 @@ def test_sizes_threads_and_models_are_comma_lists(dynamic):
     assert dynamic._numbers("1,4,16") == [1, 4, 16]
     assert dynamic._environment(2)["TVM_NUM_THREADS"] == "2"
     assert dynamic._models("gpt2,bert") == ["gpt2", "bert"]
-    with pytest.raises(Exception, match="expected models among bert, gpt2, llama, got 'opt'"):
+    assert dynamic._dims("resnet50", 8, 384) == {0: ("batch", 1, 8)}  # a CNN: the batch only
+    with pytest.raises(
+        Exception,
+        match="expected models among bert, gpt2, llama, resnet50, mobilenet_v2, got 'opt'",
+    ):
         dynamic._models("opt")
 
 
 def test_an_unknown_model_is_refused_in_one_line(dynamic):
-    with pytest.raises(ValueError, match=r"expected a model of \('bert', 'gpt2', 'llama'\)"):
+    with pytest.raises(
+        ValueError, match=r"expected a model of \('bert', 'gpt2', 'llama', 'resnet50'"
+    ):
         dynamic.build_model("opt", 64, 1)
