@@ -255,3 +255,17 @@ def test_a_symbolic_batch_converts_and_a_symbolic_image_size_keeps_nchw_and_says
     assert sites == ()
     (decline,) = declines
     assert "symbolic beyond its batch" in decline.reason
+
+
+def test_a_build_that_offloads_nothing_keeps_nchw_and_says_why(imported, monkeypatch):
+    net, x, mod = imported
+    with channels_last.kept_as_given(pipeline.NO_LIBRARY):
+        sites, (decline,) = channels_last.find(mod)
+    assert sites == () and decline.reason == pipeline.NO_LIBRARY
+    kept = []
+    monkeypatch.setattr(channels_last, "rewrite", lambda m, s: kept.append(s) or m)
+    built = tir_byoc.build_model(net, (x,), offload=False)
+    assert kept == [()]  # the build's lowering converted nothing
+    with torch.no_grad():
+        expected = net(x).numpy()
+    np.testing.assert_allclose(built(x).numpy(), expected, rtol=1e-4, atol=1e-5)

@@ -34,7 +34,8 @@ either layout.
 
 Applies only where a backend's convolution takes convolutions whole
 (:func:`~tir_byoc.relax.conv_choice.native_convolution`): im2col + GEMM, the path of the other
-backends, serves NCHW only.  A function with a convolution symbolic in more than its batch is
+backends, serves NCHW only; a build that offloads nothing keeps NCHW too
+(:func:`kept_as_given`).  A function with a convolution symbolic in more than its batch is
 kept as it is: the library's convolution is matched with a symbolic batch only, and TVM's own
 loops run faster in NCHW.  ``TIR_BYOC_CHANNELS_LAST=0`` keeps every layout as it is.
 
@@ -46,8 +47,10 @@ windows are clipped and before batch norms are folded (:mod:`tir_byoc.relax.pipe
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,6 +93,20 @@ class LayoutSite:
     function: str
     convolutions: tuple[relax.Var, ...]
     pads: tuple[relax.Var, ...]
+
+
+_KEPT: ContextVar = ContextVar("tir_byoc_channels_last_kept", default=None)
+
+
+@contextlib.contextmanager
+def kept_as_given(reason: str):
+    """Within the block, :func:`find` keeps every layout, giving ``reason`` (a build that
+    offloads nothing: TVM's own loops run NCHW faster)."""
+    token = _KEPT.set(reason)
+    try:
+        yield
+    finally:
+        _KEPT.reset(token)
 
 
 def enabled() -> bool:
@@ -171,6 +188,8 @@ def find(mod: tvm.IRModule) -> tuple[tuple[LayoutSite, ...], tuple[Decline, ...]
 
 
 def _why_not(site: LayoutSite) -> str | None:
+    if _KEPT.get() is not None:
+        return _KEPT.get()
     if not enabled():
         return f"${ENV}=0 keeps NCHW"
     if conv_choice.mode() == "im2col":
@@ -334,4 +353,13 @@ class _FoldTransposes(_Inliner):
         super().visit_var_binding_(binding)
 
 
-__all__ = ["CHANNELS_LAST", "ENV", "LAYOUTS", "ChannelsLast", "LayoutSite", "find", "rewrite"]
+__all__ = [
+    "CHANNELS_LAST",
+    "ENV",
+    "LAYOUTS",
+    "ChannelsLast",
+    "LayoutSite",
+    "find",
+    "kept_as_given",
+    "rewrite",
+]

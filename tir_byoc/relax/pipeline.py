@@ -35,6 +35,7 @@ who never calls ``build_model`` gets the same module::
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 
 import tvm
@@ -45,6 +46,7 @@ from ..offload import offload
 from ..planning import Planner
 from ..registry import REGISTRY, Registry
 from ..rewrite import calls_in_parallel_loops
+from . import channels_last
 from .batch_norm import FoldBatchNorms
 from .bounded_shapes import BoundShapes
 from .channels_last import ChannelsLast
@@ -71,6 +73,12 @@ class RemoveDeadCode:
         entries = [g.name_hint for g, f in mod.functions_items() if isinstance(f, relax.Function)]
         return relax.transform.DeadCodeElimination(entries)(mod)
 
+
+#: Why a build that offloads nothing keeps its convolutions' layouts (:mod:`.channels_last`).
+NO_LIBRARY = (
+    "the build offloads nothing (offload=False): no library convolution takes NHWC, and TVM's "
+    "own loops run NCHW faster"
+)
 
 #: Stage 1, before ``LegalizeOps``: the Relax rewrites, in order.
 BEFORE_LEGALIZE = (
@@ -193,7 +201,8 @@ class TirByocPipeline:
                 f"tir_byoc pipeline: expected an llvm (CPU) target in scope, as "
                 f"tvm.compile(mod, target, relax_pipeline=...) or `with target:` gives, got {found}"
             )
-        mod = lower(mod)
+        with contextlib.nullcontext() if self.offload else channels_last.kept_as_given(NO_LIBRARY):
+            mod = lower(mod)
         if self.offload:
             mod = offload(
                 mod,
