@@ -126,7 +126,10 @@
  * whose M is only known at run time: among the forms whose layout does not depend on m (the
  * transposed one), for every m (the m passed is one example).  With out != NULL it writes
  * the block in *form.
- * The block names its form and layout; a call it was not made for returns TIR_BYOC_EPACKED.
+ * The block names its form and layout; a GEMM call it was not made for returns
+ * TIR_BYOC_EPACKED.  A conv block holds its weight's layout, and a call whose primitive asks
+ * for another (another batch, thread count or CPU) reorders it for that call; only a block of
+ * another weight shape, or of a layout no format tag describes, returns TIR_BYOC_EPACKED.
  * A backend that does not pack never receives the flag and returns TIR_BYOC_EDTYPE if it
  * does. */
 #define TIR_BYOC_PACKED_WEIGHT (1 << 25)
