@@ -194,9 +194,10 @@ def _pad_then_conv(value: float = 0.0, conv_padding: int = 0):
     ("value", "conv_padding", "reason"),
     [
         (1.0, 0, "it pads with constant 1.0, not zeros"),
+        (-0.0, 0, "it pads with constant -0.0, not zeros"),
         (0.0, 1, "the convolution that reads it has a padding of its own"),
     ],
-    ids=["pad_value", "conv_padding"],
+    ids=["pad_value", "negative_zero", "conv_padding"],
 )
 def test_a_pad_that_cannot_move_stays_and_says_why(value, conv_padding, reason):
     mod = _pad_then_conv(value, conv_padding)

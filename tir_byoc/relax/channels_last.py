@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -127,10 +128,13 @@ def _pad_fold(pad: relax.Call, conv: relax.Call, uses: int) -> str | None:
     """Why the ``pad`` read by ``conv`` cannot become its padding, or None when it can."""
     attrs = pad.attrs
     widths = [int(w) for w in attrs.pad_width]
-    if str(attrs.pad_mode) != "constant" or float(attrs.pad_value) != 0.0:
-        return f"it pads with {attrs.pad_mode} {float(attrs.pad_value)}, not zeros"
+    value = float(attrs.pad_value)
+    if str(attrs.pad_mode) != "constant" or value != 0.0 or math.copysign(1.0, value) < 0:
+        return f"it pads with {attrs.pad_mode} {value}, not zeros"  # -0.0 is no conv's zero
     if len(widths) != 8 or any(widths[:4]):
         return "it pads more than the height and width"
+    if any(w < 0 for w in widths):
+        return "it crops (a negative width), which no padding does"
     if uses != 1:
         return "its result has another use besides the convolution"
     if any(int(p) for p in conv.attrs.padding):
