@@ -35,6 +35,7 @@ from .calls import (
 from .epilogues import MAX_TENSORS
 from .match import RELU_KEEPS_NAN, Match
 from .match.conv_records import ConvMatch
+from .match.exprs import as_int64
 from .registry import Intrinsic
 from .signature import PACKED_WEIGHT_FLAG, RELU_KEEPS_NAN_FLAG
 
@@ -65,12 +66,6 @@ def _whole(buffer: ir.Var):
     return tirx.BufferRegion(buffer, ranges)
 
 
-def _as_int64(expr):
-    if isinstance(expr, tirx.IntImm):
-        return tirx.IntImm("int64", expr.value)
-    return expr if str(expr.ty.dtype) == "int64" else tirx.Cast("int64", expr)
-
-
 def batch_arguments(match: Match) -> list:
     """The batch arguments of a ``bmm_`` call: counts, then X's and W's strides, two each.
 
@@ -79,9 +74,9 @@ def batch_arguments(match: Match) -> list:
     batch = match.batch
     pad = 2 - len(batch.counts)
     one, zero = tirx.IntImm("int64", 1), tirx.IntImm("int64", 0)
-    counts = [one] * pad + [_as_int64(c) for c in batch.counts]
-    x_strides = [zero] * pad + [_as_int64(s) for s in batch.x_strides]
-    w_strides = [zero] * pad + [_as_int64(s) for s in batch.w_strides]
+    counts = [one] * pad + [as_int64(c) for c in batch.counts]
+    x_strides = [zero] * pad + [as_int64(s) for s in batch.x_strides]
+    w_strides = [zero] * pad + [as_int64(s) for s in batch.w_strides]
     return counts + x_strides + w_strides
 
 
@@ -89,7 +84,7 @@ def fixed_arguments(match: Match) -> list:
     """The arguments of a fixed entry point (``dense_bias_relu``, ``bmm_matmul``, ...)."""
     operands = [match.x, match.w] + ([match.bias] if match.bias is not None else [])
     args = [_pointer(b) for b in [*operands, match.out]]
-    args += [_as_int64(e) for e in (match.rows, match.n, match.k)]
+    args += [as_int64(e) for e in (match.rows, match.n, match.k)]
     flags = RELU_KEEPS_NAN_FLAG if match.relu_nan == RELU_KEEPS_NAN else 0
     args.append(tirx.IntImm("int32", match.dtype.code | flags))
     if match.batch is not None and match.batch.form == "batched":
@@ -112,7 +107,7 @@ def gemm_arguments(match: Match, packing=None) -> list:
     with a :class:`~tir_byoc.packing.Packing`, the packed weight's block instead of W."""
     weight = match.w if packing is None else packing.param
     args = [_pointer(b) for b in (match.x, weight, match.out)]
-    args += [_as_int64(e) for e in (match.rows, match.n, match.k)]
+    args += [as_int64(e) for e in (match.rows, match.n, match.k)]
     flags = 0 if packing is None else PACKED_WEIGHT_FLAG
     args.append(tirx.IntImm("int32", match.dtype.code | flags))
     args.append(tirx.IntImm("int32", 0 if match.layout == "dense" else 1))
@@ -140,10 +135,7 @@ def conv_arguments(match: ConvMatch, packing=None) -> list:
     args.append(tirx.IntImm("int32", match.dtype.code | flags))
     geometry = match.conv.call_arguments()
     args += [tirx.IntImm("int32", v) for v in geometry[:2]]
-    args += [
-        tirx.IntImm("int64", v) if isinstance(v, int) else tirx.Cast("int64", v)
-        for v in geometry[2:]
-    ]  # every dim static but a symbolic batch
+    args += [as_int64(v) for v in geometry[2:]]  # every dim static but a symbolic batch
     codes, constants = epilogue_arguments(match)
     tensors = list(match.tensors)
     if len(tensors) > MAX_TENSORS:

@@ -11,17 +11,10 @@ from __future__ import annotations
 from tvm import tirx
 
 from ..decline import Declined
-from .exprs import const_value, dtype_of, expr_text, is_var, is_zero
+from .exprs import as_int64, const_value, expr_text, is_var, is_zero
 from .extents import Extents
 from .records import Batch
 from .traversal import elements
-
-
-def _int64(expr):
-    value = const_value(expr)
-    if value is not None:
-        return tirx.IntImm("int64", value)
-    return expr if dtype_of(expr) == "int64" else tirx.Cast("int64", expr)
 
 
 def _times(a, b):
@@ -29,10 +22,10 @@ def _times(a, b):
     if a_value is not None and b_value is not None:
         return tirx.IntImm("int64", a_value * b_value)
     if a_value == 1:
-        return _int64(b)
+        return as_int64(b)
     if b_value == 1:
-        return _int64(a)
-    return _int64(a) * _int64(b)
+        return as_int64(a)
+    return as_int64(a) * as_int64(b)
 
 
 def operand_strides(load, batch_vars, dims, extents: Extents, what: str) -> list:
@@ -106,7 +99,7 @@ def batch_of(batch_iters, x, w, mk, extents: Extents) -> Batch:
             ):
                 merged[-1] = (_times(outer_count, count), x_stride, w_stride)
                 continue
-        merged.append((_int64(count), x_stride, w_stride))
+        merged.append((as_int64(count), x_stride, w_stride))
     if not merged:  # every batch dim has extent 1
         merged = [(tirx.IntImm("int64", 1), _times(m, k), tirx.IntImm("int64", 0))]
     counts, xs, ws = (tuple(column) for column in zip(*merged))

@@ -24,7 +24,7 @@ from .conv import ConvCore, read_convolution
 from .conv_records import ConvMatch, conv_pattern
 from .epilogue import EpilogueParser, read_elementwise
 from .explain import stranded_epilogues
-from .exprs import const_value, dtype_of, expr_text, index_text, is_var
+from .exprs import as_int64, const_value, dtype_of, expr_text, index_text, is_var
 from .records import RELU_KEEPS_NAN, RELU_NAN_TO_ZERO, Step
 from .stir import compact_global
 from .traversal import elements
@@ -77,9 +77,7 @@ def _rows(geometry) -> tirx.PrimExpr:
     positions = math.prod(geometry.out_size)
     if geometry.static_batch:
         return tirx.IntImm("int64", geometry.batch * positions)
-    batch = geometry.batch
-    batch = batch if dtype_of(batch) == "int64" else tirx.Cast("int64", batch)
-    return batch * tirx.IntImm("int64", positions)
+    return as_int64(geometry.batch) * tirx.IntImm("int64", positions)
 
 
 def _match(core: ConvCore, cut: Cut, members, written, index, func_name, shorter=()):

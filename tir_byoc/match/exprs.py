@@ -105,6 +105,15 @@ def dtype_of(node) -> str:
     return str(node.ty.dtype)
 
 
+def as_int64(value) -> tirx.PrimExpr:
+    """An int, an integer constant or an integer expression as an int64 expression: constants
+    (also through casts) as an ``IntImm``, another dtype cast."""
+    found = value if isinstance(value, int) else const_value(value)
+    if found is not None:
+        return tirx.IntImm("int64", int(found))
+    return value if dtype_of(value) == "int64" else tirx.Cast("int64", value)
+
+
 def shape_of(var) -> tuple:
     return elements(var.ty.shape)
 

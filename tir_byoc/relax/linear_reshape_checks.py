@@ -36,7 +36,7 @@ import tvm
 from tvm import ir, relax, sym, tirx
 
 from ..decline import RESHAPE_FOLD, Decline, Declined
-from ..match.exprs import dtype_of, expr_text
+from ..match.exprs import as_int64, expr_text
 from .analysis import bound_call, tensor_dims, variable_uses
 
 _RESHAPE = ir.Op.get("relax.reshape")
@@ -170,7 +170,7 @@ class _Dims:
         self._analyzer = sym.Analyzer()
 
     def equal(self, a, b) -> bool:
-        a, b = _int64(a), _int64(b)
+        a, b = as_int64(a), as_int64(b)
         if isinstance(a, tirx.IntImm) and isinstance(b, tirx.IntImm):
             return a.value == b.value
         return bool(self._analyzer.can_prove_equal(a, b))
@@ -179,13 +179,7 @@ class _Dims:
         return len(a) == len(b) and all(self.equal(x, y) for x, y in zip(a, b, strict=True))
 
     def product(self, dims):
-        return self._analyzer.simplify(functools.reduce(operator.mul, map(_int64, dims)))
-
-
-def _int64(dim):
-    if isinstance(dim, int):
-        return tirx.IntImm("int64", dim)
-    return dim if dtype_of(dim) == "int64" else tirx.Cast("int64", dim)
+        return self._analyzer.simplify(functools.reduce(operator.mul, map(as_int64, dims)))
 
 
 # --------------------------------------------------------------------------------------
