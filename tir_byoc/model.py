@@ -25,7 +25,6 @@ the same kind, exports itself as a shared library and profiles itself per PrimFu
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Iterable
 
@@ -39,7 +38,6 @@ from .built_model import Model, TirSignature
 from .meta_schedule.tune import check_budget
 from .offload import offload as offload_module
 from .relax import conv_choice, pipeline
-from .relax.channels_last import kept_as_given
 
 
 def host_target() -> tvm.target.Target:
@@ -210,10 +208,8 @@ def build_model(
             "per bucket of sizes (docs/meta-schedule.md, Dynamic shapes)"
         )
     if is_relax:
-        library = offload or tuned
-        kept = contextlib.nullcontext() if library else kept_as_given(pipeline.NO_LIBRARY)
-        with conv_choice.backends_in_scope(backends), kept:  # which convolutions stay whole
-            mod = pipeline.lower(mod)
+        with conv_choice.backends_in_scope(backends):  # which convolutions stay whole
+            mod = pipeline.lower(mod, library=offload or tuned)
     signature = TirSignature.of(mod[entry]) if not is_relax else None
     if tuned:
         mod = _tune(mod, resolved, is_relax, tune_trials, work_dir, offload, backends, tune_options)

@@ -224,10 +224,10 @@ def rewrite(mod: tvm.IRModule, sites: tuple[LayoutSite, ...]) -> tvm.IRModule:
         return mod
     names = {site.function for site in sites}
     pads = {pad for site in sites for pad in site.pads}
-    # Steps 1 and 2: clip as minimum and maximum, pads into their convolutions.
+    # Steps 1 and 2: clip as minimum and maximum, pads into their convolutions (the pads,
+    # now unread, go with the dead code at the end).
     prepared = _Prepare(mod, names, pads).transform()
     entries = [g.name_hint for g, f in prepared.functions_items() if isinstance(f, relax.Function)]
-    prepared = relax.transform.DeadCodeElimination(entries)(prepared)
     # Step 3. Relax's layout conversion.
     desired = {"relax.nn.conv2d": list(LAYOUTS)}
     converted = relax.transform.ConvertLayout(desired)(prepared)

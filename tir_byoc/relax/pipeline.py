@@ -112,9 +112,12 @@ def lowering_passes() -> tuple:
     return (*BEFORE_LEGALIZE, *LOWERING)
 
 
-def lower(mod: tvm.IRModule) -> tvm.IRModule:
-    """Stages 1 and 2 on a Relax module: its operators as fused PrimFuncs."""
-    return tvm.transform.Sequential([make_pass() for make_pass in lowering_passes()])(mod)
+def lower(mod: tvm.IRModule, library: bool = True) -> tvm.IRModule:
+    """Stages 1 and 2 on a Relax module: its operators as fused PrimFuncs.  ``library=False``
+    (a build that offloads nothing) keeps the convolutions' layouts (:data:`NO_LIBRARY`)."""
+    kept = contextlib.nullcontext() if library else channels_last.kept_as_given(NO_LIBRARY)
+    with kept:
+        return tvm.transform.Sequential([make_pass() for make_pass in lowering_passes()])(mod)
 
 
 def after_offload(mod: tvm.IRModule) -> tvm.IRModule:
@@ -201,8 +204,7 @@ class TirByocPipeline:
                 f"tir_byoc pipeline: expected an llvm (CPU) target in scope, as "
                 f"tvm.compile(mod, target, relax_pipeline=...) or `with target:` gives, got {found}"
             )
-        with contextlib.nullcontext() if self.offload else channels_last.kept_as_given(NO_LIBRARY):
-            mod = lower(mod)
+        mod = lower(mod, library=self.offload)
         if self.offload:
             mod = offload(
                 mod,
