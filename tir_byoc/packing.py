@@ -9,9 +9,10 @@ modules after the PrimFuncs are rewritten.  A GEMM's weight is packed when
 - the backend serving it packs (:attr:`tir_byoc.registry.Backend.packs`: oneDNN; OpenBLAS and
   the reference kernel keep the plain path) and its ``gemm`` entry point takes the epilogue;
 - the call is fp32, without batch (a ``batch_`` match folds its batch into M), with static N
-  and K.  A static M gets the form fastest for it; a symbolic one only a form whose layout
-  does not depend on M (the transposed weight), chosen if it is faster at every M timed
-  (``TIR_BYOC_PACK_CHOOSE_ANY_M``: 1, 32 and 256 rows);
+  and K.  A static M gets the form fastest for it; a symbolic one a form that serves every M
+  (``TIR_BYOC_PACK_CHOOSE_ANY_M``, timed at 1, 32 and 256 rows): the transposed weight, or
+  the library's layouts by M (``library_by_m``: a copy of the weight in each layout the
+  library asks for over a sample of M, at most four, the call picking its M's);
 - nothing else in the PrimFunc reads the weight.
 
 A convolution's weight is packed the same way, by ``tir_byoc_<backend>_conv_pack``.
@@ -53,7 +54,7 @@ logger = logging.getLogger("tir_byoc")
 #: ``TIR_BYOC_PACK_CHOOSE`` (for one M), ``TIR_BYOC_PACK_CHOOSE_ANY_M``, and the forms of a
 #: block (``TIR_BYOC_PACK_*``), by name.
 PACK_CHOOSE, PACK_CHOOSE_ANY_M = -1, -2
-PACK_FORMS = {0: "plain", 1: "library", 2: "transposed", 3: "blocked"}
+PACK_FORMS = {0: "plain", 1: "library", 2: "transposed", 3: "blocked", 4: "library_by_m"}
 #: The batch a convolution of a symbolic batch is packed (and its form timed) for: oneDNN
 #: asked one of ResNet-50's weights in another layout at batch 1 than at 2 and more (two
 #: threads), and a call whose layout differs pays a reorder of the weight.
@@ -136,6 +137,7 @@ def _pack_call(lib, match: Match, weight: tvm.runtime.Tensor, form: int | None =
         args += [*map(ctypes.c_int32, geometry[:2]), *map(ctypes.c_int64, geometry[2:])]
         args += [ctypes.c_int64(codes), *(ctypes.c_double(c) for c in constants)]
         return _run_pack(lib, match, args, form)
+    # A symbolic M passes one example, 1: the backend samples the M it needs itself.
     rows = const_value(match.rows)
     if form is None:
         form = PACK_CHOOSE if rows is not None else PACK_CHOOSE_ANY_M

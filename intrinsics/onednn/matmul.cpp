@@ -187,6 +187,7 @@ struct Entry {
                                                  // (a kMinMax clip's: a scalar)
   std::string implementation;                    // oneDNN's name for the kernel it chose
   uint64_t id;  // unique per creation, keys the per-thread argument cache
+  uint64_t layout = 0;  // DescHash(weights), kept so a packed call does not hash per call
 };
 
 std::atomic<uint64_t> next_entry_id{1};
@@ -250,6 +251,27 @@ dnnl::memory::desc PlainWeights(const Key &key, dt type) {
   return Operand(key, key.batch.w_stride, key.k, key.n, type, weight_strides);
 }
 
+/* A hash of everything that places an element in a memory descriptor. */
+uint64_t DescHash(const dnnl::memory::desc &md) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](uint64_t part) { h = (h ^ part) * 1099511628211ull; };
+  auto mix_all = [&mix](const dims &values) {
+    mix(values.size());
+    for (int64_t v : values) mix(static_cast<uint64_t>(v));
+  };
+  mix(static_cast<uint64_t>(md.get_data_type()));
+  mix(static_cast<uint64_t>(md.get_format_kind()));
+  mix(md.get_size());
+  mix_all(md.get_dims());
+  mix_all(md.get_padded_dims());
+  mix_all(md.get_padded_offsets());
+  mix_all(md.get_strides());
+  mix_all(md.get_inner_blks());
+  mix_all(md.get_inner_idxs());
+  mix(static_cast<uint64_t>(md.get_submemory_offset()));
+  return h;
+}
+
 std::shared_ptr<const Entry> Create(const Key &key, const Dtypes &dtypes) {
   // Step 1. Plain row-major descriptors; the weight's layout is carried by its strides.
   Entry entry;
@@ -294,6 +316,7 @@ std::shared_ptr<const Entry> Create(const Key &key, const Dtypes &dtypes) {
       if (entry.fusion.guarded >= entry.fusion.count) entry.fusion.guarded = -1;
       entry.primitive = dnnl::matmul(desc);
       entry.id = next_entry_id++;
+      entry.layout = DescHash(entry.weights);
       return std::make_shared<const Entry>(std::move(entry));
     } catch (const dnnl::error &) {
       if (entry.fusion.count == 0) throw;
@@ -941,8 +964,8 @@ Fusion Plan(const tir_byoc_epilogue &epilogue) {
 
 /* ------------------------------------------------------------------------------------------
  * Packed weights (TIR_BYOC_PACKED_WEIGHT).  tir_byoc_onednn_pack lays a constant weight out at
- * build time in one of two forms for one call (its M, N, K, layout and fused epilogue), after
- * a 64-byte header naming the form and the layout:
+ * build time in one of three forms for one call (its N, K, layout and fused epilogue, and its
+ * M but for the third), after a 64-byte header naming the form and the layout:
  *
  * - TIR_BYOC_PACK_LIBRARY: the layout oneDNN's matmul asks for when the weight is given as
  *   format_tag::any (blocked on brgemm CPUs, a plain one on AVX2);
@@ -951,60 +974,175 @@ Fusion Plan(const tir_byoc_epilogue &epilogue) {
  *   blocks of the weight as it goes, and how fast depends on the layout it reads: measured on
  *   AVX2 (AMD EPYC, one thread), 128x768 -> 3072 takes 14.5 ms from a K x N weight and
  *   7.2 ms from an N x K one, while 1x4096 -> 4096 is 12 % faster from K x N.
+ * - TIR_BYOC_PACK_LIBRARY_BY_M, for a call whose M is known only at run time: the weight in
+ *   each distinct layout oneDNN's matmul asks for (format_tag::any) at the M of kLayoutRows,
+ *   at most kMaxCopies copies, the smallest M's first, after a table of them (PackTable).  A
+ *   call runs on the copy in the layout its primitive asks for.  When no copy is (an M past
+ *   the sampled ones, a layout beyond the cap, another thread count or CPU), a copy whose
+ *   layout a format tag describes is reordered for that call into this thread's memory: a
+ *   pass over the weight per call, correct but not the fast path.
+ *   TIR_BYOC_ONEDNN_TEST_REORDER=1 (for tests) takes that path on every call.
+ *   Seen with the PyPI oneDNN 3.2 on AVX-512 (AMD EPYC Zen 4, brg:avx512_core) for K x N in
+ *   {256, 1024} x {256, 512, 768, 1000, 1024}, 768 x 3072 and 3072 x 768, with a bias, at
+ *   every M from 1 to 512 and a sample up to 8192, at one and two threads: one layout
+ *   (BA16a64b, N padded to 64) at every M.  The table holds more in case another CPU or
+ *   oneDNN version changes layout with M.
  *
  * A call with the flag creates the primitive of the form the header names and runs on the
- * block only if the header names the layout that primitive wants: a block made for another
- * shape, epilogue, CPU or oneDNN version gives TIR_BYOC_EPACKED, never a result.
+ * block only if the block holds the layout that primitive wants (or, by M, one it can be
+ * reordered from): a block made for another shape, epilogue, CPU or oneDNN version gives
+ * TIR_BYOC_EPACKED, never a result.
  */
 struct PackHeader {
   char magic[8];
-  uint64_t layout;  // DescHash of the packed weight's memory descriptor
-  uint64_t bytes;   // its size
-  uint64_t form;    // TIR_BYOC_PACK_LIBRARY or TIR_BYOC_PACK_TRANSPOSED
-  uint64_t reserved[4];
+  uint64_t layout;  // DescHash of the packed weight's memory descriptor (by M: the first copy's)
+  uint64_t bytes;   // its size (by M: the table's and the copies')
+  uint64_t form;    // TIR_BYOC_PACK_LIBRARY, _TRANSPOSED or _LIBRARY_BY_M
+  uint64_t version;  // by M: kByMVersion; 0 for the other forms, whose format never changed
+  uint64_t copies;   // by M: how many copies the table lists; 0 for the other forms
+  uint64_t reserved[2];
 };
 static_assert(sizeof(PackHeader) == 64, "the packed data starts 64-byte aligned");
 constexpr char kPackMagic[8] = {'t', 'i', 'r', 'b', 'y', 'o', 'c', 'P'};
+// The format of a block by M; a block of another version gives TIR_BYOC_EPACKED.
+constexpr uint64_t kByMVersion = 1;
+
+/* One copy of a block by M, in the table after its header. */
+struct PackCopy {
+  uint64_t layout;  // DescHash of the copy's memory descriptor
+  uint64_t offset;  // from the end of the header, a multiple of 64
+  uint64_t bytes;   // its size
+  int64_t rows;     // the first M of kLayoutRows whose primitive asked for it (for reports)
+};
+/* At most this many copies: four weights' memory for a layout per range of M; an M whose
+ * layout is not held pays a reorder per call. */
+constexpr int kMaxCopies = 4;
+struct PackTable {
+  PackCopy copy[kMaxCopies];
+};
+static_assert(sizeof(PackTable) % 64 == 0, "the copies start 64-byte aligned");
+
+/* The M whose layouts a block by M holds: powers of two up to 8192, as no layout change was
+ * seen between them (see above). */
+constexpr int64_t kLayoutRows[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
 
 /* The key of the primitive that reads a weight packed in `form` for a call of key `plain`. */
 Key FormKey(const Key &plain, int64_t form) {
   Key key = plain;
-  if (form == TIR_BYOC_PACK_LIBRARY) key.packed = true;
+  if (form == TIR_BYOC_PACK_LIBRARY || form == TIR_BYOC_PACK_LIBRARY_BY_M) key.packed = true;
   if (form == TIR_BYOC_PACK_TRANSPOSED)
     key.layout = plain.layout == TIR_BYOC_LAYOUT_NK ? TIR_BYOC_LAYOUT_KN : TIR_BYOC_LAYOUT_NK;
   return key;
 }
 
-/* A hash of everything that places an element in a memory descriptor. */
-uint64_t DescHash(const dnnl::memory::desc &md) {
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&h](uint64_t part) { h = (h ^ part) * 1099511628211ull; };
-  auto mix_all = [&mix](const dims &values) {
-    mix(values.size());
-    for (int64_t v : values) mix(static_cast<uint64_t>(v));
-  };
-  mix(static_cast<uint64_t>(md.get_data_type()));
-  mix(static_cast<uint64_t>(md.get_format_kind()));
-  mix(md.get_size());
-  mix_all(md.get_dims());
-  mix_all(md.get_padded_dims());
-  mix_all(md.get_padded_offsets());
-  mix_all(md.get_strides());
-  mix_all(md.get_inner_blks());
-  mix_all(md.get_inner_idxs());
-  mix(static_cast<uint64_t>(md.get_submemory_offset()));
-  return h;
+/* True if a block by M's table lists 1 to kMaxCopies copies, each inside the block. */
+bool TableFits(const PackHeader &header) {
+  if (header.version != kByMVersion || header.copies < 1 || header.copies > kMaxCopies ||
+      header.bytes < sizeof(PackTable))
+    return false;
+  const PackTable &table = *reinterpret_cast<const PackTable *>(&header + 1);
+  for (uint64_t i = 0; i < header.copies; ++i) {
+    const PackCopy &copy = table.copy[i];
+    if (copy.offset % 64 != 0 || copy.offset < sizeof(PackTable) || copy.bytes > header.bytes ||
+        copy.offset > header.bytes - copy.bytes)
+      return false;
+  }
+  return true;
 }
 
 /* True if `header` starts a block of a form this file makes. */
 bool IsPack(const PackHeader *header) {
-  return header != nullptr && std::memcmp(header->magic, kPackMagic, sizeof kPackMagic) == 0 &&
-         (header->form == TIR_BYOC_PACK_LIBRARY || header->form == TIR_BYOC_PACK_TRANSPOSED);
+  if (header == nullptr || std::memcmp(header->magic, kPackMagic, sizeof kPackMagic) != 0)
+    return false;
+  if (header->form == TIR_BYOC_PACK_LIBRARY_BY_M) return TableFits(*header);
+  return (header->form == TIR_BYOC_PACK_LIBRARY || header->form == TIR_BYOC_PACK_TRANSPOSED) &&
+         header->version == 0;
 }
 
-bool PackFits(const PackHeader *header, const dnnl::memory::desc &weights) {
-  return IsPack(header) && header->layout == DescHash(weights) &&
-         header->bytes == weights.get_size();
+bool PackFits(const PackHeader *header, const Entry &entry) {
+  return IsPack(header) && header->layout == entry.layout &&
+         header->bytes == entry.weights.get_size();
+}
+
+/* Whether a test asked every block by M to be reordered, as if it held no copy in the
+ * layout of the call (see the comment above PackHeader). */
+bool TestReorder() {
+  const char *setting = std::getenv("TIR_BYOC_ONEDNN_TEST_REORDER");
+  return setting != nullptr && std::strcmp(setting, "1") == 0;
+}
+
+/* The descriptor of dims `shape` (fp32) whose DescHash is `layout`: the format tag's that
+ * gives it, each searched once per thread; false if no tag does. */
+bool Described(uint64_t layout, const dims &shape, dnnl::memory::desc *out) {
+  thread_local std::map<std::pair<uint64_t, dims>, std::pair<bool, dnnl::memory::desc>> known;
+  auto found = known.find({layout, shape});
+  if (found == known.end()) {
+    if (known.size() >= 64) known.clear();
+    std::pair<bool, dnnl::memory::desc> described{false, {}};
+    for (int t = dnnl_a; t < dnnl_format_tag_last && !described.first; ++t) {
+      dnnl_memory_desc_t md = nullptr;
+      if (dnnl_memory_desc_create_with_tag(&md, static_cast<int>(shape.size()), shape.data(),
+                                           dnnl_f32,
+                                           static_cast<dnnl_format_tag_t>(t)) != dnnl_success)
+        continue;
+      dnnl::memory::desc candidate(md);
+      if (DescHash(candidate) == layout) described = {true, candidate};
+    }
+    found = known.emplace(std::make_pair(layout, shape), described).first;
+  }
+  if (found->second.first) *out = found->second.second;
+  return found->second.first;
+}
+
+/* This thread's memory for a weight reordered for one call, at least `bytes` long; NULL if
+ * memory ran out. */
+void *ReorderedWeight(size_t bytes) {
+  struct Buffer {
+    void *data = nullptr;
+    size_t size = 0;
+    ~Buffer() { std::free(data); }
+  };
+  thread_local Buffer buffer;
+  if (bytes > buffer.size) {
+    const size_t size = (bytes + 63) / 64 * 64;
+    void *grown = std::aligned_alloc(64, size);
+    if (grown == nullptr) return nullptr;
+    std::free(buffer.data);
+    buffer.data = grown, buffer.size = size;
+  }
+  return buffer.data;
+}
+
+/* The weight of a block by M (its table checked by IsPack) in the layout `entry` reads: the
+ * copy in that layout, or else a copy reordered into it for this call; NULL if no copy's
+ * layout can be described (a block of another weight shape, or none a format tag gives). */
+const void *CopyFor(const PackHeader &header, const Entry &entry) {
+  const PackTable &table = *reinterpret_cast<const PackTable *>(&header + 1);
+  const char *data = reinterpret_cast<const char *>(&header + 1);
+  const size_t bytes = entry.weights.get_size();
+  // Step 1. The common case: a copy in the primitive's layout.
+  if (!TestReorder()) {
+    for (uint64_t i = 0; i < header.copies; ++i) {
+      if (table.copy[i].layout == entry.layout && table.copy[i].bytes == bytes)
+        return data + table.copy[i].offset;
+    }
+  }
+  // Step 2. A copy whose descriptor is known and of the call's weight shape, reordered into
+  // the primitive's layout.
+  for (uint64_t i = 0; i < header.copies; ++i) {
+    dnnl::memory::desc held;
+    if (!Described(table.copy[i].layout, entry.weights.get_dims(), &held) ||
+        held.get_dims() != entry.weights.get_dims() || held.get_size() != table.copy[i].bytes)
+      continue;
+    void *out = ReorderedWeight(bytes);
+    if (out == nullptr) return nullptr;
+    dnnl::memory from(held, Engine(), const_cast<char *>(data + table.copy[i].offset));
+    dnnl::memory to(entry.weights, Engine(), out);
+    dnnl::reorder(from, to).execute(Stream(), from, to);
+    Stream().wait();
+    return out;
+  }
+  return nullptr;
 }
 
 /* The weight in `block` (laid out as `entry` reads it) in the plain layout of `plain`. */
@@ -1060,9 +1198,12 @@ int32_t Call(const tir_byoc_call *call) {
       key = FormKey(key, static_cast<int64_t>(header->form));
     }
     std::shared_ptr<const Entry> entry = Cache().Get(key, dtypes);
-    if (packed) {  // the block must have been made for this primitive's weight layout
-      if (!PackFits(header, entry->weights)) return TIR_BYOC_EPACKED;
-      w = header + 1;
+    if (packed) {  // the block must hold this primitive's weight layout (by M: a copy in it)
+      if (header->form == TIR_BYOC_PACK_LIBRARY_BY_M)
+        w = CopyFor(*header, *entry);
+      else
+        w = PackFits(header, *entry) ? header + 1 : nullptr;
+      if (w == nullptr) return TIR_BYOC_EPACKED;
     }
     // Step 3. Run it.  A guarded post-op (the last fused) may differ from C only where its
     // output is an infinity or a NaN, so such an output is computed again (step 4).
@@ -1193,28 +1334,30 @@ std::vector<double> TimeForms(const Key &plain, const Dtypes &dtypes, const void
 constexpr int64_t kSampleRows[] = {1, 32, 256};
 
 /* The form a call of key `plain` is fastest with on this machine, for its M or, with `any_m`,
- * among the forms whose layout does not depend on M (the transposed one) for every M.  A
- * candidate is a form whose primitive runs the same kernel with the same fused epilogue
- * (whose exactness the table above Plan measured) on a different weight layout; it wins on
- * its medians (TimeForms, at each of kSampleRows with `any_m`) only if it is 5 % faster than
- * the plain weight on average and nowhere 5 % slower.
+ * for every M: the transposed weight, or the library's layouts by M (a block holding the
+ * layout oneDNN asks for at each M, TIR_BYOC_PACK_LIBRARY_BY_M).  A candidate is a form whose
+ * primitive runs the same kernel with the same fused epilogue (whose exactness the table
+ * above Plan measured) on a different weight layout; it wins on its medians (TimeForms, at
+ * each of kSampleRows with `any_m`, the library's layout being the one of that M) only if it
+ * is 5 % faster than the plain weight on average and nowhere 5 % slower.
  * TIR_BYOC_ONEDNN_PACK=library (or always), transposed or plain names the form instead (for
- * tests and measurements); the library's layout is never named for `any_m`. */
+ * tests and measurements); library names the form by M for `any_m`. */
 int32_t ChooseForm(const Key &plain, const Dtypes &dtypes, const void *w, bool any_m) {
+  const int32_t library = any_m ? TIR_BYOC_PACK_LIBRARY_BY_M : TIR_BYOC_PACK_LIBRARY;
   if (const char *setting = std::getenv("TIR_BYOC_ONEDNN_PACK")) {
     const std::string named = setting;
-    if (named == "library" || named == "always")
-      return any_m ? TIR_BYOC_PACK_PLAIN : TIR_BYOC_PACK_LIBRARY;
+    if (named == "library" || named == "always") return library;
     if (named == "transposed") return TIR_BYOC_PACK_TRANSPOSED;
     if (named == "plain") return TIR_BYOC_PACK_PLAIN;
   }
   std::vector<int64_t> rows{plain.m};
   if (any_m) rows.assign(std::begin(kSampleRows), std::end(kSampleRows));
   std::vector<int32_t> forms{TIR_BYOC_PACK_PLAIN};
-  std::vector<uint64_t> layouts{DescHash(Cache().Get(plain, dtypes)->weights)};
-  for (int32_t form : {TIR_BYOC_PACK_TRANSPOSED, TIR_BYOC_PACK_LIBRARY}) {
-    if (any_m && form == TIR_BYOC_PACK_LIBRARY) continue;
-    bool candidate = true;
+  std::vector<uint64_t> layouts{Cache().Get(plain, dtypes)->layout};
+  for (int32_t form : {TIR_BYOC_PACK_TRANSPOSED, library}) {
+    // A candidate runs the plain weight's kernel at every row; a form by M is the plain
+    // weight again if its layout is the plain one at every row.
+    bool candidate = true, plain_layout = true;
     for (int64_t m : rows) {
       Key key = plain;
       key.m = m;
@@ -1222,10 +1365,13 @@ int32_t ChooseForm(const Key &plain, const Dtypes &dtypes, const void *w, bool a
       std::shared_ptr<const Entry> entry = Cache().Get(FormKey(key, form), dtypes);
       candidate = candidate && entry->implementation == base->implementation &&
                   entry->fusion == base->fusion;
+      plain_layout = plain_layout && entry->layout == base->layout;
     }
-    const uint64_t layout = DescHash(Cache().Get(FormKey(plain, form), dtypes)->weights);
-    if (!candidate || std::find(layouts.begin(), layouts.end(), layout) != layouts.end())
-      continue;
+    const uint64_t layout = Cache().Get(FormKey(plain, form), dtypes)->layout;
+    const bool known = form == TIR_BYOC_PACK_LIBRARY_BY_M
+                           ? plain_layout
+                           : std::find(layouts.begin(), layouts.end(), layout) != layouts.end();
+    if (!candidate || known) continue;
     forms.push_back(form);
     layouts.push_back(layout);
   }
@@ -1255,6 +1401,50 @@ int32_t ChooseForm(const Key &plain, const Dtypes &dtypes, const void *w, bool a
   return best;
 }
 
+/* The primitives whose layouts a block by M of key `plain` holds: the first to ask for each
+ * distinct layout at the M of kLayoutRows, at most kMaxCopies of them. */
+std::vector<std::pair<int64_t, std::shared_ptr<const Entry>>> CopiesByM(const Key &plain,
+                                                                        const Dtypes &dtypes) {
+  std::vector<std::pair<int64_t, std::shared_ptr<const Entry>>> copies;
+  for (int64_t m : kLayoutRows) {
+    Key key = FormKey(plain, TIR_BYOC_PACK_LIBRARY_BY_M);
+    key.m = m;
+    std::shared_ptr<const Entry> entry = Cache().Get(key, dtypes);
+    const bool held = std::any_of(copies.begin(), copies.end(), [&](const auto &copy) {
+      return copy.second->layout == entry->layout;
+    });
+    if (!held && copies.size() < kMaxCopies) copies.emplace_back(m, entry);
+  }
+  return copies;
+}
+
+/* Write a block by M of the plain weight `w` (key `plain`) to `header`: the table, then each
+ * copy 64-byte aligned; its size (header included) if `header` is NULL. */
+int64_t PackByM(const Key &plain, const Dtypes &dtypes, const void *w, PackHeader *header) {
+  const auto copies = CopiesByM(plain, dtypes);
+  uint64_t offset = sizeof(PackTable);
+  PackTable table{};
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const Entry &entry = *copies[i].second;
+    table.copy[i] = PackCopy{entry.layout, offset, entry.weights.get_size(), copies[i].first};
+    offset += (entry.weights.get_size() + 63) / 64 * 64;
+  }
+  if (header != nullptr) {
+    std::memset(header, 0, sizeof *header);
+    std::memcpy(header->magic, kPackMagic, sizeof kPackMagic);
+    header->layout = table.copy[0].layout;
+    header->bytes = offset;
+    header->form = TIR_BYOC_PACK_LIBRARY_BY_M;
+    header->version = kByMVersion;
+    header->copies = copies.size();
+    char *data = reinterpret_cast<char *>(header + 1);
+    std::memcpy(data, &table, sizeof table);
+    for (size_t i = 0; i < copies.size(); ++i)
+      Reorder(plain, dtypes, w, *copies[i].second, data + table.copy[i].offset);
+  }
+  return static_cast<int64_t>(sizeof(PackHeader) + offset);
+}
+
 /* Pack the plain weight w of a gemm call (the arguments of tir_byoc_onednn_gemm without the
  * operands x, y and the epilogue's tensors, which do not shape the primitive) in *form, into
  * `out`: *size bytes, 64-byte aligned.  The protocol is tir_byoc.h's (TIR_BYOC_PACKED_WEIGHT):
@@ -1279,6 +1469,16 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_pack(const void *w, int64_t m
       *size = 0;
       return TIR_BYOC_OK;
     }
+    if (*form == TIR_BYOC_PACK_LIBRARY_BY_M) {
+      const int64_t bytes = PackByM(plain, decoded, w, nullptr);
+      if (out == nullptr) {
+        *size = bytes;
+        return TIR_BYOC_OK;
+      }
+      if (*size < bytes) return TIR_BYOC_ESHAPE;
+      PackByM(plain, decoded, w, static_cast<PackHeader *>(out));
+      return TIR_BYOC_OK;
+    }
     if (*form != TIR_BYOC_PACK_LIBRARY && *form != TIR_BYOC_PACK_TRANSPOSED)
       return TIR_BYOC_EDTYPE;
     std::shared_ptr<const Entry> entry = Cache().Get(FormKey(plain, *form), decoded);
@@ -1291,7 +1491,7 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_pack(const void *w, int64_t m
     PackHeader *header = static_cast<PackHeader *>(out);
     std::memset(header, 0, sizeof *header);
     std::memcpy(header->magic, kPackMagic, sizeof kPackMagic);
-    header->layout = DescHash(entry->weights);
+    header->layout = entry->layout;
     header->bytes = entry->weights.get_size();
     header->form = static_cast<uint64_t>(*form);
     Reorder(plain, decoded, w, *entry, header + 1);
