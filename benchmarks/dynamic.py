@@ -16,7 +16,7 @@ each model:
    provider, all graph optimisations; see benchmarks/models.py), and torch eager
    (``inference_mode``); each checked against torch eager, then timed in interleaved rounds (a
    round times each column once for about ``--budget`` seconds; the table keeps each
-   column's median over the rounds).
+   column's median over the rounds; each round starts one column later than the last).
 
 The table gives each column's milliseconds a run, ``dynamic / static`` (the target: within
 1.10 at every size), ``onnxruntime / dynamic`` and ``onnxruntime / static`` (the target: the
@@ -239,9 +239,12 @@ def _model_rows(args, name: str, threads: int) -> dict:
         }
         notes = {k: _error(run(), expected) for k, run in runs.items()}
         times = {k: [] for k in runs}
-        for _ in range(args.rounds):
-            for column, run in runs.items():
-                times[column].append(_median_ms(run, args.budget))
+        columns = list(runs)
+        for round_ in range(args.rounds):
+            # Each round starts at the next column, so that no column always runs right after
+            # the same other one (ONNX Runtime's workers keep spinning after its run ends).
+            for column in columns[round_ % len(columns) :] + columns[: round_ % len(columns)]:
+                times[column].append(_median_ms(runs[column], args.budget))
         row = {"threads": threads, "model": name, "batch": batch, "sequence": sequence}
         row.update({k: statistics.median(v) for k, v in times.items()})
         row["notes"] = "; ".join(f"{k}: {v}" for k, v in notes.items() if v)
