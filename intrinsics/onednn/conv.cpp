@@ -17,7 +17,10 @@
  *   per-thread buffers around it.  The pack function times the plain weight and both forms on
  *   the call and keeps the fastest if it is 5 % faster than the plain weight
  *   (TIR_BYOC_ONEDNN_PACK=library|blocked|plain names the form instead).  A weight passed as
- *   a parameter runs the plain form.
+ *   a parameter runs the plain form.  The library form is timed on each implementation
+ *   oneDNN offers for the call, not only its first (ChooseForm says why); the block's header
+ *   names the one kept, and its calls run it (TIR_BYOC_ONEDNN_CONV_KERNEL=first keeps oneDNN's
+ *   first).
  * - The epilogue: a leading bias is the primitive's bias argument (oneDNN adds it to the fp32
  *   sum, as the TIR adds it to the finished sum: one rounding each), then the ops oneDNN
  *   computes exactly as tir_byoc_epilogue.h does are post-ops: relu (each NaN spelling only
@@ -100,10 +103,13 @@ struct Key {
   std::vector<Post> post;
   std::array<uint32_t, 3> clip{};  // the bits of a clip's lo, hi and NaN result (one clip)
   ClipForm clip_form = ClipForm::kClipV2;  // the post-ops the clip is fused as
+  // The oneDNN implementation to run (its impl_info_str), empty for the first oneDNN offers;
+  // one it does not offer for the key runs the first too (see Implementation).
+  std::string implementation;
 
   auto Tie() const {
     return std::tie(layout, weight_layout, n, c, o, groups, in, out, kernel, stride, dilation,
-                    pad, packed, blocked, bias, post, clip, clip_form);
+                    pad, packed, blocked, bias, post, clip, clip_form, implementation);
   }
   bool operator<(const Key &other) const { return Tie() < other.Tie(); }
 };
@@ -192,8 +198,10 @@ dnnl::memory::desc AnyWeights(const Key &key) {
   return dnnl::memory::desc(plain.get_dims(), dt::f32, tag::any);
 }
 
-std::shared_ptr<const Entry> Create(const Key &key) {
-  Entry entry;
+using ConvDesc = dnnl::convolution_forward::primitive_desc;
+
+/* The descriptor of oneDNN's first implementation for `key`, and `entry`'s descriptors. */
+ConvDesc FirstDesc(const Key &key, Entry &entry) {
   const int count = SpatialDims(key);
   entry.src = Activations(key, key.c, key.in);
   entry.dst = Activations(key, key.o, key.out);
@@ -237,10 +245,46 @@ std::shared_ptr<const Entry> Create(const Key &key) {
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   const dnnl::memory::desc any_src(entry.src.get_dims(), dt::f32, tag::any);
   const dnnl::memory::desc any_dst(entry.dst.get_dims(), dt::f32, tag::any);
-  dnnl::convolution_forward::primitive_desc desc(
-      Engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-      key.blocked ? any_src : entry.src, entry.weights, entry.bias,
-      key.blocked ? any_dst : entry.dst, strides, dilation, left, right, attr);
+  return ConvDesc(Engine(), dnnl::prop_kind::forward_inference,
+                  dnnl::algorithm::convolution_direct, key.blocked ? any_src : entry.src,
+                  entry.weights, entry.bias, key.blocked ? any_dst : entry.dst, strides, dilation,
+                  left, right, attr);
+}
+
+/* Whether ChooseForm times `implementation` against oneDNN's first: not its reference
+ * kernels, its gemm-based one (it runs post-ops in a slow pass, see KeyOf) or the SSE4.1 ones
+ * (never within 2x of the AVX ones on the shapes of MobileNetV2 and ResNet-50). */
+bool WorthTiming(const std::string &implementation) {
+  return implementation.rfind("ref", 0) != 0 && implementation.find("gemm") == std::string::npos &&
+         implementation.find("sse41") == std::string::npos;
+}
+
+/* The implementations oneDNN offers for `key` (whatever its key.implementation) that
+ * ChooseForm times, oneDNN's first excluded. */
+std::vector<std::string> Alternatives(const Key &key) {
+  Entry scratch;
+  ConvDesc desc = FirstDesc(key, scratch);
+  std::vector<std::string> found;
+  const std::string first = desc.impl_info_str();
+  while (desc.next_impl()) {
+    const std::string name = desc.impl_info_str();
+    if (name != first && WorthTiming(name) &&
+        std::find(found.begin(), found.end(), name) == found.end())
+      found.push_back(name);
+  }
+  return found;
+}
+
+std::shared_ptr<const Entry> Create(const Key &key) {
+  Entry entry;
+  ConvDesc desc = FirstDesc(key, entry);
+  if (!key.implementation.empty()) {
+    // The named implementation, if oneDNN offers it for this key (next_impl leaves the last
+    // one in place when none is left), else the first.
+    while (desc.impl_info_str() != key.implementation && desc.next_impl()) {
+    }
+    if (desc.impl_info_str() != key.implementation) desc = FirstDesc(key, entry);
+  }
   entry.implementation = desc.impl_info_str();
   if (key.packed) entry.weights = desc.weights_desc();
   entry.inner_src = desc.src_desc(), entry.inner_dst = desc.dst_desc();
@@ -494,9 +538,12 @@ bool EltwiseAgrees(const Key &key, Post post, const tir_byoc_op &op) {
 }
 
 /* The key of `conv` (its geometry) with the longest prefix of its epilogue oneDNN computes
- * exactly fused; *fused is set to how many ops that is. */
-Key KeyOf(const tir_byoc_conv &conv, int64_t form, int *fused) {
+ * exactly fused, on `implementation` (empty: oneDNN's first); *fused is set to how many ops
+ * that is. */
+Key KeyOf(const tir_byoc_conv &conv, int64_t form, int *fused,
+          const std::string &implementation = std::string()) {
   Key key{};
+  key.implementation = implementation;
   key.layout = conv.layout, key.weight_layout = conv.weight_layout;
   key.n = conv.n, key.c = conv.c, key.o = conv.o, key.groups = conv.groups;
   for (int a = 0; a < 3; ++a) {
@@ -598,6 +645,11 @@ int32_t Run(const tir_byoc_conv &conv, const Key &key, int fused,
  * well.  TIR_BYOC_ONEDNN_TEST_REORDER=1 (for tests) treats every block as made for another
  * layout.
  *
+ * The header names the oneDNN implementation the block was chosen for (empty: oneDNN's
+ * first).  A call runs it where oneDNN offers it for the call's key, and oneDNN's first
+ * elsewhere (another CPU, or post-ops that implementation does not take), the block reordered
+ * as above when that one asks for another weight layout.
+ *
  * A block of another weight shape gives TIR_BYOC_EPACKED, as does a block of an older format
  * (its magic names the format's version) or one whose blocking no format tag of this oneDNN
  * has.
@@ -612,7 +664,10 @@ struct PackHeader {
   int32_t ndims, inner_nblks;
   int64_t dims[DNNL_MAX_NDIMS], padded_dims[DNNL_MAX_NDIMS], strides[DNNL_MAX_NDIMS];
   int64_t inner_blks[DNNL_MAX_NDIMS], inner_idxs[DNNL_MAX_NDIMS];
-  uint64_t reserved[7];
+  // The oneDNN implementation the pack chose for the call (Key::implementation), NUL-padded;
+  // all zero (blocks made before the choice too) for oneDNN's first.
+  char implementation[48];
+  uint64_t reserved[1];
 };
 static_assert(sizeof(PackHeader) == 576, "the packed data starts 64-byte aligned");
 // Version 3 holds the descriptor; version 2 ("tirbyCv2", 64 bytes) had the batch and a hash
@@ -641,7 +696,14 @@ bool Describe(const dnnl::memory::desc &md, PackHeader *header) {
 }
 
 /* The descriptor fields of a header, as bytes: what identifies the block's layout. */
-constexpr size_t kBlockingBytes = offsetof(PackHeader, reserved) - offsetof(PackHeader, ndims);
+constexpr size_t kBlockingBytes =
+    offsetof(PackHeader, implementation) - offsetof(PackHeader, ndims);
+
+/* The implementation a header names (empty: oneDNN's first). */
+std::string ImplementationOf(const PackHeader &header) {
+  return std::string(header.implementation,
+                     strnlen(header.implementation, sizeof header.implementation));
+}
 
 std::string Blocking(const PackHeader &header) {
   return std::string(reinterpret_cast<const char *>(&header.ndims), kBlockingBytes);
@@ -760,7 +822,7 @@ bool TestReorder() {
 int32_t RunPacked(const tir_byoc_conv &conv, const PackHeader &header) {
   int fused = 0;
   const int64_t form = static_cast<int64_t>(header.form);
-  const Key key = KeyOf(conv, form, &fused);
+  const Key key = KeyOf(conv, form, &fused, ImplementationOf(header));
   std::shared_ptr<const Entry> entry = Get(key);
   const void *weight = &header + 1;
   const bool reorder = TestReorder();
@@ -867,8 +929,46 @@ std::vector<double> TimeForms(const std::vector<Key> &keys, const void *w) {
 /* The forms a packed weight may take, after the plain one. */
 constexpr int32_t kPackedForms[] = {TIR_BYOC_PACK_LIBRARY, TIR_BYOC_PACK_CONV_BLOCKED};
 
-/* The form to keep: the fastest packed one if it is 5 % faster than the plain weight (the C
- * epilogue after a blocked primitive is part of what is timed), else the plain weight. */
+/* What ChooseForm chose per call shape and epilogue (the plain form's key) in this process:
+ * the form, and for TIR_BYOC_PACK_LIBRARY the implementation (empty: oneDNN's first). */
+std::mutex chosen_mutex;
+std::map<Key, std::pair<int32_t, std::string>> chosen;
+
+/* The implementation ChooseForm chose for the library form of `conv`'s shape and epilogue;
+ * empty (oneDNN's first) if it did not choose one. */
+std::string ChosenImplementation(const tir_byoc_conv &conv) {
+  int fused = 0;
+  const Key plain = KeyOf(conv, TIR_BYOC_PACK_PLAIN, &fused);
+  std::lock_guard<std::mutex> lock(chosen_mutex);
+  auto found = chosen.find(plain);
+  return found != chosen.end() && found->second.first == TIR_BYOC_PACK_LIBRARY
+             ? found->second.second
+             : std::string();
+}
+
+/* The library form on each other implementation oneDNN offers for it (WorthTiming) that fuses
+ * the same ops (so that the C epilogue after, which TimeForms does not run, is the same). */
+std::vector<Key> OtherImplementations(const tir_byoc_conv &conv, const Key &library) {
+  std::vector<Key> keys;
+  if (const char *setting = std::getenv("TIR_BYOC_ONEDNN_CONV_KERNEL"))
+    if (std::strcmp(setting, "first") == 0) return keys;
+  for (const std::string &name : Alternatives(library)) {
+    if (name.size() >= sizeof(PackHeader::implementation)) continue;
+    int fused = 0;
+    const Key key = KeyOf(conv, TIR_BYOC_PACK_LIBRARY, &fused, name);
+    if (key.bias == library.bias && key.post == library.post && Get(key)->implementation == name)
+      keys.push_back(key);
+  }
+  return keys;
+}
+
+/* The form to keep: the fastest packed one if it is 5 % faster than the plain weight, else the
+ * plain weight.  The library form is timed on every implementation oneDNN offers for the call
+ * (OtherImplementations), and another than oneDNN's first is kept if it is 3 % faster than the
+ * first.  oneDNN ranks its implementations by ISA and layout, not by shape: on AVX-512 (Zen 4)
+ * its first for a depthwise 3x3 over 144 x 56 x 56, channels last (brdgmm_dw), took 1.45x the
+ * time of its jit_dw, and for MobileNetV2's 1x1 16 -> 96 over 112 x 112 at batch 8
+ * (brgconv_1x1, AVX-512) 1.9x that of its AVX2 brgconv_1x1, each timed alone at one thread. */
 int32_t ChooseForm(const tir_byoc_conv &conv, const void *w) {
   if (const char *setting = std::getenv("TIR_BYOC_ONEDNN_PACK")) {
     const std::string named = setting;
@@ -878,23 +978,27 @@ int32_t ChooseForm(const tir_byoc_conv &conv, const void *w) {
   }
   // Chosen once per call shape and epilogue in a process: build_model asks twice (the choice
   // against im2col, then the packing), and a model repeats its shapes.
-  static std::mutex mutex;
-  static std::map<Key, int32_t> chosen;
   int fused = 0;
   std::vector<Key> keys{KeyOf(conv, TIR_BYOC_PACK_PLAIN, &fused)};
   {
-    std::lock_guard<std::mutex> lock(mutex);
+    std::lock_guard<std::mutex> lock(chosen_mutex);
     auto found = chosen.find(keys[0]);
-    if (found != chosen.end()) return found->second;
+    if (found != chosen.end()) return found->second.first;
   }
   for (int32_t form : kPackedForms) keys.push_back(KeyOf(conv, form, &fused));
+  const size_t others = keys.size();  // keys[1] is the library form on oneDNN's first
+  for (Key &key : OtherImplementations(conv, keys[1])) keys.push_back(std::move(key));
   const std::vector<double> medians = TimeForms(keys, w);
   int32_t best = TIR_BYOC_PACK_PLAIN;
+  std::string implementation;
   double best_time = 0.95 * medians[0];
-  for (size_t i = 1; i < keys.size(); ++i)
+  for (size_t i = 1; i < others; ++i)
     if (medians[i] <= best_time) best = kPackedForms[i - 1], best_time = medians[i];
-  std::lock_guard<std::mutex> lock(mutex);
-  return chosen.emplace(keys[0], best).first->second;
+  for (size_t i = others; i < keys.size(); ++i)
+    if (medians[i] <= best_time && medians[i] <= 0.97 * medians[1])
+      best = TIR_BYOC_PACK_LIBRARY, best_time = medians[i], implementation = keys[i].implementation;
+  std::lock_guard<std::mutex> lock(chosen_mutex);
+  return chosen.emplace(keys[0], std::make_pair(best, implementation)).first->second.first;
 }
 
 /* A whole conv call (TIR_BYOC_DEFINE_CONV has checked the geometry, pointers and epilogue). */
@@ -977,7 +1081,9 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_conv_pack(
     if (*form != TIR_BYOC_PACK_LIBRARY && *form != TIR_BYOC_PACK_CONV_BLOCKED)
       return TIR_BYOC_EDTYPE;
     const Key plain = KeyOf(conv, TIR_BYOC_PACK_PLAIN, &fused);
-    std::shared_ptr<const Entry> entry = Get(KeyOf(conv, *form, &fused));
+    const std::string implementation =
+        *form == TIR_BYOC_PACK_LIBRARY ? ChosenImplementation(conv) : std::string();
+    std::shared_ptr<const Entry> entry = Get(KeyOf(conv, *form, &fused, implementation));
     const int64_t bytes = static_cast<int64_t>(sizeof(PackHeader) + entry->weights.get_size());
     if (out == nullptr) {
       // A layout no header can describe (none of oneDNN's fp32 weights): the plain weight.
@@ -993,6 +1099,8 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_conv_pack(
     header->form = static_cast<uint64_t>(*form);
     header->batch = static_cast<uint64_t>(conv.n);
     if (!Describe(entry->weights, header)) return TIR_BYOC_EBACKEND;
+    if (entry->implementation == implementation)  // the header is zeroed: NUL-padded
+      std::memcpy(header->implementation, implementation.c_str(), implementation.size());
     Reorder(plain, w, *entry, header + 1);
   } catch (...) {
     return TIR_BYOC_EBACKEND;
