@@ -13,14 +13,16 @@ each model:
    224 x 224), timed;
 2. for each batch and sequence: a static build at that size (timed), ONNX Runtime on one
    export with dynamic axes (``torch.onnx.export``, batch and sequence dynamic; ORT's CPU
-   provider, all graph optimisations; see benchmarks/models.py), and torch eager
+   provider, all graph optimisations; see benchmarks/models.py) and on an export at that
+   size (its static session), and torch eager
    (``inference_mode``); each checked against torch eager, then timed in interleaved rounds (a
    round times each column once for about ``--budget`` seconds; the table keeps each
    column's median over the rounds; each round starts one column later than the last).
 
 The table gives each column's milliseconds a run, ``dynamic / static`` (the target: within
-1.10 at every size), ``onnxruntime / dynamic`` and ``onnxruntime / static`` (the target: the
-dynamic build ahead of ONNX Runtime wherever the static one is) and ``torch / dynamic``; then,
+1.10 at every size), ``onnxruntime dynamic / dynamic`` and ``onnxruntime static / static``
+(the target: the dynamic build ahead of ONNX Runtime's dynamic session wherever the static
+build is ahead of its static session) and ``torch / dynamic``; then,
 per model, the build time of the one dynamic build against the sum of the static builds.  The
 models (:func:`build_model`) are the zoo's architectures built from configs with random
 weights (nothing is downloaded): ``--hidden`` wide (default 256, heads of 64, FFN 4x),
@@ -153,22 +155,27 @@ def _dims(name: str, batch: int, sequence: int | None) -> dict:
     return {0: ("batch", 1, batch), 1: ("seq", 1, sequence)}
 
 
-def _onnxruntime(model, name: str, batch: int, sequence: int | None, threads: int):
-    """A session of one export with batch (and sequence) dynamic, and its input's name."""
+def _onnxruntime(model, name: str, batch: int, sequence: int | None, threads: int, static=False):
+    """A session and its input's name: of one export with batch (and sequence) dynamic, up to
+    ``batch`` and ``sequence``, or with ``static``, of an export at exactly that size."""
     import onnxruntime
     import torch
 
     path = Path(tempfile.mkdtemp()) / "model.onnx"
-    dims = {0: torch.export.Dim("batch", min=1, max=batch)}
-    if name not in CNNS:
-        dims[1] = torch.export.Dim("seq", max=sequence)
+    if static:
+        example, dynamic_shapes = _input(name, batch, sequence), None
+    else:
+        dims = {0: torch.export.Dim("batch", min=1, max=batch)}
+        if name not in CNNS:
+            dims[1] = torch.export.Dim("seq", max=sequence)
+        example, dynamic_shapes = _input(name, 2, 16), (dims,)
     torch.onnx.export(
         model,
-        (_input(name, 2, 16),),
+        (example,),
         str(path),
         dynamo=True,
         external_data=False,
-        dynamic_shapes=(dims,),
+        dynamic_shapes=dynamic_shapes,
     )
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
@@ -223,6 +230,7 @@ def _model_rows(args, name: str, threads: int) -> dict:
         start = time.perf_counter()
         static = tir_byoc.build_model(model, (ids,))
         static_seconds += time.perf_counter() - start
+        fixed_session, _ = _onnxruntime(model, name, batch, sequence, threads, static=True)
         with torch.inference_mode():
             expected = model(ids)
         feed = {input_name: ids.numpy()}
@@ -235,6 +243,7 @@ def _model_rows(args, name: str, threads: int) -> dict:
             "dynamic": lambda ids=ids: dynamic(ids),
             "static": lambda ids=ids: static(ids),
             "onnxruntime": lambda feed=feed: session.run(None, feed)[0],
+            "onnxruntime_static": lambda feed=feed, fixed=fixed_session: fixed.run(None, feed)[0],
             "torch": eager,
         }
         notes = {k: _error(run(), expected) for k, run in runs.items()}
@@ -273,17 +282,18 @@ def table(results: list[dict]) -> str:
     """The markdown table of every child's rows, and the build times."""
     lines = [
         "| threads | model | batch | seq | dynamic ms | static ms | dynamic / static "
-        "| onnxruntime ms | onnxruntime / dynamic | onnxruntime / static | torch ms "
-        "| torch / dynamic |",
-        "|" + " --- |" * 12,
+        "| onnxruntime dynamic ms | onnxruntime static ms | onnxruntime dynamic / dynamic "
+        "| onnxruntime static / static | torch ms | torch / dynamic |",
+        "|" + " --- |" * 13,
     ]
     for result in results:
         for row in result["rows"]:
-            dynamic, static, ort = row["dynamic"], row["static"], row["onnxruntime"]
+            dynamic, static = row["dynamic"], row["static"]
+            ort, fixed = row["onnxruntime"], row["onnxruntime_static"]
             lines.append(
                 f"| {row['threads']} | {row['model']} | {row['batch']} | {row['sequence'] or '-'} "
                 f"| {dynamic:.2f} | {static:.2f} | {dynamic / static:.2f} | {ort:.2f} "
-                f"| {ort / dynamic:.2f} | {ort / static:.2f} | {row['torch']:.2f} "
+                f"| {fixed:.2f} | {ort / dynamic:.2f} | {fixed / static:.2f} | {row['torch']:.2f} "
                 f"| {row['torch'] / dynamic:.2f} |" + (f" {row['notes']}" if row["notes"] else "")
             )
     lines.append("")
