@@ -9,7 +9,9 @@ the layers that are followed by one have, a relu.  ``conv_bridge_onednn.cpp`` (c
 into a shared library) times both calls on the same buffers in one process, alternating which
 runs first: oneDNN as its user writes it (the weight reordered once into the primitive's
 layout, bias and relu fused) and ``tir_byoc_onednn_conv`` with the weight packed by
-``tir_byoc_onednn_conv_pack`` as ``build_model`` packs a constant weight.  Prints a table of the
+``tir_byoc_onednn_conv_pack`` as ``build_model`` packs a constant weight.  The direct call runs
+oneDNN's first implementation for the shape; the pack may have chosen another (it times each
+one oneDNN offers), so a ratio well under 1 is that choice, not the bridge.  Prints a table of the
 median milliseconds and their ratio, and per model the sum over its layers (each shape times
 how often the model runs it).
 """

@@ -10,7 +10,7 @@
  *     reordered once into the layout the primitive asks for, format_tag::any; or that and the
  *     activations in the layouts it asks for, reordered from and to the plain ones around it),
  *     the bias as its bias argument, relu (if asked) as an eltwise post-op, oneDNN's own
- *     scratchpad;
+ *     scratchpad, on oneDNN's first implementation for it (the pack may have chosen another);
  *   - tir_byoc: the weight packed once by conv_pack in the form it chooses (as build_model
  *     packs a constant weight), then tir_byoc_onednn_conv with the bias (and relu) as its
  *     epilogue.
