@@ -443,6 +443,24 @@ struct BoundArgs {
   }
 };
 
+/* Memory of one thread's, 64-byte aligned, kept between calls and grown when a call needs more. */
+struct ThreadBuffer {
+  void *data = nullptr;
+  size_t size = 0;
+  ~ThreadBuffer() { std::free(data); }
+  /* At least `bytes`; NULL if memory ran out (the buffer is then as it was). */
+  void *Grow(size_t bytes) {
+    if (bytes > size) {
+      const size_t rounded = (bytes + 63) / 64 * 64;
+      void *grown = std::aligned_alloc(64, rounded);
+      if (grown == nullptr) return nullptr;
+      std::free(data);
+      data = grown, size = rounded;
+    }
+    return data;
+  }
+};
+
 /* This thread's scratchpad, at least `bytes` long; NULL if memory ran out.  oneDNN's own
  * ("library") scratchpad is shared by every primitive of the process unless oneDNN was built
  * with DNNL_ENABLE_CONCURRENT_EXEC, and the PyPI build was not: two threads running
@@ -450,20 +468,8 @@ struct BoundArgs {
  * partial sums.  Each primitive is created with a user scratchpad instead, and every call of
  * a thread uses this one buffer, as a thread runs one primitive at a time. */
 void *Scratchpad(size_t bytes) {
-  struct Buffer {
-    void *data = nullptr;
-    size_t size = 0;
-    ~Buffer() { std::free(data); }
-  };
-  thread_local Buffer buffer;
-  if (bytes > buffer.size) {
-    const size_t size = (bytes + 63) / 64 * 64;
-    void *grown = std::aligned_alloc(64, size);
-    if (grown == nullptr) return nullptr;
-    std::free(buffer.data);
-    buffer.data = grown, buffer.size = size;
-  }
-  return buffer.data;
+  thread_local ThreadBuffer buffer;
+  return buffer.Grow(bytes);
 }
 
 /* This thread's BoundArgs by entry id; cleared when it outgrows the primitive cache (entries
@@ -1097,20 +1103,8 @@ bool Described(uint64_t layout, const dims &shape, dnnl::memory::desc *out) {
 /* This thread's memory for a weight reordered for one call, at least `bytes` long; NULL if
  * memory ran out. */
 void *ReorderedWeight(size_t bytes) {
-  struct Buffer {
-    void *data = nullptr;
-    size_t size = 0;
-    ~Buffer() { std::free(data); }
-  };
-  thread_local Buffer buffer;
-  if (bytes > buffer.size) {
-    const size_t size = (bytes + 63) / 64 * 64;
-    void *grown = std::aligned_alloc(64, size);
-    if (grown == nullptr) return nullptr;
-    std::free(buffer.data);
-    buffer.data = grown, buffer.size = size;
-  }
-  return buffer.data;
+  thread_local ThreadBuffer buffer;
+  return buffer.Grow(bytes);
 }
 
 /* The weight of a block by M (its table checked by IsPack) in the layout `entry` reads: the
