@@ -7,12 +7,11 @@ ReLU6 after a convolution against TVM's own build, and which oneDNN post-ops ser
 from __future__ import annotations
 
 import ctypes
-import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tvm
+from support.backend_checks import onednn_executed
 from support.conv_modules import ConvSpec, lowered
 
 import tir_byoc
@@ -306,29 +305,11 @@ def test_a_clip_after_the_bias_gives_what_the_c_clip_gives_on_nan_and_infinities
     np.testing.assert_array_equal(got, want)
 
 
-def _executed(run, capfd):
-    """The fields of each line oneDNN's verbose log (on stdout, switched on for that run)
-    writes for a primitive executed during ``run()``: [primitive kind, kernel, ...]."""
-    found = re.search(r"(/\S*libdnnl\.so[.\d]*)", Path("/proc/self/maps").read_text())
-    assert found, "oneDNN is not loaded"
-    dnnl, libc = ctypes.CDLL(found.group(1)), ctypes.CDLL(None)
-    libc.fflush(None)
-    capfd.readouterr()
-    dnnl.dnnl_set_verbose(1)
-    try:
-        run()
-    finally:
-        dnnl.dnnl_set_verbose(0)
-        libc.fflush(None)
-    lines = [line.split(",") for line in capfd.readouterr().out.splitlines()]
-    return [fields[3:] for fields in lines if len(fields) > 7 and fields[1] == "exec"]
-
-
 def _conv_post_ops(run, capfd):
     """(kernel, post-ops) of each convolution oneDNN executed during ``run()``:
     [("brgconv_1x1:avx512_core", "binary_min+binary_max"), ...], "" for no post-op."""
     post_ops = []
-    for fields in _executed(run, capfd):
+    for fields in onednn_executed(run, capfd):
         if fields[0] == "convolution":
             attributes = fields[4].partition("attr-post-ops:")[2].split()
             names = attributes[0].split("+") if attributes else []
@@ -493,7 +474,7 @@ def test_a_block_reordered_for_its_call_gives_the_bits_the_block_gives_unreorder
                 assert _call_packed(geometry, x, block, y, BATCH_OPS, [bias]) == 0
 
             run()  # primitives and probes made; the log is of the second call
-            return sum(fields[0] == "reorder" for fields in _executed(run, capfd))
+            return sum(fields[0] == "reorder" for fields in onednn_executed(run, capfd))
 
         monkeypatch.delenv("TIR_BYOC_ONEDNN_TEST_REORDER", raising=False)
         plain_reorders = reorders(as_packed)

@@ -6,11 +6,11 @@ empty or not offered), and computes what the reference convolution computes on e
 from __future__ import annotations
 
 import ctypes
-import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support.backend_checks import onednn_executed
 
 from tir_byoc import toolchain
 from tir_byoc.epilogues import OPS
@@ -114,19 +114,7 @@ def _name(block) -> str:
 
 def _kernels(run, capfd):
     """The kernel of each convolution oneDNN executed during ``run()`` (its verbose log)."""
-    found = re.search(r"(/\S*libdnnl\.so[.\d]*)", Path("/proc/self/maps").read_text())
-    assert found, "oneDNN is not loaded"
-    dnnl, libc = ctypes.CDLL(found.group(1)), ctypes.CDLL(None)
-    libc.fflush(None)
-    capfd.readouterr()
-    dnnl.dnnl_set_verbose(1)
-    try:
-        run()
-    finally:
-        dnnl.dnnl_set_verbose(0)
-        libc.fflush(None)
-    lines = [line.split(",") for line in capfd.readouterr().out.splitlines()]
-    return [f[4] for f in lines if len(f) > 7 and f[1] == "exec" and f[3] == "convolution"]
+    return [f[1] for f in onednn_executed(run, capfd) if f[0] == "convolution"]
 
 
 def _has_avx2() -> bool:

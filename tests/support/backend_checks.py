@@ -8,10 +8,12 @@ from __future__ import annotations
 import ctypes
 import importlib.metadata
 import os
+import re
 import subprocess
 import sys
 import textwrap
 from collections import Counter
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -206,3 +208,21 @@ def uninstall_every_wheel(monkeypatch) -> None:
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "distribution", missing)
+
+
+def onednn_executed(run, capfd) -> list[list[str]]:
+    """The fields of each line oneDNN's verbose log (on stdout, switched on for that run)
+    writes for a primitive executed during ``run()``: [primitive kind, kernel, ...]."""
+    found = re.search(r"(/\S*libdnnl\.so[.\d]*)", Path("/proc/self/maps").read_text())
+    assert found, "oneDNN is not loaded"
+    dnnl, libc = ctypes.CDLL(found.group(1)), ctypes.CDLL(None)
+    libc.fflush(None)
+    capfd.readouterr()
+    dnnl.dnnl_set_verbose(1)
+    try:
+        run()
+    finally:
+        dnnl.dnnl_set_verbose(0)
+        libc.fflush(None)
+    lines = [line.split(",") for line in capfd.readouterr().out.splitlines()]
+    return [fields[3:] for fields in lines if len(fields) > 7 and fields[1] == "exec"]
