@@ -1395,6 +1395,15 @@ int32_t ChooseForm(const Key &plain, const Dtypes &dtypes, const void *w, bool a
   return best;
 }
 
+/* `header` zeroed, then its magic, form, layout and byte count (the data after it). */
+void StartHeader(PackHeader *header, int64_t form, uint64_t layout, uint64_t bytes) {
+  std::memset(header, 0, sizeof *header);
+  std::memcpy(header->magic, kPackMagic, sizeof kPackMagic);
+  header->layout = layout;
+  header->bytes = bytes;
+  header->form = static_cast<uint64_t>(form);
+}
+
 /* The primitives whose layouts a block by M of key `plain` holds: the first to ask for each
  * distinct layout at the M of kLayoutRows, at most kMaxCopies of them. */
 std::vector<std::pair<int64_t, std::shared_ptr<const Entry>>> CopiesByM(const Key &plain,
@@ -1424,11 +1433,7 @@ int64_t PackByM(const Key &plain, const Dtypes &dtypes, const void *w, PackHeade
     offset += (entry.weights.get_size() + 63) / 64 * 64;
   }
   if (header != nullptr) {
-    std::memset(header, 0, sizeof *header);
-    std::memcpy(header->magic, kPackMagic, sizeof kPackMagic);
-    header->layout = table.copy[0].layout;
-    header->bytes = offset;
-    header->form = TIR_BYOC_PACK_LIBRARY_BY_M;
+    StartHeader(header, TIR_BYOC_PACK_LIBRARY_BY_M, table.copy[0].layout, offset);
     header->version = kByMVersion;
     header->copies = copies.size();
     char *data = reinterpret_cast<char *>(header + 1);
@@ -1483,11 +1488,7 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_pack(const void *w, int64_t m
     }
     if (*size < bytes) return TIR_BYOC_ESHAPE;
     PackHeader *header = static_cast<PackHeader *>(out);
-    std::memset(header, 0, sizeof *header);
-    std::memcpy(header->magic, kPackMagic, sizeof kPackMagic);
-    header->layout = entry->layout;
-    header->bytes = entry->weights.get_size();
-    header->form = static_cast<uint64_t>(*form);
+    StartHeader(header, *form, entry->layout, entry->weights.get_size());
     Reorder(plain, decoded, w, *entry, header + 1);
   } catch (...) {
     return TIR_BYOC_EBACKEND;
