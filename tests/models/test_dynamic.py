@@ -307,9 +307,11 @@ def test_rows_of_symbolic_length_are_reduced_in_vectors_at_every_length():
             out = bb.emit_output(relax.op.nn.layer_norm(s, g, g, axes=[-1]))
         bb.emit_func_output(out)
     built = tir_byoc.build_model(bb.get())
-    # Every row's maximum and sums in vector lanes, the rows in parallel: nothing serial.
+    # Every row's maximum and sums in vector lanes, the rows in parallel (on one thread only
+    # where the whole nest is too little work, decided at run time): nothing serial.
     assert set(built.rules.values()) == {"VectorRows"}
-    assert not built.serial_blocks
+    for why in built.serial_blocks.values():
+        assert all(w.endswith("in parallel from there") for w in why.values()), why
     rng = np.random.default_rng(0)
     for rows, cols in [(1, 1), (3, 7), (2, 8), (5, 9), (4, 33), (7, 384)]:
         a = rng.standard_normal((rows, cols)).astype("float32")

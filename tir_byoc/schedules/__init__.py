@@ -23,6 +23,10 @@ thread.  The rules here, one per module, decline with ``None`` as dlight's do:
   parallel over its leading spatial loops, each row reduced in vector lanes where it is longer
   than the vector width, else serially in TVM's order.
 
+Whatever the rule, a parallel loop nest of fewer than ``MIN_PARALLEL_WORK`` iterations then
+runs on one thread (:mod:`.small_nests`): at build time where its extents are static, by a
+test of its iteration count at run time where they are symbolic.
+
 A schedule that runs a whole reduction again on each iteration of a loop it does not index
 (:func:`recomputed_reduction`) counts as the rule declining: dlight's ``Reduction`` does that
 to LLaMA's RMSNorm of a single token, which then took 0.5 ms per call instead of 3 us.  A
@@ -60,6 +64,7 @@ from . import vector_math
 from .elementwise import Elementwise
 from .reduction import RowReduction
 from .rows import VectorRows
+from .small_nests import serial_when_small
 from .window import SlidingWindow
 
 logger = logging.getLogger("tir_byoc")
@@ -293,9 +298,12 @@ def default_schedule(
             unscheduled[name] = _why_no_rule(func)
             continue
         rules[name], scheduled, notes = applied
-        result.update_func(
-            gvar, vector_math.expand(scheduled) if vector_math_applies else scheduled
-        )
+        if vector_math_applies:
+            scheduled = vector_math.expand(scheduled)
+        scheduled, threads = serial_when_small(scheduled)
+        result.update_func(gvar, scheduled)
+        for block, why in threads.items():
+            notes[block] = f"{notes[block]}; {why}" if block in notes else why
         if notes:
             serial[name] = notes
     return ScheduleReport(
