@@ -33,6 +33,7 @@ from tvm.s_tir.meta_schedule.runner import local_runner, rpc_runner
 from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 from tvm.s_tir.meta_schedule.utils import remove_build_dir
 
+from .builder import close_if_owned
 from .progress import FAILED_RUN, mean_seconds
 from .rule import logger
 from .space import candidate_builder
@@ -120,12 +121,16 @@ def measure(
             why = f"the runner {type(runner).__name__} cannot be given packed weights"
             return [(None, why)] * len(funcs)
         # Step 2. Built as the search built its candidates.
+        given = builder
         if builder is None:
             builder = candidate_builder()
         elif isinstance(builder, str):
             builder = ms.Builder.create(builder)
         workloads = [_normalize_mod(func) for func in funcs]
-        built = builder.build([ms.builder.BuilderInput(w, target) for w in workloads])
+        try:
+            built = builder.build([ms.builder.BuilderInput(w, target) for w in workloads])
+        finally:
+            close_if_owned(builder, given)
         # Step 3. Measured as the search measured its candidates.
         results: list = [None] * len(funcs)
         inputs, indices = [], []

@@ -16,6 +16,7 @@ from pathlib import Path
 from tvm.s_tir import meta_schedule as ms
 
 from ..frontend import first_line
+from .builder import close_if_owned
 from .features import cost_model
 from .options import TuneOptions
 from .progress import FAILED_RUN, Progress, mean_seconds
@@ -153,6 +154,7 @@ def run_search(tasks, target, work_dir, max_trials_global, options: TuneOptions,
         if rest and budget > 0:
             seed = options.seed + 1 if paired and options.seed is not None else options.seed
             search(rest, budget, per_task, seed)
+    close_if_owned(builder, options.builder)
     return database, counter
 
 

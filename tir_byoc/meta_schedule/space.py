@@ -3,7 +3,8 @@
 Entry points: :func:`offload_space` (the target's default space generator with
 :class:`~.rule.OffloadRule` first among the rules and :class:`~.postproc.OffloadPostproc`
 among the postprocs; usable as ``space=`` of ``ms.tune_tir``) and :func:`candidate_builder`
-(a ``LocalBuilder`` built from :func:`build_candidate` and :func:`export_candidate`).
+(a :class:`~.builder.CandidateBuilder` of :func:`build_candidate` and
+:func:`export_candidate`).
 :func:`design_space` is the same space with a shared rejection counter, for ``tune.py``.
 """
 
@@ -15,10 +16,10 @@ from pathlib import Path
 
 import tvm
 from tvm.s_tir import meta_schedule as ms
-from tvm.s_tir.meta_schedule.builder import LocalBuilder
 
 from ..export import export_library
 from ..registry import REGISTRY, Registry
+from .builder import CandidateBuilder
 from .intrinsics_import import import_tensor_intrinsics
 from .postproc import OffloadPostproc, Rejections
 from .rule import OffloadRule, cpu_target, register_custom_rule
@@ -113,16 +114,17 @@ def export_candidate(module) -> str:
     return str(export_library(module, path))
 
 
-def candidate_builder(**kwargs) -> LocalBuilder:
-    """A ``LocalBuilder`` whose artifacts link the intrinsic code they call.
+def candidate_builder(**kwargs) -> CandidateBuilder:
+    """A builder whose artifacts link the intrinsic code they call, its worker processes kept
+    from one batch to the next (:class:`~.builder.CandidateBuilder`).
 
     Parameters
     ----------
     **kwargs
-        Passed to ``LocalBuilder`` (``max_workers``, ``timeout_sec``, ...); ``f_build``
+        ``max_workers``, ``timeout_sec``, ``initializer``, ``process_uses``; ``f_build``
         defaults to :func:`build_candidate`.
     """
     if "f_export" in kwargs:
         raise TypeError("tir_byoc.meta_schedule.candidate_builder: f_export is fixed, got one")
     kwargs.setdefault("f_build", build_candidate)
-    return LocalBuilder(f_export=export_candidate, **kwargs)
+    return CandidateBuilder(f_export=export_candidate, **kwargs)

@@ -13,6 +13,7 @@ the :class:`~.report.TuningReport` written.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -32,6 +33,7 @@ from .records import called_intrinsics
 from .report import REPORT_FILE, FunctionReport, TuningReport
 from .rule import cpu_target, logger
 from .search import open_database, run_search, with_design_space
+from .space import candidate_builder
 from .tasks import plan_tasks
 
 
@@ -41,7 +43,20 @@ def _tune_functions(
     """The core of :func:`tune_tir` and :func:`tune_relax`: named PrimFuncs in, tuned out.
 
     ``packs`` (a :class:`Packs`, for a Relax module) measures and collects packed variants.
+    Without a ``builder`` option, one :func:`candidate_builder` builds every candidate and
+    measurement of the call, its workers started once.
     """
+    if options.builder is not None:
+        return _tune_with(functions, target, work_dir, max_trials_global, options, packs)
+    builder = candidate_builder()
+    try:
+        options = dataclasses.replace(options, builder=builder)
+        return _tune_with(functions, target, work_dir, max_trials_global, options, packs)
+    finally:
+        builder.close()
+
+
+def _tune_with(functions, target, work_dir, max_trials_global, options: TuneOptions, packs):
     target = cpu_target(target)
     os.makedirs(work_dir, exist_ok=True)
     originals, functions = functions, dict(functions)
