@@ -184,6 +184,20 @@ def test_transformer_every_size(transformer):
         _close(built, module, ids)
 
 
+def test_transformer_scheduled_functions_are_well_formed(transformer):
+    # The rules' symbolic nests are written twice behind a run-time test (small_nests): each
+    # copy must define its own loop variables, iterators and intermediates.
+    from tvm import s_tir, tirx
+
+    _, built = transformer
+    written_twice = 0
+    for gvar, func in built.module.functions_items():
+        if isinstance(func, tirx.PrimFunc) and gvar.name_hint in built.rules:
+            s_tir.analysis.verify_well_formed(func, True)
+            written_twice += "serial_nest" in str(func)
+    assert written_twice, "expected symbolic nests written twice"
+
+
 def test_transformer_gemms_all_served(transformer):
     _, built = transformer
     # Every GEMM a library serves at one shape is served at every shape: no GEMM is left to

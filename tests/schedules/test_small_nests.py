@@ -46,6 +46,8 @@ def _loops(node, kind) -> list:
 
 
 def _branches(func) -> tirx.IfThenElse:
+    """The one test of ``func``, which must be well formed (each variable defined once)."""
+    s_tir.analysis.verify_well_formed(func, True)
     (branch,) = _walk(func.body, tirx.IfThenElse)
     return branch
 
@@ -158,6 +160,7 @@ def _two_nests(a: T.handle, b: T.handle):
 def test_an_intermediate_two_nests_share_stays_one_buffer_for_both_copies():
     func, notes = serial_when_small(_two_nests)
     assert set(notes) == {"sum", "centre"}
+    s_tir.analysis.verify_well_formed(func, True)  # each copy defines its own variables
     (root,) = [b for b in _walk(func.body, s_tir.SBlock) if b.name_hint == "root"]
     assert [b.name for b in root.alloc_buffers] == ["total"]
     for block in _walk(func.body, s_tir.SBlock):

@@ -18,8 +18,8 @@ nest (every loop and block under it, reductions and their inits included):
   threshold and parallel from it.  The serial copy gets buffers of its own for the
   intermediates only this nest uses (so that TVM still allocates each where the nest uses it,
   one row per iteration, not one for every row), both copies sit in an opaque block that
-  allocates them, and TVM's ``ConvertSSA`` renames what the copy defines again (its loops,
-  iterators and bindings).
+  allocates them, and everything else the copy defines (its loops, block iterators and
+  bindings) is a fresh variable too, so that the function stays well formed.
 
 A nest whose inner extents depend on an iterator of its own (a triangular loop) is not weighed:
 it stays parallel.  Neither copy changes what is computed, only on how many threads.
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import re
 
-import tvm
 import tvm_ffi
 from tvm import s_tir, sym, tirx
 from tvm.tirx import _ffi_api as _tirx_ffi
@@ -95,14 +94,46 @@ def _opaque(body: tirx.Stmt, buffers: list, name: str) -> s_tir.SBlockRealize:
     return s_tir.SBlockRealize([], tirx.const(True, "bool"), block)
 
 
-def _renamed(stmt: tirx.Stmt, buffers: list) -> tuple[tirx.Stmt, list]:
-    """``stmt`` with each of ``buffers`` replaced by a fresh buffer of the same type."""
-    fresh = {b: _tirx_ffi.BufferVar(b.name, b.ty, None) for b in buffers}
+_DEFINITIONS = (tirx.For, s_tir.SBlock, tirx.LetStmt, tirx.Let, tirx.AllocBuffer, tirx.DeclBuffer)
+
+
+def fresh_copy(stmt: tirx.Stmt, buffers: list = ()) -> tuple[tirx.Stmt, list]:
+    """A copy of ``stmt`` that defines fresh variables, and the fresh ``buffers``: each of
+    ``buffers`` (defined outside ``stmt``) and everything ``stmt`` itself defines (loop
+    variables, block iterators, allocated and matched buffers, bindings, ``AllocBuffer`` and
+    ``DeclBuffer``) replaced by a new variable of the same name and type, so that ``stmt`` and
+    its copy can sit side by side in one well-formed function.  TVM's ``ConvertSSA`` renames
+    loops and bindings, not block iterators nor buffers."""
+    defined: list = list(buffers)
+
+    def on_node(node):
+        if isinstance(node, tirx.For):
+            defined.append(node.loop_var)
+        elif isinstance(node, s_tir.SBlock):
+            defined.extend(iv.var for iv in node.iter_vars)
+            defined.extend(node.alloc_buffers)
+            defined.extend(m.buffer for m in node.match_buffers)
+        elif isinstance(node, tirx.LetStmt | tirx.Let):
+            defined.append(node.var)
+        else:  # AllocBuffer, DeclBuffer
+            defined.append(node.buffer)
+
+    tvm_ffi.structural_walk(stmt, [(kind, on_node) for kind in _DEFINITIONS])
+    fresh: dict = {}
+    for var in defined:
+        if var not in fresh:
+            is_buffer = isinstance(var.ty, tirx.BufferType)
+            fresh[var] = (
+                _tirx_ffi.BufferVar(var.name, var.ty, None)
+                if is_buffer
+                else tirx.Var(var.name, var.ty)
+            )
 
     def on_var(var, _mutator):
-        return next((new for old, new in fresh.items() if var.same_as(old)), var)
+        return fresh.get(var, var)
 
-    return tvm_ffi.structural_mutate(stmt, [(tirx.Var, on_var)]), list(fresh.values())
+    copy = tvm_ffi.structural_mutate(stmt, [(tirx.Var, on_var)])
+    return copy, [fresh[b] for b in buffers]
 
 
 def serial_when_small(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, dict[str, str]]:
@@ -154,7 +185,7 @@ def serial_when_small(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, dict[str, str
                 f"runs on one thread below {MIN_PARALLEL_WORK} iterations of its loop nest "
                 f"({_readable(work)} here), in parallel from there"
             )
-        serial, serial_buffers = _renamed(serial, local)
+        serial, serial_buffers = fresh_copy(serial, local)
         small = as_int64(work) < tirx.IntImm("int64", MIN_PARALLEL_WORK)
         return tirx.IfThenElse(
             small, _opaque(serial, serial_buffers, "serial_nest"), _opaque(loop, local, "nest")
@@ -174,8 +205,7 @@ def serial_when_small(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, dict[str, str
         root.match_buffers,
         root.annotations,
     )
-    func = func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, root))
-    return tirx.transform.ConvertSSA()(tvm.IRModule({"main": func}))["main"], notes
+    return func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, root)), notes
 
 
 def _readable(expr: tirx.PrimExpr) -> str:
