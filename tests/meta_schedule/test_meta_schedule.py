@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
-from support.ms_workers import one_worker_builder, rpc_runner
+from support.ms_workers import one_worker_builder, rpc_runner, tiny_search
 from tvm import relax, s_tir, tirx
 from tvm.s_tir import meta_schedule as ms
 from tvm.script import tirx as T
@@ -331,12 +331,7 @@ def test_an_offload_record_that_no_longer_offloads_leaves_the_native_one(tmp_pat
         TARGET,
         str(tmp_path),
         4,
-        num_trials_per_iter=2,
-        strategy=ms.search_strategy.ReplayTrace(),
-        cost_model="random",
-        builder=one_worker_builder(),
-        progress=False,
-        seed=0,
+        **tiny_search(),
     )
     report = tms.load_report(tmp_path)["dense_relu_exp"]
     assert report.best_offload_ms is not None and report.best_native_ms is not None
@@ -688,14 +683,7 @@ def test_default_rules_false_measures_no_rule_schedule(tmp_path, monkeypatch):
     assert RULE_ATTR not in tuned["main"].attrs
 
 
-EXP_OPTIONS = dict(
-    num_trials_per_iter=2,
-    strategy=ms.search_strategy.ReplayTrace(),
-    cost_model="random",
-    builder=one_worker_builder(),
-    progress=False,
-    seed=0,
-)
+EXP_OPTIONS = tiny_search()
 
 
 def test_the_fast_stack_for_tensor_intrinsics_is_inspect_stack_without_its_module_scan():

@@ -9,7 +9,7 @@ named (``TIR_BYOC_ONEDNN_PACK=library``) so that a pack is always made.
 import numpy as np
 import pytest
 import tvm
-from support.ms_workers import one_worker_builder, rpc_runner
+from support.ms_workers import rpc_runner, tiny_search
 from tvm import relax, tirx
 from tvm.s_tir import meta_schedule as ms
 from tvm.script import relax as R
@@ -77,13 +77,7 @@ def _tune(work_dir, offload, trials=4, **options):
         trials,
         offload=offload,
         backends="onednn",
-        num_trials_per_iter=2,
-        strategy=ms.search_strategy.ReplayTrace(),
-        cost_model="random",
-        builder=one_worker_builder(),
-        progress=False,
-        seed=0,
-        **options,
+        **tiny_search(**options),
     )
 
 

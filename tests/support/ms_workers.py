@@ -1,5 +1,5 @@
-"""MetaSchedule's worker processes in the tests: a one-worker builder, and a TVM RPC tracker
-and server on 127.0.0.1 for ``RPCRunner``."""
+"""MetaSchedule in the tests: a one-worker builder, the options of a tiny random search, and a
+TVM RPC tracker and server on 127.0.0.1 for ``RPCRunner``."""
 
 import contextlib
 import os
@@ -18,12 +18,26 @@ from tir_byoc import meta_schedule as tms
 def one_worker_builder():
     """:func:`tir_byoc.meta_schedule.candidate_builder` with one worker process.
 
-    ``LocalBuilder`` starts its workers anew for every batch, and each imports TVM (and torch,
-    through tvm_ffi): about 4.5 s of CPU on the 2-vCPU VM, where the tests' small candidates
-    build in milliseconds.  The default (a worker per core) doubles that cost, and under
-    pytest-xdist the two test processes compete for the same cores.
+    Each worker imports TVM (and torch, through tvm_ffi): about 5 s of CPU on the 2-vCPU VM,
+    where the tests' small candidates build in milliseconds.  The default (a worker per core)
+    doubles that cost, and under pytest-xdist the two test processes compete for the same
+    cores.
     """
     return tms.candidate_builder(max_workers=1)
+
+
+def tiny_search(**overrides) -> dict:
+    """The tuning options of the tests: two candidates a round, replayed traces, a random cost
+    model, one builder worker, no progress on stderr, seed 0 (``overrides`` replace them)."""
+    options = dict(
+        num_trials_per_iter=2,
+        strategy=ms.search_strategy.ReplayTrace(),
+        cost_model="random",
+        builder=one_worker_builder(),
+        progress=False,
+        seed=0,
+    )
+    return {**options, **overrides}
 
 
 def _free_port() -> int:
