@@ -206,7 +206,7 @@ class Signature:
             for axis, (dim, size) in enumerate(zip(item.dims or (), shape, strict=True)):
                 if isinstance(dim, int | tirx.Var):
                     continue
-                expected = _evaluate(dim, values)
+                expected = evaluate(dim, values)
                 if expected is not None and expected != size:
                     raise ValueError(
                         f"tir_byoc.Model: input {index} ({item.name}) dim {axis} ({dim}) is "
@@ -297,15 +297,16 @@ def with_bounds_check(mod: tvm.IRModule, entry: str = "main") -> tvm.IRModule:
     return mod
 
 
-def _evaluate(expr, values: dict) -> int | None:
-    """``expr`` with its dims replaced by ``values``, as an int; None if a dim is unknown."""
+def evaluate(expr, values: dict) -> int | None:
+    """``expr`` with its dims replaced by ``values`` (ints by dim name), as an int; None if a
+    dim is unknown."""
     free = []
     tvm_ffi.structural_walk(expr, (tirx.Var, free.append))
     if any(v.name not in values for v in free):
         return None
     analyzer = sym.Analyzer()
     for var in free:
-        analyzer.bind(var, tirx.const(values[var.name], var.dtype))
+        analyzer.bind(var, tirx.const(values[var.name], var.ty.dtype))
     bound = analyzer.simplify(expr)
     return int(bound.value) if isinstance(bound, tirx.IntImm) else None
 

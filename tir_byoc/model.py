@@ -35,6 +35,7 @@ from tvm.target import codegen
 from . import dynamic as dynamic_dims
 from . import frontend, meta_schedule
 from .built_model import Model, TirSignature
+from .meta_schedule import sizes as by_size
 from .meta_schedule.tune import check_budget
 from .offload import offload as offload_module
 from .relax import conv_choice, pipeline
@@ -114,6 +115,7 @@ def build_model(
     tune_options: dict | None = None,
     dynamic_shapes=None,
     dynamic: dict | None = None,
+    tune_sizes: list[dict[str, int]] | None = None,
 ) -> Model:
     """Lower, offload, schedule and build a model; the result runs with NumPy or torch inputs.
 
@@ -140,7 +142,8 @@ def build_model(
         variants of each chain (``offload="choice"`` of
         :func:`tir_byoc.meta_schedule.tune_relax`; ``"never"`` with ``offload=False``), and
         prints its progress on stderr.  Constant weights are packed, and the offloaded
-        variant measured packed; transposes are not folded on this path.
+        variant measured packed; transposes are not folded on this path.  A build with
+        symbolic dims is tuned at ``tune_sizes`` instead.
     work_dir : str or os.PathLike
         With ``tune_trials``: MetaSchedule's database, logs and report.  With
         ``tune_trials=0``: the work_dir of an earlier tuning of this model, whose best records
@@ -155,6 +158,16 @@ def build_model(
         The same in short: ``{"input_ids": {0: "batch", 1: "seq"}}`` (input by name or
         position, axis to a dim's name, ``(name, min, max)`` or a ``Dim``); a name used on
         several inputs is one dim.  A Relax or TIR module's own symbolic dims need neither.
+    tune_sizes : list of dict, optional
+        Required to tune a build with symbolic dims (``tune_trials`` or ``work_dir``), refused
+        otherwise: the sizes to tune at, each a dict giving every dim of the entry (by name, as
+        :attr:`Model.dynamic_dims` lists them) an int within its bounds, such as
+        ``[{"batch": 1, "seq": 128}, {"batch": 4, "seq": 32}]``.  The library calls stay
+        symbolic and are not tuned; every other PrimFunc with symbolic extents is tuned as a
+        static copy per size, all in one MetaSchedule run, then runs each tuned copy where its
+        dims take that size's values and the default rules' symbolic schedule at every other
+        size; static PrimFuncs are tuned once as usual
+        (:mod:`tir_byoc.meta_schedule.sizes`; ``model.rules`` says what runs at which size).
 
     Returns
     -------
@@ -165,7 +178,8 @@ def build_model(
     ValueError
         Input of the wrong kind, missing example inputs, a torch model in training mode, a
         target that is not llvm, ``tune_trials`` without ``work_dir``, ``tune_trials=0`` with
-        a ``work_dir`` that holds no database.
+        a ``work_dir`` that holds no database, a tuned build with symbolic dims without
+        ``tune_sizes``, or ``tune_sizes`` that do not give each dim an int within its bounds.
     tir_byoc.frontend.UnsupportedModel
         A known frontend problem (a ``use_cache`` cache, sdpa attention torch cannot
         decompose, a boolean mask TVM cannot compile); the one-line message says what to
@@ -199,26 +213,32 @@ def build_model(
     source = mod  # before the lowering: what Model.declines explains
     entry = _entry(mod, relax.Function if is_relax else tirx.PrimFunc, entry)
     # Step 2. The pipeline's stages in order (tir_byoc.relax.pipeline): the lowering (Relax),
-    # the offload or tuning, dead code eliminated (Relax: the weight copies folded away).
+    # the offload or tuning, dead code eliminated (Relax: the weight copies folded away).  A
+    # tuned build with symbolic dims is lowered and offloaded as the untuned one, then tuned
+    # by size (tir_byoc.meta_schedule.sizes).
     tuned = tune_trials != 0 or work_dir is not None
-    if tuned and (dims := dynamic_dims.symbolic_dims(mod[entry])):
-        raise ValueError(
-            "tir_byoc.build_model: expected static shapes with tune_trials= or work_dir=, got "
-            f"the symbolic dims {', '.join(dims)}: MetaSchedule tunes one shape; tune a build "
-            "per bucket of sizes (docs/meta-schedule.md, Dynamic shapes)"
-        )
+    sizes = by_size.checked_sizes(mod[entry], tune_sizes, tuned)
     if is_relax:
         with conv_choice.backends_in_scope(backends):  # which convolutions stay whole
-            mod = pipeline.lower(mod, library=offload or tuned)
+            mod = pipeline.lower(mod, library=offload or (tuned and sizes is None))
     signature = TirSignature.of(mod[entry]) if not is_relax else None
-    if tuned:
+    dispatch = None
+    if tuned and sizes is None:
         mod = _tune(mod, resolved, is_relax, tune_trials, work_dir, offload, backends, tune_options)
     elif offload:
         mod = offload_module(mod, backends=backends)
     if is_relax:
         mod = pipeline.after_offload(mod)
+    if sizes is not None:
+        options = _tune_options(offload, backends, tune_options)
+        dispatch = by_size.tune_by_size(
+            mod, entry, sizes, resolved, str(work_dir), tune_trials, **options
+        )
+        mod = dispatch.module
     # Step 3. The default CPU schedule for the rest, function by function.
     report = pipeline.schedule(mod, resolved)
+    if dispatch is not None:  # which functions stayed symbolic, and why
+        report = dispatch.reported(report)
     mod = report.module
     # Step 4. The Relax build pipeline (as tvm.compile would run it), then the build.
     if is_relax:
@@ -256,12 +276,18 @@ def _check_tuning(trials, work_dir, options) -> None:
         )
 
 
-def _tune(mod, target, is_relax, trials, work_dir, offload, backends, options):
-    """MetaSchedule on every PrimFunc, offloaded or native variant per chain, as measured."""
+def _tune_options(offload, backends, options) -> dict:
+    """The options of a tuning run, from ``build_model``'s."""
     options = {"progress": True, **(options or {})}
     options.setdefault("offload", "choice" if offload else "never")
     if backends is not None:
         options.setdefault("backends", backends)
+    return options
+
+
+def _tune(mod, target, is_relax, trials, work_dir, offload, backends, options):
+    """MetaSchedule on every PrimFunc, offloaded or native variant per chain, as measured."""
+    options = _tune_options(offload, backends, options)
     tune = meta_schedule.tune_relax if is_relax else meta_schedule.tune_tir
     return tune(mod, target, str(work_dir), trials, **options)
 

@@ -337,8 +337,13 @@ def test_rows_of_symbolic_length_are_reduced_in_vectors_at_every_length():
         np.testing.assert_allclose(built(a, gamma), expected, rtol=1e-4, atol=1e-4)
 
 
-def test_tuning_a_dynamic_build_says_to_tune_per_bucket(tmp_path):
-    with pytest.raises(ValueError, match=r"got the symbolic dims batch: MetaSchedule tunes one"):
+def test_tuning_a_dynamic_build_asks_for_the_sizes_to_tune_at(tmp_path):
+    # Tuning by size itself: tests/meta_schedule/test_sizes.py.
+    with pytest.raises(
+        ValueError,
+        match=r"expected tune_sizes= with tune_trials= or work_dir= on a build with the "
+        r"symbolic dims batch \(MetaSchedule tunes static shapes\), such as \[\{'batch': 1\}\]$",
+    ):
         tir_byoc.build_model(
             _mlp(),
             (torch.randn(8, 64),),

@@ -32,6 +32,14 @@ function and its rewrite):
   rules' schedule.
 - ``tune.py``: :func:`tune_tir` and :func:`tune_relax` (options -> tasks -> the search -> the
   decision per function -> the report).
+- ``specialize.py``: a symbolic PrimFunc's dims at each size (read from its calls), its static
+  copy at one size, and the dispatcher that runs each tuned copy where its dims take that
+  size's values.
+- ``dispatch.py``: per symbolic function, the tuned copies it dispatches to (each measured
+  again beside the symbolic schedule at its size, the faster kept) and the dispatcher written.
+- ``sizes.py``: a build with symbolic dims tuned at the sizes ``build_model``'s
+  ``tune_sizes`` names (``checked_sizes``, ``tune_by_size``): the static copies tuned in one
+  :func:`tune_tir` run, each symbolic function then a dispatcher.
 
 How a matched chain travels through the search:
 

@@ -33,8 +33,9 @@ class FunctionReport:
         ``"offload"`` (chains call intrinsics), ``"native"`` (the tuned schedule was faster),
         ``"mixed"`` (several chains, decided differently), ``"none"`` (no chain to offload),
         ``"offload-untuned"`` (the whole function is offloaded; not tuned), ``"default"`` (no
-        chain; the default rule's schedule measured faster than the best record) or
-        ``"unchanged"``.
+        chain; the default rule's schedule measured faster than the best record),
+        ``"by-size"`` (a symbolic function that runs the static copies of ``sizes`` where its
+        dims take their values; :mod:`~.sizes`) or ``"unchanged"``.
     trials : int
         Candidates measured for it (0 when it was not tuned).
     best_ms : float or None
@@ -49,6 +50,12 @@ class FunctionReport:
         (``TuneOptions.default_rules``), or ``""``.
     best_default_ms : float or None
         That rule's schedule, measured in one batch with the best record measured again.
+    sizes : tuple of str
+        ``"by-size"``: the static copies it dispatches to, in the order it tests them, each
+        reported under its own name (``layer_norm__batch_1_seq_128``).
+    symbolic_ms : float or None
+        A static copy's: the default rules' symbolic schedule at its size, measured in one
+        batch with the copy's schedule measured again (:mod:`~.dispatch`).
     packed : tuple of str
         The forms of the weights packed in the final function (``"transposed"``,
         ``"library"``); empty if none was.
@@ -67,6 +74,8 @@ class FunctionReport:
     best_packed_ms: float | None = None
     default_rule: str = ""
     best_default_ms: float | None = None
+    sizes: tuple[str, ...] = ()
+    symbolic_ms: float | None = None
     packed: tuple[str, ...] = ()
     intrinsics: tuple[str, ...] = ()
     note: str = ""
@@ -135,7 +144,12 @@ def load_report(work_dir: str | os.PathLike) -> TuningReport:
     data = json.loads(path.read_text())
     functions = tuple(
         FunctionReport(
-            **{**f, "intrinsics": tuple(f["intrinsics"]), "packed": tuple(f.get("packed", ()))}
+            **{
+                **f,
+                "intrinsics": tuple(f["intrinsics"]),
+                "packed": tuple(f.get("packed", ())),
+                "sizes": tuple(f.get("sizes", ())),
+            }
         )
         for f in data["functions"]
     )
