@@ -94,3 +94,29 @@ def test_the_order_is_the_rewrites_then_the_lowering():
 def test_without_a_target_in_scope_the_pipeline_says_what_it_expected():
     with pytest.raises(ValueError, match=r"^tir_byoc pipeline: expected an llvm \(CPU\) target"):
         relax.get_pipeline("tir_byoc")(_mlp())
+
+
+def test_a_reshape_of_symbolic_shapes_is_a_view_and_no_uncalled_copy_is_built():
+    # Scores of (batch, heads, seq, seq) computed per call, reshaped to (batch * heads, seq,
+    # seq) for a batched matmul.  The default rules would rewrite that reshape's loops out of
+    # the form RewriteDataflowReshape recognises (the build would copy); stage 4 makes it a
+    # view first, and stage 6 drops the copy LegalizeOps writes again and nothing calls.
+    torch = pytest.importorskip("torch")
+
+    class Scores(torch.nn.Module):
+        def forward(self, x):
+            b, h, s, d = x.shape
+            scores = (x @ x.transpose(-1, -2)).exp()
+            return (scores.reshape(b * h, s, s) @ x.reshape(b * h, s, d)).sum(-1)
+
+    module = Scores().eval()
+    built = tir_byoc.build_model(
+        module, (torch.randn(2, 4, 8, 16),), dynamic={0: {0: ("batch", 1, 4), 2: ("seq", 1, 32)}}
+    )
+    names = [gvar.name_hint for gvar, _ in built.module.functions_items()]
+    assert not [name for name in names if name.startswith("reshape")], names
+    assert set(built.unscheduled) <= {"shape_func", "tir_byoc_check_bounds"}
+    generator = torch.Generator().manual_seed(0)
+    for shape in ((1, 4, 5, 16), (3, 4, 32, 16)):
+        x = torch.randn(*shape, generator=generator) * 0.25  # scores of order 1
+        np.testing.assert_allclose(built(x), module(x).numpy(), rtol=1e-4, atol=1e-4)

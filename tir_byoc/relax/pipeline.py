@@ -20,10 +20,13 @@
    (:mod:`tir_byoc.packing`).  :func:`tir_byoc.build_model` with ``tune_trials`` tunes here
    instead (:func:`tir_byoc.meta_schedule.tune_relax`, which folds the copies with
    :func:`fold_weight_copies`).
-4. :data:`AFTER_OFFLOAD`: dead code eliminated, so the copies folded away are not built.
+4. :data:`AFTER_OFFLOAD`: each PrimFunc that only reshapes a value made Relax's view
+   (``R.reshape``) while TVM still recognises it, then dead code eliminated, so the copies
+   folded away are not built.
 5. :func:`schedule`: the default CPU schedule for what TVM keeps (:mod:`tir_byoc.schedules`),
    and the check that no intrinsic is called from inside a parallel loop.
-6. TVM's default Relax build pipeline (``relax.get_pipeline("default")``).
+6. TVM's default Relax build pipeline (``relax.get_pipeline("default")``), without the
+   functions it writes and leaves uncalled.
 
 :func:`tir_byoc.build_model` runs the stages one by one (it keeps the schedule report, and
 tunes instead of offloading when asked); :class:`TirByocPipeline` runs all six as one module
@@ -39,7 +42,8 @@ import contextlib
 from collections.abc import Iterable
 
 import tvm
-from tvm import relax, tirx
+import tvm_ffi
+from tvm import ir, relax, tirx
 
 from .. import schedules
 from ..offload import offload
@@ -102,8 +106,11 @@ LOWERING = (
     FuseIntoRows,
     relax.transform.FuseTIR,
 )
-#: Stage 4, after the offload.
-AFTER_OFFLOAD = (RemoveDeadCode,)
+#: Stage 4, after the offload: a PrimFunc that only reshapes a value (``has_reshape_pattern``)
+#: becomes Relax's ``R.reshape``, a view of the same memory, before the default schedule
+#: rewrites its loops out of the form TVM recognises (TVM's own build runs the same pass,
+#: after the schedule); then what no Relax function calls any more is dropped.
+AFTER_OFFLOAD = (relax.transform.RewriteDataflowReshape, RemoveDeadCode)
 
 
 def lowering_passes() -> tuple:
@@ -166,9 +173,34 @@ def schedule(
 
 def build(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
     """Stage 6: TVM's default Relax build pipeline, as ``tvm.compile`` runs it, for
-    ``target``."""
+    ``target``, without the PrimFuncs it writes that nothing calls.
+
+    Its ``LegalizeOps`` writes each ``R.reshape`` of stage 4 out as a copy again, and its
+    ``RewriteDataflowReshape`` makes the call a view once more: the copy is left uncalled, and
+    would be compiled (and reported as a function the default rules never saw)."""
     with target:
-        return relax.get_pipeline("default")(mod)
+        built = relax.get_pipeline("default")(mod)
+    return _without_uncalled(built, before=mod)
+
+
+def _without_uncalled(mod: tvm.IRModule, before: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` without the PrimFuncs that are not in ``before`` and that no function refers
+    to."""
+    referred: set[str] = set()
+    for _, func in mod.functions_items():
+        tvm_ffi.structural_walk(func, (ir.GlobalVar, lambda gvar: referred.add(gvar.name_hint)))
+    known = {gvar.name_hint for gvar in before.get_global_vars()}
+    uncalled = [
+        gvar
+        for gvar, func in mod.functions_items()
+        if isinstance(func, tirx.PrimFunc)
+        and gvar.name_hint not in known
+        and gvar.name_hint not in referred
+    ]
+    if not uncalled:
+        return mod
+    kept = {gvar: func for gvar, func in mod.functions_items() if gvar not in uncalled}
+    return tvm.IRModule(kept, attrs=mod.attrs, global_infos=mod.global_infos)
 
 
 @tvm.transform.module_pass(opt_level=0, name="tir_byoc.Pipeline")
