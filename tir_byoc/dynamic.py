@@ -224,13 +224,12 @@ class Signature:
             return
         low, high = self.bounds.get(name, (0, None))
         if size < low or (high is not None and size > high):
-            raise ValueError(
-                f"tir_byoc.Model: {at} ({name}) is {size}, expected {_span(low, high)}"
-            )
+            raise ValueError(f"tir_byoc.Model: {at} ({name}) is {size}, expected {span(low, high)}")
         values[name], where[name] = size, at
 
 
-def _span(low: int, high: int | None) -> str:
+def span(low: int, high: int | None) -> str:
+    """A dim's bounds as the errors write them: ``1..16``, or ``1 or more``."""
     return f"{low}..{high}" if high is not None else f"{low} or more"
 
 
@@ -267,7 +266,7 @@ def with_bounds_check(mod: tvm.IRModule, entry: str = "main") -> tvm.IRModule:
             condition = var >= low if high is None else tirx.And(var >= low, var <= high)
             message = (
                 f"tir_byoc.Model: input {index} ({param.name}) dim {axis} ({dim.name}) is out "
-                f"of its bounds, expected {_span(low, high)}"
+                f"of its bounds, expected {span(low, high)}"
             )
             checks[dim.name] = (dim, var, condition, message)
     if not checks:

@@ -22,8 +22,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..frontend import first_line
-from ..schedules import RULE_ATTR, first_rule, is_scheduled, vector_math
-from ..schedules.small_nests import serial_when_small
+from ..schedules import RULE_ATTR, is_scheduled, rule_schedule, vector_math
 from .measure import measure
 from .records import as_scheduled
 from .report import FunctionReport, duration
@@ -35,17 +34,12 @@ def symbolic_schedule(func, target) -> tuple:
     """``func`` as the default schedule writes it for every size: (the function, the rule's
     name or what runs instead, its blocks left on one thread with why)."""
     try:
-        applied = first_rule(func, target)
+        applied = rule_schedule(func, target, vector_math.applies(target))
     except Exception as error:  # a rule's bug leaves the loops, as in the default schedule
         return func, f"TVM's loops as written (a default rule raised: {first_line(error)})", {}
     if applied is None:
         return func, "TVM's loops as written (no default rule applies)", {}
     rule, scheduled, notes = applied
-    if vector_math.applies(target):
-        scheduled = vector_math.expand(scheduled)
-    scheduled, threads = serial_when_small(scheduled)
-    for block, why in threads.items():
-        notes[block] = f"{notes[block]}; {why}" if block in notes else why
     return scheduled, rule, notes
 
 

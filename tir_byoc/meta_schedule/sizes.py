@@ -64,10 +64,6 @@ def entry_dims(func) -> dict[str, tuple[int, int | None]]:
     return {name: bounds.get(name, (0, None)) for name in dynamic.symbolic_dims(func)}
 
 
-def _span(low: int, high: int | None) -> str:
-    return f"{low}..{high}" if high is not None else f"{low} or more"
-
-
 def checked_sizes(func, tune_sizes, tuned: bool) -> tuple[dict[str, int], ...] | None:
     """``tune_sizes`` as :func:`tune_by_size` takes it (each size a dict of every dim of
     ``func``, the entry, in its order; repeats dropped), or None for a build not tuned by size.
@@ -115,7 +111,7 @@ def checked_sizes(func, tune_sizes, tuned: bool) -> tuple[dict[str, int], ...] |
             if value < low or (high is not None and value > high):
                 _fail(
                     f"tune_sizes[{index}] gives {name}={value}, outside its bounds; expected "
-                    f"{name} in {_span(low, high)}"
+                    f"{name} in {dynamic.span(low, high)}"
                 )
         missing = [name for name in dims if name not in size]
         if missing:

@@ -257,6 +257,23 @@ def first_rule(func: tirx.PrimFunc, target: tvm.target.Target):
     return None
 
 
+def rule_schedule(func: tirx.PrimFunc, target: tvm.target.Target, expand_math: bool):
+    """``func`` as the default schedule writes it: (the :func:`first_rule`'s name, the
+    function, its blocks left on one thread with why), or None if no rule applies.  With
+    ``expand_math`` (:func:`.vector_math.applies` to the target) its float32 ``exp`` and
+    ``erf`` are written out; its small nests run on one thread (:func:`serial_when_small`)."""
+    applied = first_rule(func, target)
+    if applied is None:
+        return None
+    rule, scheduled, notes = applied
+    if expand_math:
+        scheduled = vector_math.expand(scheduled)
+    scheduled, threads = serial_when_small(scheduled)
+    for block, why in threads.items():
+        notes[block] = f"{notes[block]}; {why}" if block in notes else why
+    return rule, scheduled, notes
+
+
 def default_schedule(
     mod: tvm.IRModule, target: tvm.target.Target, scheduled_by: str = "scheduled before"
 ) -> ScheduleReport:
@@ -290,7 +307,7 @@ def default_schedule(
                 }
             continue
         try:
-            applied = first_rule(func, target)
+            applied = rule_schedule(func, target, vector_math_applies)
         except Exception as error:  # a rule's bug must not stop the build
             failures[name] = unscheduled[name] = first_line(error)
             continue
@@ -298,12 +315,7 @@ def default_schedule(
             unscheduled[name] = _why_no_rule(func)
             continue
         rules[name], scheduled, notes = applied
-        if vector_math_applies:
-            scheduled = vector_math.expand(scheduled)
-        scheduled, threads = serial_when_small(scheduled)
         result.update_func(gvar, scheduled)
-        for block, why in threads.items():
-            notes[block] = f"{notes[block]}; {why}" if block in notes else why
         if notes:
             serial[name] = notes
     return ScheduleReport(
@@ -326,5 +338,6 @@ __all__ = [
     "default_schedule",
     "first_rule",
     "recomputed_reduction",
+    "rule_schedule",
     "single_element_reduction",
 ]
