@@ -16,13 +16,12 @@ from pathlib import Path
 from tvm.s_tir import meta_schedule as ms
 
 from ..frontend import first_line
-from .builder import close_if_owned
 from .features import cost_model
 from .options import TuneOptions
 from .progress import FAILED_RUN, Progress, mean_seconds
 from .report import duration
 from .rule import logger
-from .space import candidate_builder, design_space
+from .space import design_space
 from .tasks import Task
 
 
@@ -86,7 +85,7 @@ def run_search(tasks, target, work_dir, max_trials_global, options: TuneOptions,
     elif isinstance(callbacks, ms.MeasureCallback):
         callbacks = [callbacks]
     database = open_database(options, work_dir)
-    builder = options.builder if options.builder is not None else candidate_builder()
+    builder = options.builder  # the caller's, or the one tune.py made for the whole call
     # "xgb" on features that give an offloaded candidate a row (features.py); one model for
     # both searches, so that the second learns from the first.
     model = options.cost_model
@@ -154,7 +153,6 @@ def run_search(tasks, target, work_dir, max_trials_global, options: TuneOptions,
         if rest and budget > 0:
             seed = options.seed + 1 if paired and options.seed is not None else options.seed
             search(rest, budget, per_task, seed)
-    close_if_owned(builder, options.builder)
     return database, counter
 
 
