@@ -219,8 +219,9 @@ def _model_rows(args, name: str, threads: int) -> dict:
     longest = max(args.sequences)
     model = build_model(name, args.hidden, args.layers, longest)
     start = time.perf_counter()
-    most = max(batch for batch, _ in sizes)
-    dims = _dims(name, most, longest)
+    # The bounds take the example (batch 2, sequence 16) and every size asked for.
+    most = max(2, *(batch for batch, _ in sizes))
+    dims = _dims(name, most, max(16, longest))
     dynamic = tir_byoc.build_model(model, (_input(name, 2, 16),), dynamic={0: dims})
     dynamic_seconds = time.perf_counter() - start
     session, input_name = _onnxruntime(model, name, most, longest, threads)

@@ -83,6 +83,13 @@ def _dim(torch, dim, dims: dict, key):
             f"dynamic[{key!r}] has dim {dim!r}; expected a name, (name, min, max) or a "
             "torch.export.Dim"
         )
+    if not isinstance(low, int) or not (high is None or isinstance(high, int)):
+        _fail(f"dynamic[{key!r}] has dim {dim!r}; expected integer bounds (name, min, max)")
+    if low < 0 or (high is not None and high <= low):
+        _fail(
+            f"dynamic[{key!r}] has dim {name!r} from {low} to {high}; expected 0 <= min < max "
+            "(a size with one value is static: leave the axis out of dynamic=)"
+        )
     if name not in dims:
         options = {"min": low} if high is None else {"min": low, "max": high}
         dims[name] = torch.export.Dim(name, **options)

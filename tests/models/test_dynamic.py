@@ -107,6 +107,9 @@ def test_shared_name_means_one_dim():
         ({"dynamic": {"nope": {0: "b"}}}, "dynamic= names input 'nope'"),
         ({"dynamic": {"input": {2: "b"}}}, "has axis 2; the input has 2 axes"),
         ({"dynamic": {"input": {0: 3}}}, "expected a name, \\(name, min, max\\)"),
+        ({"dynamic": {"input": {0: ("b", 1, 1)}}}, "'b' from 1 to 1; expected 0 <= min < max"),
+        ({"dynamic": {"input": {0: ("b", 4, 2)}}}, "'b' from 4 to 2; expected 0 <= min < max"),
+        ({"dynamic": {"input": {0: ("b", 1.0, 8)}}}, "expected integer bounds"),
         (
             {"dynamic": {"input": {0: "b"}}, "dynamic_shapes": ({0: Dim("b")},)},
             "got both",
