@@ -12,6 +12,7 @@ import tvm
 from support.ms_workers import rpc_runner, tiny_search
 from tvm import relax, tirx
 from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.runner import local_runner
 from tvm.script import relax as R
 
 from tir_byoc import meta_schedule as tms
@@ -89,8 +90,18 @@ def test_the_offloaded_variant_is_measured_and_built_with_its_weight_packed(tmp_
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setenv("TMPDIR", str(scratch))  # the builder's workers make their files here
+    pools = []
+
+    class CountedPool(local_runner.PopenPoolExecutor):
+        def __init__(self, *args, **kwargs):
+            pools.append(self)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(local_runner, "PopenPoolExecutor", CountedPool)
     tuned = _tune(tmp_path, "always")
     assert list(scratch.iterdir()) == []  # every candidate's directory was removed
+    # One LocalRunner (one worker process) for the search and the packed measurement.
+    assert len(pools) == 1
     report = tms.load_report(tmp_path)
     # The tuned function: its best offloaded record measured again, packed, in the runner.
     tail = report[TAIL]
@@ -133,7 +144,10 @@ def test_pack_weights_false_measures_and_builds_the_plain_call(tmp_path):
 
 def test_an_rpc_runner_is_given_the_blocks_on_the_remote_device(tmp_path):
     with rpc_runner("tir_byoc_packed") as runner:
+        own_alloc = runner.f_alloc_argument
         tuned = _tune(tmp_path, "always", runner=runner)
+        # The run's runner measured the packed variant too, and has its own allocator back.
+        assert runner.f_alloc_argument is own_alloc
     tail = tms.load_report(tmp_path)[TAIL]
     assert tail.best_packed_ms is not None and tail.packed == ("library",), tail
     assert f"{TAIL}_packed" in _primfuncs(tuned)

@@ -21,8 +21,10 @@ on its plain offloaded time and left unpacked.  Without blocks, the run's runner
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -62,28 +64,32 @@ def alloc_rpc(blocks: dict[int, str], session, device, args_info, alloc_repeat: 
     return _with_blocks(args, blocks, device)
 
 
-def _runner(runner, blocks: dict[int, str]):
-    """A runner configured like ``runner`` whose workers take the blocks; None if none can.
+@contextlib.contextmanager
+def _runner(runner, blocks: dict[int, str]) -> Iterator:
+    """``runner`` with workers that take the blocks, for as long as the measurement lasts;
+    None if it cannot be given them.
 
-    Without blocks, ``runner`` itself (a name: the runner MetaSchedule creates for it)."""
+    A ``LocalRunner`` or ``RPCRunner`` object is the run's own: its ``f_alloc_argument``
+    (sent to a worker with each candidate) is swapped for one that reads the blocks, and put
+    back after, so its workers go on serving the run.  ``"local"`` gets a ``LocalRunner`` of
+    its own.  Without blocks, ``runner`` itself (a name: the runner MetaSchedule creates for
+    it)."""
     if not blocks:
-        return runner if isinstance(runner, ms.Runner) else ms.Runner.create(runner)
+        yield runner if isinstance(runner, ms.Runner) else ms.Runner.create(runner)
+        return
     if isinstance(runner, str) and runner == "local":
-        return ms.runner.LocalRunner(f_alloc_argument=functools.partial(alloc_local, blocks))
+        yield ms.runner.LocalRunner(f_alloc_argument=functools.partial(alloc_local, blocks))
+        return
     if not isinstance(runner, ms.runner.LocalRunner | ms.runner.RPCRunner):
-        return None
-    like = dict(
-        evaluator_config=runner.evaluator_config,
-        cooldown_sec=runner.cooldown_sec,
-        alloc_repeat=runner.alloc_repeat,
-    )
-    if isinstance(runner, ms.runner.LocalRunner):
-        alloc = functools.partial(alloc_local, blocks)
-        return ms.runner.LocalRunner(timeout_sec=runner.timeout_sec, f_alloc_argument=alloc, **like)
-    alloc = functools.partial(alloc_rpc, blocks)
-    return ms.runner.RPCRunner(
-        rpc_config=runner.rpc_config, f_alloc_argument=alloc, max_workers=1, **like
-    )
+        yield None
+        return
+    alloc = alloc_local if isinstance(runner, ms.runner.LocalRunner) else alloc_rpc
+    saved = runner.f_alloc_argument
+    runner.f_alloc_argument = functools.partial(alloc, blocks)
+    try:
+        yield runner
+    finally:
+        runner.f_alloc_argument = saved
 
 
 def measure(
@@ -110,13 +116,14 @@ def measure(
     list of (float or None, str)
         Per function, the mean latency in ms and ``""``, or None and why it was not measured.
     """
-    with tempfile.TemporaryDirectory(prefix="tir_byoc_measure_") as scratch:
+    with contextlib.ExitStack() as stack:
+        scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="tir_byoc_measure_"))
         # Step 1. The blocks as files, for the runner's workers.
         paths = {}
         for index, block in (blocks or {}).items():
             paths[index] = str(Path(scratch) / f"block_{index}.npy")
             np.save(paths[index], block.numpy())
-        measuring = _runner(runner, paths)
+        measuring = stack.enter_context(_runner(runner, paths))
         if measuring is None:
             why = f"the runner {type(runner).__name__} cannot be given packed weights"
             return [(None, why)] * len(funcs)

@@ -50,6 +50,7 @@ from . import dispatch
 from .records import called_intrinsics
 from .report import REPORT_FILE, FunctionReport, TuningReport, load_report
 from .rule import logger
+from .space import call_workers
 from .specialize import Specialization, specializations, static_copy
 from .tune import tune_tir
 
@@ -203,6 +204,14 @@ def tune_by_size(
         ``trials=0`` builds from the database in ``work_dir``, and keeps its report.
     """
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+    given = options.get("builder"), options.get("runner", "local")
+    with call_workers(*given, measures=trials > 0) as (builder, runner):
+        options = {**options, "builder": builder, "runner": runner}
+        return _tune_by_size(mod, entry, sizes, target, work_dir, trials, options)
+
+
+def _tune_by_size(mod, entry, sizes, target, work_dir, trials, options) -> SizeDispatch:
+    """:func:`tune_by_size` with one builder and runner for the tuning and the measurements."""
     # Step 1. What each function left to TVM is: static, symbolic with copies, or declined.
     names = [g.name_hint for g, f in mod.functions_items() if _left_to_tvm(f)]
     found = specializations(mod, entry, names, sizes)

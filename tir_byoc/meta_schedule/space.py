@@ -10,8 +10,9 @@ among the postprocs; usable as ``space=`` of ``ms.tune_tir``) and :func:`candida
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import tvm
@@ -128,3 +129,28 @@ def candidate_builder(**kwargs) -> CandidateBuilder:
         raise TypeError("tir_byoc.meta_schedule.candidate_builder: f_export is fixed, got one")
     kwargs.setdefault("f_build", build_candidate)
     return CandidateBuilder(f_export=export_candidate, **kwargs)
+
+
+@contextlib.contextmanager
+def call_workers(builder, runner, measures: bool = True) -> Iterator[tuple]:
+    """The builder and runner of one tuning call, each with its worker processes started once.
+
+    ``builder`` None becomes a :func:`candidate_builder` and, if the call ``measures``
+    anything, ``runner`` ``"local"`` a ``LocalRunner``; those made here are shut down on exit,
+    the caller's are left running.  Otherwise MetaSchedule's search and every measurement
+    after it (:mod:`.measure`) would each start their own, and each new worker imports TVM:
+    about 5 s of CPU on the 2-vCPU VMs.  (A ``LocalRunner`` starts its worker when it is
+    made; a builder's start with their first candidate.)
+    """
+    made = []
+    if builder is None:
+        builder = candidate_builder()
+        made.append(builder.close)
+    if measures and isinstance(runner, str) and runner == "local":
+        runner = ms.runner.LocalRunner()
+        made.append(runner.pool.shutdown)
+    try:
+        yield builder, runner
+    finally:
+        for close in made:
+            close()

@@ -33,7 +33,7 @@ from .records import called_intrinsics
 from .report import REPORT_FILE, FunctionReport, TuningReport
 from .rule import cpu_target, logger
 from .search import open_database, run_search, with_design_space
-from .space import candidate_builder
+from .space import call_workers
 from .tasks import plan_tasks
 
 
@@ -43,17 +43,15 @@ def _tune_functions(
     """The core of :func:`tune_tir` and :func:`tune_relax`: named PrimFuncs in, tuned out.
 
     ``packs`` (a :class:`Packs`, for a Relax module) measures and collects packed variants.
-    Without a ``builder`` option, one :func:`candidate_builder` builds every candidate and
-    measurement of the call, its workers started once.
+    One builder and one runner serve the search and every measurement of the call
+    (:func:`call_workers`).
     """
-    if options.builder is not None:
+    measures = max_trials_global > 0
+    with call_workers(options.builder, options.runner, measures) as (builder, runner):
+        options = dataclasses.replace(options, builder=builder, runner=runner)
+        if packs is not None:  # its measurements too
+            packs.options = options
         return _tune_with(functions, target, work_dir, max_trials_global, options, packs)
-    builder = candidate_builder()
-    try:
-        options = dataclasses.replace(options, builder=builder)
-        return _tune_with(functions, target, work_dir, max_trials_global, options, packs)
-    finally:
-        builder.close()
 
 
 def _tune_with(functions, target, work_dir, max_trials_global, options: TuneOptions, packs):
@@ -157,7 +155,7 @@ def tune_tir(mod, target, work_dir: str, max_trials_global: int, **options):
         all) or ``"never"`` (plain MetaSchedule); ``backends``, ``registry``,
         ``progress`` (True: lines on stderr; False: silent; or a text stream); MetaSchedule's
         ``max_trials_per_task``, ``num_trials_per_iter``, ``builder`` (default
-        :func:`candidate_builder`), ``runner``, ``database``, ``cost_model``,
+        :func:`~.space.candidate_builder`), ``runner``, ``database``, ``cost_model``,
         ``measure_callbacks``, ``task_scheduler``, ``module_equality``, ``strategy``,
         ``num_tuning_cores`` and ``seed``.
 
