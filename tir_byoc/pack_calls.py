@@ -22,7 +22,14 @@ from .match.exprs import const_value
 #: ``TIR_BYOC_PACK_CHOOSE`` (for one M), ``TIR_BYOC_PACK_CHOOSE_ANY_M``, and the forms of a
 #: block (``TIR_BYOC_PACK_*``), by name.
 PACK_CHOOSE, PACK_CHOOSE_ANY_M = -1, -2
-PACK_FORMS = {0: "plain", 1: "library", 2: "transposed", 3: "blocked", 4: "library_by_m"}
+PACK_FORMS = {
+    0: "plain",
+    1: "library",
+    2: "transposed",
+    3: "blocked",
+    4: "library_by_m",
+    5: "layout_by_m",
+}
 #: The batch a convolution of a symbolic batch is packed (and its form timed) for: oneDNN
 #: asked one of ResNet-50's weights in another layout at batch 1 than at 2 and more (two
 #: threads), and a call whose layout differs pays a reorder of the weight.

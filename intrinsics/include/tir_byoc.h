@@ -124,9 +124,10 @@
  * candidates on this call) and writes it to *form; TIR_BYOC_PACK_PLAIN gives *size = 0: the
  * call is best served by the plain weight.  TIR_BYOC_PACK_CHOOSE_ANY_M chooses for a call
  * whose M is only known at run time (the m passed is one example; the backend samples the
- * M it needs): the transposed weight, or TIR_BYOC_PACK_LIBRARY_BY_M, a block holding the
+ * M it needs): the transposed weight, TIR_BYOC_PACK_LIBRARY_BY_M, a block holding the
  * weight in each distinct layout the library asks for over a range of m (a few copies, the
- * call picking the one for its m).  With out != NULL it writes the block in *form.
+ * call picking the one for its m), or TIR_BYOC_PACK_LAYOUT_BY_M, the weight and its
+ * transpose, the call reading the one timed faster for its range of m.  With out != NULL it writes the block in *form.
  * The block names its form and layout; a GEMM call it was not made for returns
  * TIR_BYOC_EPACKED.  A call of a block by M whose m asks for a layout the block does not
  * hold (an m past the sampled range, another thread count or CPU) reorders a copy into it
@@ -144,6 +145,7 @@
 #define TIR_BYOC_PACK_LIBRARY 1      /* the layout the library prefers for the call */
 #define TIR_BYOC_PACK_TRANSPOSED 2   /* the plain weight in the other layout, NK <-> KN */
 #define TIR_BYOC_PACK_LIBRARY_BY_M 4 /* the library's layout for each range of m (see above) */
+#define TIR_BYOC_PACK_LAYOUT_BY_M 5  /* the plain or the transposed weight by range of m */
 #define TIR_BYOC_FLAGS_MASK ((int32_t)0x7F000000)
 #define TIR_BYOC_SIGNATURE_OF(dtypes) ((int32_t)((dtypes) & 0x00FFFFFF))
 #define TIR_BYOC_FLAGS_OF(dtypes) ((int32_t)((dtypes) & TIR_BYOC_FLAGS_MASK))

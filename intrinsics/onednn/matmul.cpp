@@ -988,6 +988,14 @@ Fusion Plan(const tir_byoc_epilogue &epilogue) {
  *   layout a format tag describes is reordered for that call into this thread's memory: a
  *   pass over the weight per call, correct but not the fast path.
  *   TIR_BYOC_ONEDNN_TEST_REORDER=1 (for tests) takes that path on every call.
+ * - TIR_BYOC_PACK_LAYOUT_BY_M, for a call whose M is known only at run time on a CPU where the
+ *   plain weight and its transpose run the same kernel at different speeds by M: both, after
+ *   a table (LayoutTable) that says, per range of M (a power of two to the next), which one the
+ *   call reads.  ChooseForm makes it only where it would otherwise keep the plain weight and
+ *   the transpose is 5 % faster at some of the sampled M and not at others.  Measured on AVX2
+ *   (AMD EPYC Zen 3, jit gemm, one thread), GPT-2's 256 -> 1024 up-projection: the transpose
+ *   takes 0.47-0.50 ms at M = 32 against 0.58-0.68 from K x N, 1.25-1.68 against 2.07-2.16 at
+ *   M = 128, and level or behind at M = 1, 8, 384 and 512.
  *   Seen with the PyPI oneDNN 3.2 on AVX-512 (AMD EPYC Zen 4, brg:avx512_core) for K x N in
  *   {256, 1024} x {256, 512, 768, 1000, 1024}, 768 x 3072 and 3072 x 768, with a bias, at
  *   every M from 1 to 512 and a sample up to 8192, at one and two threads: one layout
@@ -1003,8 +1011,8 @@ struct PackHeader {
   char magic[8];
   uint64_t layout;  // DescHash of the packed weight's memory descriptor (by M: the first copy's)
   uint64_t bytes;   // its size (by M: the table's and the copies')
-  uint64_t form;    // TIR_BYOC_PACK_LIBRARY, _TRANSPOSED or _LIBRARY_BY_M
-  uint64_t version;  // by M: kByMVersion; 0 for the other forms, whose format never changed
+  uint64_t form;    // TIR_BYOC_PACK_LIBRARY, _TRANSPOSED, _LIBRARY_BY_M or _LAYOUT_BY_M
+  uint64_t version;  // by M: kByMVersion (kLayoutByMVersion); 0 for the other forms
   uint64_t copies;   // by M: how many copies the table lists; 0 for the other forms
   uint64_t reserved[2];
 };
@@ -1027,6 +1035,38 @@ struct PackTable {
   PackCopy copy[kMaxCopies];
 };
 static_assert(sizeof(PackTable) % 64 == 0, "the copies start 64-byte aligned");
+
+/* The table of a block of TIR_BYOC_PACK_LAYOUT_BY_M, after its header: the plain weight's copy
+ * (index 0) and the transposed one (1), and per range of M the copy a call reads. */
+constexpr int kLayoutRanges = 16;  // M in [2^r, 2^(r+1)), the last open-ended
+constexpr uint64_t kLayoutByMVersion = 1;
+struct LayoutTable {
+  uint64_t layout[2];  // DescHash of each copy's memory descriptor
+  uint64_t offset[2];  // from the end of the header, multiples of 64
+  uint64_t bytes[2];
+  uint8_t transposed[kLayoutRanges];  // 1: a call of M in range r reads the transposed copy
+};
+static_assert(sizeof(LayoutTable) == 64, "the copies start 64-byte aligned");
+
+/* The range of M (see LayoutTable) that `m` >= 1 falls in. */
+int LayoutRange(int64_t m) {
+  const int log2 = 63 - __builtin_clzll(static_cast<unsigned long long>(m));
+  return std::min(log2, kLayoutRanges - 1);
+}
+
+/* True if a block of TIR_BYOC_PACK_LAYOUT_BY_M's table lies inside it and names a copy for
+ * every range. */
+bool LayoutTableFits(const PackHeader &header) {
+  if (header.version != kLayoutByMVersion || header.bytes < sizeof(LayoutTable)) return false;
+  const LayoutTable &table = *reinterpret_cast<const LayoutTable *>(&header + 1);
+  for (int i = 0; i < 2; ++i) {
+    if (table.offset[i] % 64 != 0 || table.offset[i] < sizeof(LayoutTable) ||
+        table.bytes[i] > header.bytes || table.offset[i] > header.bytes - table.bytes[i])
+      return false;
+  }
+  return std::all_of(std::begin(table.transposed), std::end(table.transposed),
+                     [](uint8_t t) { return t <= 1; });
+}
 
 /* The M whose layouts a block by M holds: powers of two up to 8192, as no layout change was
  * seen between them (see above). */
@@ -1061,6 +1101,7 @@ bool IsPack(const PackHeader *header) {
   if (header == nullptr || std::memcmp(header->magic, kPackMagic, sizeof kPackMagic) != 0)
     return false;
   if (header->form == TIR_BYOC_PACK_LIBRARY_BY_M) return TableFits(*header);
+  if (header->form == TIR_BYOC_PACK_LAYOUT_BY_M) return LayoutTableFits(*header);
   return (header->form == TIR_BYOC_PACK_LIBRARY || header->form == TIR_BYOC_PACK_TRANSPOSED) &&
          header->version == 0;
 }
@@ -1187,15 +1228,27 @@ int32_t Call(const tir_byoc_call *call) {
     const Key plain = key;
     const void *w = call->w;
     const PackHeader *header = static_cast<const PackHeader *>(w);
+    int copy = 0;  // TIR_BYOC_PACK_LAYOUT_BY_M: the copy this M reads
     if (packed) {
       if (!IsPack(header)) return TIR_BYOC_EPACKED;
-      key = FormKey(key, static_cast<int64_t>(header->form));
+      int64_t form = static_cast<int64_t>(header->form);
+      if (form == TIR_BYOC_PACK_LAYOUT_BY_M) {
+        const LayoutTable &table = *reinterpret_cast<const LayoutTable *>(header + 1);
+        copy = table.transposed[LayoutRange(rows)];
+        form = copy ? TIR_BYOC_PACK_TRANSPOSED : TIR_BYOC_PACK_PLAIN;
+      }
+      key = FormKey(key, form);
     }
     std::shared_ptr<const Entry> entry = Cache().Get(key, dtypes);
     if (packed) {  // the block must hold this primitive's weight layout (by M: a copy in it)
-      if (header->form == TIR_BYOC_PACK_LIBRARY_BY_M)
+      if (header->form == TIR_BYOC_PACK_LIBRARY_BY_M) {
         w = CopyFor(*header, *entry);
-      else
+      } else if (header->form == TIR_BYOC_PACK_LAYOUT_BY_M) {
+        const LayoutTable &table = *reinterpret_cast<const LayoutTable *>(header + 1);
+        const bool fits = table.layout[copy] == entry->layout &&
+                          table.bytes[copy] == entry->weights.get_size();
+        w = fits ? reinterpret_cast<const char *>(header + 1) + table.offset[copy] : nullptr;
+      } else
         w = PackFits(header, *entry) ? header + 1 : nullptr;
       if (w == nullptr) return TIR_BYOC_EPACKED;
     }
@@ -1326,6 +1379,61 @@ std::vector<double> TimeForms(const Key &plain, const Dtypes &dtypes, const void
 
 /* The M a call with a symbolic M is timed at when choosing a form valid for every M. */
 constexpr int64_t kSampleRows[] = {1, 32, 256};
+/* The M the plain weight and its transpose are timed at for TIR_BYOC_PACK_LAYOUT_BY_M; a range
+ * of M (LayoutTable) takes the verdict of the sampled M nearest to it (log scale). */
+constexpr int64_t kLayoutSampleRows[] = {1, 8, 32, 128, 512};
+using LayoutRanges = std::array<uint8_t, kLayoutRanges>;
+
+/* The ranges a block by layout of key `plain` gives the transpose, as the choice of its form
+ * found them, so that the call that writes the block uses the table that was measured. */
+std::unordered_map<Key, LayoutRanges, KeyHash> &LayoutChoices(std::unique_lock<std::mutex> *lock) {
+  static std::mutex mutex;
+  static std::unordered_map<Key, LayoutRanges, KeyHash> choices;
+  *lock = std::unique_lock<std::mutex>(mutex);
+  return choices;
+}
+
+/* Per range of M, whether a call of key `plain` (a symbolic M) reads the transposed weight:
+ * where it is 5 % faster than the plain one at the nearest of kLayoutSampleRows. */
+LayoutRanges TimeLayouts(const Key &plain, const Dtypes &dtypes, const void *w) {
+  const std::vector<int32_t> forms{TIR_BYOC_PACK_PLAIN, TIR_BYOC_PACK_TRANSPOSED};
+  std::vector<uint8_t> faster;
+  for (int64_t m : kLayoutSampleRows) {
+    Key key = plain;
+    key.m = m;
+    const std::vector<double> medians = TimeForms(key, dtypes, w, forms);
+    faster.push_back(medians[1] < 0.95 * medians[0]);
+  }
+  LayoutRanges ranges{};
+  for (int r = 0; r < kLayoutRanges; ++r) {
+    double nearest = 1e9;
+    for (size_t i = 0; i < faster.size(); ++i) {
+      const double distance = std::fabs(r + 0.5 - std::log2(kLayoutSampleRows[i]));
+      if (distance < nearest) nearest = distance, ranges[r] = faster[i];
+    }
+  }
+  return ranges;
+}
+
+/* The table of TIR_BYOC_PACK_LAYOUT_BY_M for key `plain`: the one its choice measured, else
+ * measured now; TIR_BYOC_ONEDNN_PACK=layout_by_m (tests) gives the transpose every other
+ * range, so that both copies serve calls. */
+LayoutRanges LayoutTableOf(const Key &plain, const Dtypes &dtypes, const void *w) {
+  const char *setting = std::getenv("TIR_BYOC_ONEDNN_PACK");
+  if (setting != nullptr && std::string(setting) == "layout_by_m") {
+    LayoutRanges alternate{};
+    for (int r = 0; r < kLayoutRanges; ++r) alternate[r] = r % 2 == 0;
+    return alternate;
+  }
+  std::unique_lock<std::mutex> lock;
+  auto &choices = LayoutChoices(&lock);
+  auto found = choices.find(plain);
+  if (found != choices.end()) return found->second;
+  lock.unlock();
+  const LayoutRanges ranges = TimeLayouts(plain, dtypes, w);
+  lock.lock();
+  return choices.emplace(plain, ranges).first->second;
+}
 
 /* The form a call of key `plain` is fastest with on this machine, for its M or, with `any_m`,
  * for every M: the transposed weight, or the library's layouts by M (a block holding the
@@ -1343,6 +1451,7 @@ int32_t ChooseForm(const Key &plain, const Dtypes &dtypes, const void *w, bool a
     if (named == "library" || named == "always") return library;
     if (named == "transposed") return TIR_BYOC_PACK_TRANSPOSED;
     if (named == "plain") return TIR_BYOC_PACK_PLAIN;
+    if (named == "layout_by_m" && any_m) return TIR_BYOC_PACK_LAYOUT_BY_M;
   }
   std::vector<int64_t> rows{plain.m};
   if (any_m) rows.assign(std::begin(kSampleRows), std::end(kSampleRows));
@@ -1392,7 +1501,23 @@ int32_t ChooseForm(const Key &plain, const Dtypes &dtypes, const void *w, bool a
   for (size_t c = 1; c < forms.size(); ++c) {
     if (mean[c] < fastest && worst[c] < 1.05) fastest = mean[c], best = forms[c];
   }
-  return best;
+  // For every M, where the plain weight would be kept but its transpose is a candidate: the
+  // transpose at the ranges of M it is faster at, if that is some but not all of them.
+  const bool transposable =
+      std::find(forms.begin(), forms.end(), TIR_BYOC_PACK_TRANSPOSED) != forms.end();
+  if (!any_m || best != TIR_BYOC_PACK_PLAIN || !transposable) return best;
+  LayoutRanges ranges;
+  try {
+    ranges = TimeLayouts(plain, dtypes, w);
+  } catch (const std::exception &) {
+    return TIR_BYOC_PACK_PLAIN;
+  }
+  const int transposed = static_cast<int>(std::count(ranges.begin(), ranges.end(), 1));
+  if (transposed == 0) return TIR_BYOC_PACK_PLAIN;
+  if (transposed == kLayoutRanges) return TIR_BYOC_PACK_TRANSPOSED;
+  std::unique_lock<std::mutex> lock;
+  LayoutChoices(&lock)[plain] = ranges;
+  return TIR_BYOC_PACK_LAYOUT_BY_M;
 }
 
 /* `header` zeroed, then its magic, form, layout and byte count (the data after it). */
@@ -1444,6 +1569,32 @@ int64_t PackByM(const Key &plain, const Dtypes &dtypes, const void *w, PackHeade
   return static_cast<int64_t>(sizeof(PackHeader) + offset);
 }
 
+/* Write a block by layout of the plain weight `w` (key `plain`) to `header`: the table, the
+ * plain copy, the transposed one, each 64-byte aligned; its size (header included) if `header`
+ * is NULL. */
+int64_t PackLayoutByM(const Key &plain, const Dtypes &dtypes, const void *w, PackHeader *header) {
+  const std::shared_ptr<const Entry> copies[2] = {
+      Cache().Get(plain, dtypes), Cache().Get(FormKey(plain, TIR_BYOC_PACK_TRANSPOSED), dtypes)};
+  LayoutTable table{};
+  uint64_t offset = sizeof(LayoutTable);
+  for (int i = 0; i < 2; ++i) {
+    table.layout[i] = copies[i]->layout;
+    table.offset[i] = offset;
+    table.bytes[i] = copies[i]->weights.get_size();
+    offset += (table.bytes[i] + 63) / 64 * 64;
+  }
+  if (header != nullptr) {
+    const LayoutRanges ranges = LayoutTableOf(plain, dtypes, w);
+    std::copy(ranges.begin(), ranges.end(), table.transposed);
+    StartHeader(header, TIR_BYOC_PACK_LAYOUT_BY_M, table.layout[0], offset);
+    header->version = kLayoutByMVersion;
+    char *data = reinterpret_cast<char *>(header + 1);
+    std::memcpy(data, &table, sizeof table);
+    for (int i = 0; i < 2; ++i) Reorder(plain, dtypes, w, *copies[i], data + table.offset[i]);
+  }
+  return static_cast<int64_t>(sizeof(PackHeader) + offset);
+}
+
 /* Pack the plain weight w of a gemm call (the arguments of tir_byoc_onednn_gemm without the
  * operands x, y and the epilogue's tensors, which do not shape the primitive) in *form, into
  * `out`: *size bytes, 64-byte aligned.  The protocol is tir_byoc.h's (TIR_BYOC_PACKED_WEIGHT):
@@ -1468,14 +1619,15 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_pack(const void *w, int64_t m
       *size = 0;
       return TIR_BYOC_OK;
     }
-    if (*form == TIR_BYOC_PACK_LIBRARY_BY_M) {
-      const int64_t bytes = PackByM(plain, decoded, w, nullptr);
+    if (*form == TIR_BYOC_PACK_LIBRARY_BY_M || *form == TIR_BYOC_PACK_LAYOUT_BY_M) {
+      const auto write = *form == TIR_BYOC_PACK_LIBRARY_BY_M ? PackByM : PackLayoutByM;
+      const int64_t bytes = write(plain, decoded, w, nullptr);
       if (out == nullptr) {
         *size = bytes;
         return TIR_BYOC_OK;
       }
       if (*size < bytes) return TIR_BYOC_ESHAPE;
-      PackByM(plain, decoded, w, static_cast<PackHeader *>(out));
+      write(plain, decoded, w, static_cast<PackHeader *>(out));
       return TIR_BYOC_OK;
     }
     if (*form != TIR_BYOC_PACK_LIBRARY && *form != TIR_BYOC_PACK_TRANSPOSED)

@@ -1,6 +1,7 @@
 """oneDNN's weight packed by M (issue 50): for a GEMM whose M is known only at run time, a
 block holding the weight in each layout oneDNN asks for over a sample of M
-(``TIR_BYOC_PACK_LIBRARY_BY_M``), the call picking its M's copy.
+(``TIR_BYOC_PACK_LIBRARY_BY_M``), the call picking its M's copy; or a block holding the weight
+and its transpose (``TIR_BYOC_PACK_LAYOUT_BY_M``), the call reading the one its range of M names.
 
 A call computes what the plain weight gives at every M, whether its M's layout is in the
 block or (``TIR_BYOC_ONEDNN_TEST_REORDER=1``, as for an M or a thread count whose layout the
@@ -26,7 +27,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 BY_M = next(code for code, name in PACK_FORMS.items() if name == "library_by_m")
-LIBRARY = 1
+LAYOUT_BY_M = next(code for code, name in PACK_FORMS.items() if name == "layout_by_m")
+LIBRARY, TRANSPOSED = 1, 2
 EPACKED = 6
 F32 = 0x010101
 KN = 1  # the weight's layout: a matmul's K x N
@@ -141,8 +143,66 @@ def test_a_symbolic_m_chooses_plain_transposed_or_by_m_and_sizes_its_block():
     args += [ctypes.c_double(constant), *(ctypes.c_double(0) for _ in range(5))]
     form, size = ctypes.c_int32(-2), ctypes.c_int64(-1)
     assert pack(*args, ctypes.byref(form), None, ctypes.byref(size)) == 0
-    assert form.value in (0, 2, BY_M)  # never the library's layout for one M
+    assert form.value in (0, TRANSPOSED, BY_M, LAYOUT_BY_M)  # never the library's for one M
     assert (size.value == 0) == (form.value == 0)
+
+
+def test_a_block_by_layout_reads_the_copy_its_range_of_m_names(monkeypatch):
+    """Each M reads the copy its range (a power of two to the next) names: the bits of the
+    transposed block made for that M, or of the plain weight; the plain result within
+    rounding either way."""
+    monkeypatch.setenv("TIR_BYOC_ONEDNN_PACK", "layout_by_m")  # the transpose every other range
+    block = _pack(WEIGHT, LAYOUT_BY_M)
+    header = block[:64].view(np.uint64)
+    assert header[3] == LAYOUT_BY_M and header[4] == 1  # the form, the format's version
+    assert list(block[64 + 48 : 64 + 64]) == [1, 0] * 8  # the copy of each range of M
+    assert block.size >= 64 + 64 + 2 * K * N * 4
+    read = set()
+    for m in ROWS:
+        x = RNG.standard_normal((m, K)).astype("float32")
+        status, y = _gemm(x, block, PACKED_WEIGHT_FLAG)
+        assert status == 0, m
+        transposed = (m.bit_length() - 1) % 2 == 0
+        read.add(transposed)
+        if transposed:
+            status, expected = _gemm(x, _pack(WEIGHT, TRANSPOSED, m=m), PACKED_WEIGHT_FLAG)
+        else:
+            status, expected = _gemm(x, WEIGHT, 0)
+        assert status == 0, m
+        np.testing.assert_array_equal(y, expected, err_msg=f"m = {m}")
+        status, plain = _gemm(x, WEIGHT, 0)
+        np.testing.assert_allclose(y, plain, rtol=1e-5, atol=1e-5, err_msg=f"m = {m}")
+    assert read == {False, True}  # both copies served a call
+
+
+def test_a_block_by_layout_meets_no_call_of_another_weight_shape_or_a_bad_table(monkeypatch):
+    monkeypatch.setenv("TIR_BYOC_ONEDNN_PACK", "layout_by_m")
+    block = _pack(WEIGHT, LAYOUT_BY_M)
+    x = RNG.standard_normal((7, K)).astype("float32")
+    assert _gemm(x, block, PACKED_WEIGHT_FLAG)[0] == 0
+    assert _gemm(x, block, PACKED_WEIGHT_FLAG, n=N - 16)[0] == EPACKED
+    assert _gemm(x[:, : K - 16].copy(), block, PACKED_WEIGHT_FLAG, k=K - 16)[0] == EPACKED
+
+    def changed(at, value, dtype=np.uint64):
+        stale = block.copy()
+        raw = np.frombuffer(np.array(value, dtype).tobytes(), np.uint8)
+        stale[at : at + raw.size] = raw
+        return stale
+
+    # Another version; a copy's layout that is not the one its primitive reads (m = 7 reads
+    # the transposed copy, m = 32 the plain one); an offset or size outside the block; a range
+    # that names neither copy.
+    rows_32 = RNG.standard_normal((32, K)).astype("float32")
+    for stale, rows in (
+        (changed(32, 2), x),
+        (changed(64 + 8, 12345), x),
+        (changed(64, 12345), rows_32),
+        (changed(64 + 16, 1), x),
+        (changed(64 + 24, block.size), x),
+        (changed(64 + 40, block.size), x),
+        (changed(64 + 48 + 2, 2, np.uint8), x),
+    ):
+        assert _gemm(rows, stale, PACKED_WEIGHT_FLAG)[0] == EPACKED
 
 
 # -- a dynamic model ------------------------------------------------------------------------
@@ -150,12 +210,15 @@ def test_a_symbolic_m_chooses_plain_transposed_or_by_m_and_sizes_its_block():
 torch = pytest.importorskip("torch")
 
 
-@pytest.fixture(scope="module")
-def bert():
+@pytest.fixture(scope="module", params=["library_by_m", "layout_by_m"])
+def bert(request):
+    """A dynamic BERT with every weight in the form by M ``request.param`` names."""
     pytest.importorskip("transformers")
     real = models.bert()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TIR_BYOC_ONEDNN_PACK", "library")  # names the form by M for every M
+        # "library" names the library's layouts by M for a symbolic M.
+        named = "library" if request.param == "library_by_m" else request.param
+        patch.setenv("TIR_BYOC_ONEDNN_PACK", named)
         records = []
         handler = logging.Handler()
         handler.emit = records.append
@@ -174,13 +237,13 @@ def bert():
             logger.removeHandler(handler)
             logger.setLevel(previous)
     packed = [r.getMessage() for r in records if r.getMessage().startswith("packed: ")]
-    return real, built, packed
+    return real, built, packed, request.param
 
 
 @pytest.mark.parametrize("reorder", ["0", "1"])
 def test_a_dynamic_bert_packed_by_m_equals_torch_at_several_sizes(bert, monkeypatch, reorder):
-    real, built, packed = bert
-    assert packed and all(line.endswith("(library_by_m)") for line in packed), packed
+    real, built, packed, form = bert
+    assert packed and all(line.endswith(f"({form})") for line in packed), packed
     monkeypatch.setenv("TIR_BYOC_ONEDNN_TEST_REORDER", reorder)
     generator = torch.Generator().manual_seed(50)
     for batch, sequence in ((1, 1), (1, 7), (3, 16), (2, 32)):

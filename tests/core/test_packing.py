@@ -357,7 +357,7 @@ def test_default_choice_the_backend_names_the_form_it_chose_and_sizes_its_block(
         else:
             assert size.value >= HEADER + K * N * 4
     # A form the backend does not make is refused, not packed.
-    form = ctypes.c_int32(5)
+    form = ctypes.c_int32(99)
     assert pack(*_pack_arguments(WEIGHTS[0], M), ctypes.byref(form), None, ctypes.byref(size)) != 0
 
 
