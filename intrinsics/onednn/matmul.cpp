@@ -1384,8 +1384,8 @@ constexpr int64_t kSampleRows[] = {1, 32, 256};
 constexpr int64_t kLayoutSampleRows[] = {1, 8, 32, 128, 512};
 using LayoutRanges = std::array<uint8_t, kLayoutRanges>;
 
-/* The ranges a block by layout of key `plain` gives the transpose, as the choice of its form
- * found them, so that the call that writes the block uses the table that was measured. */
+/* The ranges a block by layout of key `plain` gives the transpose, as measured: the call that
+ * writes the block uses the table its choice measured, and other weights of the key reuse it. */
 std::unordered_map<Key, LayoutRanges, KeyHash> &LayoutChoices(std::unique_lock<std::mutex> *lock) {
   static std::mutex mutex;
   static std::unordered_map<Key, LayoutRanges, KeyHash> choices;
@@ -1415,16 +1415,9 @@ LayoutRanges TimeLayouts(const Key &plain, const Dtypes &dtypes, const void *w) 
   return ranges;
 }
 
-/* The table of TIR_BYOC_PACK_LAYOUT_BY_M for key `plain`: the one its choice measured, else
- * measured now; TIR_BYOC_ONEDNN_PACK=layout_by_m (tests) gives the transpose every other
- * range, so that both copies serve calls. */
-LayoutRanges LayoutTableOf(const Key &plain, const Dtypes &dtypes, const void *w) {
-  const char *setting = std::getenv("TIR_BYOC_ONEDNN_PACK");
-  if (setting != nullptr && std::string(setting) == "layout_by_m") {
-    LayoutRanges alternate{};
-    for (int r = 0; r < kLayoutRanges; ++r) alternate[r] = r % 2 == 0;
-    return alternate;
-  }
+/* TimeLayouts for key `plain`, measured once per process (a model's layers of one shape and
+ * epilogue share it; the values of the weight do not change the time). */
+LayoutRanges MeasuredLayouts(const Key &plain, const Dtypes &dtypes, const void *w) {
   std::unique_lock<std::mutex> lock;
   auto &choices = LayoutChoices(&lock);
   auto found = choices.find(plain);
@@ -1433,6 +1426,19 @@ LayoutRanges LayoutTableOf(const Key &plain, const Dtypes &dtypes, const void *w
   const LayoutRanges ranges = TimeLayouts(plain, dtypes, w);
   lock.lock();
   return choices.emplace(plain, ranges).first->second;
+}
+
+/* The table of TIR_BYOC_PACK_LAYOUT_BY_M for key `plain` (MeasuredLayouts);
+ * TIR_BYOC_ONEDNN_PACK=layout_by_m (tests) gives the transpose every other range, so that
+ * both copies serve calls. */
+LayoutRanges LayoutTableOf(const Key &plain, const Dtypes &dtypes, const void *w) {
+  const char *setting = std::getenv("TIR_BYOC_ONEDNN_PACK");
+  if (setting != nullptr && std::string(setting) == "layout_by_m") {
+    LayoutRanges alternate{};
+    for (int r = 0; r < kLayoutRanges; ++r) alternate[r] = r % 2 == 0;
+    return alternate;
+  }
+  return MeasuredLayouts(plain, dtypes, w);
 }
 
 /* The form a call of key `plain` is fastest with on this machine, for its M or, with `any_m`,
@@ -1508,16 +1514,13 @@ int32_t ChooseForm(const Key &plain, const Dtypes &dtypes, const void *w, bool a
   if (!any_m || best != TIR_BYOC_PACK_PLAIN || !transposable) return best;
   LayoutRanges ranges;
   try {
-    ranges = TimeLayouts(plain, dtypes, w);
+    ranges = MeasuredLayouts(plain, dtypes, w);
   } catch (const std::exception &) {
     return TIR_BYOC_PACK_PLAIN;
   }
   const int transposed = static_cast<int>(std::count(ranges.begin(), ranges.end(), 1));
   if (transposed == 0) return TIR_BYOC_PACK_PLAIN;
-  if (transposed == kLayoutRanges) return TIR_BYOC_PACK_TRANSPOSED;
-  std::unique_lock<std::mutex> lock;
-  LayoutChoices(&lock)[plain] = ranges;
-  return TIR_BYOC_PACK_LAYOUT_BY_M;
+  return transposed == kLayoutRanges ? TIR_BYOC_PACK_TRANSPOSED : TIR_BYOC_PACK_LAYOUT_BY_M;
 }
 
 /* `header` zeroed, then its magic, form, layout and byte count (the data after it). */
