@@ -127,7 +127,8 @@
  * M it needs): the transposed weight, TIR_BYOC_PACK_LIBRARY_BY_M, a block holding the
  * weight in each distinct layout the library asks for over a range of m (a few copies, the
  * call picking the one for its m), or TIR_BYOC_PACK_LAYOUT_BY_M, the weight and its
- * transpose, the call reading the one timed faster for its range of m.  With out != NULL it writes the block in *form.
+ * transpose, the call reading the one timed faster for its range of m.  With out != NULL it
+ * writes the block in *form.
  * The block names its form and layout; a GEMM call it was not made for returns
  * TIR_BYOC_EPACKED.  A call of a block by M whose m asks for a layout the block does not
  * hold (an m past the sampled range, another thread count or CPU) reorders a copy into it

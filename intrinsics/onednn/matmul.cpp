@@ -1228,13 +1228,14 @@ int32_t Call(const tir_byoc_call *call) {
     const Key plain = key;
     const void *w = call->w;
     const PackHeader *header = static_cast<const PackHeader *>(w);
-    int copy = 0;  // TIR_BYOC_PACK_LAYOUT_BY_M: the copy this M reads
+    const LayoutTable *layouts = nullptr;  // TIR_BYOC_PACK_LAYOUT_BY_M: the block's table
+    int copy = 0;                           // and the copy this M reads
     if (packed) {
       if (!IsPack(header)) return TIR_BYOC_EPACKED;
       int64_t form = static_cast<int64_t>(header->form);
       if (form == TIR_BYOC_PACK_LAYOUT_BY_M) {
-        const LayoutTable &table = *reinterpret_cast<const LayoutTable *>(header + 1);
-        copy = table.transposed[LayoutRange(rows)];
+        layouts = reinterpret_cast<const LayoutTable *>(header + 1);
+        copy = layouts->transposed[LayoutRange(rows)];
         form = copy ? TIR_BYOC_PACK_TRANSPOSED : TIR_BYOC_PACK_PLAIN;
       }
       key = FormKey(key, form);
@@ -1243,11 +1244,10 @@ int32_t Call(const tir_byoc_call *call) {
     if (packed) {  // the block must hold this primitive's weight layout (by M: a copy in it)
       if (header->form == TIR_BYOC_PACK_LIBRARY_BY_M) {
         w = CopyFor(*header, *entry);
-      } else if (header->form == TIR_BYOC_PACK_LAYOUT_BY_M) {
-        const LayoutTable &table = *reinterpret_cast<const LayoutTable *>(header + 1);
-        const bool fits = table.layout[copy] == entry->layout &&
-                          table.bytes[copy] == entry->weights.get_size();
-        w = fits ? reinterpret_cast<const char *>(header + 1) + table.offset[copy] : nullptr;
+      } else if (layouts != nullptr) {  // its offsets count from the table's start
+        const bool fits = layouts->layout[copy] == entry->layout &&
+                          layouts->bytes[copy] == entry->weights.get_size();
+        w = fits ? reinterpret_cast<const char *>(layouts) + layouts->offset[copy] : nullptr;
       } else
         w = PackFits(header, *entry) ? header + 1 : nullptr;
       if (w == nullptr) return TIR_BYOC_EPACKED;
