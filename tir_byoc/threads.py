@@ -150,15 +150,16 @@ def _user_chose_openmp_idle() -> bool:
 
 
 def configure_openmp_early() -> dict[str, str]:
-    """Fill in libgomp's idle spin before anything loads libgomp (``import tir_byoc`` calls
-    it before importing TVM, which imports PyTorch, which loads libgomp).
+    """Fill in libgomp's idle spin and thread count before anything loads libgomp (``import
+    tir_byoc`` calls it before importing TVM, which imports PyTorch, which loads libgomp).
 
-    The spin of :func:`configure` for OpenMP, set earlier: that one runs when the oneDNN
+    What :func:`configure` sets for OpenMP, set earlier: that one runs when the oneDNN
     backend is located, after ``import tvm`` has loaded libgomp whenever PyTorch is installed,
-    so it could never apply there (docs/backends.md, Threads, has what it saves at two
-    threads).  Nothing is set when libgomp is
-    loaded already, when the user chose (``GOMP_SPINCOUNT``, ``OMP_WAIT_POLICY``), or under
-    ``TIR_BYOC_THREAD_DEFAULTS=0``.
+    so it could never apply there.  Until this set the thread count too, ``TVM_NUM_THREADS=1``
+    left oneDNN's calls on every core.  Nothing is set when libgomp is loaded already or
+    under ``TIR_BYOC_THREAD_DEFAULTS=0``; the spin is left alone when the user chose it
+    (``GOMP_SPINCOUNT``, ``OMP_WAIT_POLICY``), the count when ``OMP_NUM_THREADS`` is set
+    (docs/backends.md, Threads, has what the spin saves at two threads).
 
     Returns
     -------
@@ -169,8 +170,12 @@ def configure_openmp_early() -> dict[str, str]:
         return {}
     with _lock:
         before = dict(_applied)
-        if not _user_chose_openmp_idle() and not _loaded("libgomp"):
-            _set_default("GOMP_SPINCOUNT", IDLE_DEFAULTS["GOMP_SPINCOUNT"])
+        if not _loaded("libgomp"):
+            tvm_threads = os.environ.get("TVM_NUM_THREADS")
+            if tvm_threads:
+                _set_default("OMP_NUM_THREADS", tvm_threads)
+            if not _user_chose_openmp_idle():
+                _set_default("GOMP_SPINCOUNT", IDLE_DEFAULTS["GOMP_SPINCOUNT"])
         return {k: v for k, v in _applied.items() if before.get(k) != v}
 
 

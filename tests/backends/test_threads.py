@@ -156,6 +156,25 @@ def test_openmp_spin_is_set_before_libgomp_loads_and_never_after(clean_env):
     assert "GOMP_SPINCOUNT" not in os.environ
 
 
+def test_openmp_thread_count_follows_tvm_num_threads_before_libgomp_loads(clean_env):
+    import os
+
+    clean_env.setenv("OMP_NUM_THREADS", "")  # so that the test's end unsets it again
+    clean_env.delenv("OMP_NUM_THREADS")
+    clean_env.setenv("TVM_NUM_THREADS", "3")
+    clean_env.setenv("GOMP_SPINCOUNT", "99")
+    assert threads.configure_openmp_early() == {"OMP_NUM_THREADS": "3"}
+    assert os.environ["OMP_NUM_THREADS"] == "3"
+    # Set by the user, or too late: left alone.
+    clean_env.setenv("OMP_NUM_THREADS", "2")
+    clean_env.setattr(threads, "_applied", {})
+    assert threads.configure_openmp_early() == {}
+    clean_env.delenv("OMP_NUM_THREADS")
+    clean_env.setattr(threads, "_loaded", lambda fragment: fragment == "libgomp")
+    assert threads.configure_openmp_early() == {}
+    assert "OMP_NUM_THREADS" not in os.environ
+
+
 @pytest.mark.parametrize("choice", ["GOMP_SPINCOUNT", "OMP_WAIT_POLICY", threads.OPT_OUT_ENV])
 def test_openmp_spin_chosen_by_the_user_is_kept(clean_env, choice):
     import os
@@ -194,3 +213,22 @@ def test_importing_tir_byoc_sets_the_openmp_spin_before_libgomp_loads():
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.split()[-3:] == ["1000", "1000", "True"], out.stderr
+
+
+def test_importing_tir_byoc_gives_openmp_the_tvm_thread_count_before_libgomp_loads():
+    """libgomp reads ``OMP_NUM_THREADS`` once, as PyTorch loads it during ``import tir_byoc``;
+    a count set later, when oneDNN is located, left oneDNN on every core."""
+    import subprocess
+    import sys
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one core: libgomp's own default is one thread too")
+    env = {k: v for k, v in os.environ.items() if k not in VARIABLES}
+    env["TVM_NUM_THREADS"] = "1"  # PyTorch caps the count at the cores, so not more
+    code = (
+        "import ctypes, tir_byoc; "
+        "gomp = [l.split()[-1] for l in open('/proc/self/maps') if 'libgomp' in l][0]; "
+        "print(ctypes.CDLL(gomp).omp_get_max_threads())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.split()[-1:] == ["1"], out.stderr
