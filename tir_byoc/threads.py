@@ -73,6 +73,13 @@ def _set_default(name: str, value: str) -> None:
     _applied[name] = value
 
 
+def _follow_tvm_threads(count_var: str) -> None:
+    """The user's thread count for TVM, if set, as a library's (unless it has its own)."""
+    tvm_threads = os.environ.get("TVM_NUM_THREADS")
+    if tvm_threads:
+        _set_default(count_var, tvm_threads)
+
+
 def configure(library: str) -> dict[str, str]:
     """Fill in the thread settings of ``library`` (``"openmp"`` or ``"openblas"``).
 
@@ -89,9 +96,7 @@ def configure(library: str) -> dict[str, str]:
     with _lock:
         before = dict(_applied)
         # Step 1. Thread count: the user's choice for TVM applies to the library too.
-        tvm_threads = os.environ.get("TVM_NUM_THREADS")
-        if tvm_threads:
-            _set_default(count_var, tvm_threads)
+        _follow_tvm_threads(count_var)
         # Step 2. Idle spin, for the library and for TVM's pool.
         tvm_spin = IDLE_DEFAULTS["TVM_THREAD_POOL_SPIN_COUNT"]
         if not any(v in os.environ for v in _USER_IDLE_CHOICE.get(idle_var, ())):
@@ -171,9 +176,7 @@ def configure_openmp_early() -> dict[str, str]:
     with _lock:
         before = dict(_applied)
         if not _loaded("libgomp"):
-            tvm_threads = os.environ.get("TVM_NUM_THREADS")
-            if tvm_threads:
-                _set_default("OMP_NUM_THREADS", tvm_threads)
+            _follow_tvm_threads(LIBRARY_VARIABLES["openmp"][0])
             if not _user_chose_openmp_idle():
                 _set_default("GOMP_SPINCOUNT", IDLE_DEFAULTS["GOMP_SPINCOUNT"])
         return {k: v for k, v in _applied.items() if before.get(k) != v}
