@@ -40,6 +40,7 @@ from pathlib import Path
 from direct import RESULTS, measure_bridge
 from implementations import IMPLEMENTATIONS, Settings, running
 from report import Row, best_of_rounds, chart, complete, machine, print_table, write_csv
+from timing import Parser
 from workloads import DTYPES, GROUPS, MLP, WORKLOADS, select
 
 # --------------------------------------------------------------------------------------
@@ -145,13 +146,6 @@ def _run_child_process(implementation, mlp, args, env) -> list[dict]:
 # --------------------------------------------------------------------------------------
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (status 2), as the ``tir-byoc`` command line has them."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
 def _names(names) -> str:
     return ", ".join(repr(name) for name in names)
 
@@ -186,7 +180,7 @@ def check_selection(parser: argparse.ArgumentParser, args) -> None:
 
 
 def main(argv=None) -> int:
-    parser = _Parser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=float, default=1.0, help="seconds of timing per cell")
     parser.add_argument("--trials", type=int, default=64, help="MetaSchedule trials per workload")
     parser.add_argument(

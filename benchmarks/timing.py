@@ -2,16 +2,25 @@
 
 Entry points: :func:`time_python` (a Python callable), :func:`time_tvm` (a compiled TVM
 function, timed in C++ by TVM's evaluator) and :func:`plan` (how many calls per repeat and how
-many repeats fill a budget; the direct harnesses use it too).
+many repeats fill a budget; the direct harnesses use it too); and :class:`Parser`, the
+benchmarks' command lines.
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
 #: Above this many seconds per call, a cell is timed by one more call instead of a median.
 SLOW_SECONDS = 2.0
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (status 2), as the ``tir-byoc`` command line has them."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def plan(first_seconds: float, budget: float) -> tuple[int, int]:
