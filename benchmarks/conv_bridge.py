@@ -1,9 +1,10 @@
 """The bridge of a convolution: tir_byoc's oneDNN conv entry point against oneDNN's primitive
 called directly, on every convolution shape of ResNet-50 and MobileNetV2, interleaved.
 
-Usage: ``python benchmarks/conv_bridge.py [--repeats N] [--models resnet50,mobilenet_v2]``
-(run with ``OMP_NUM_THREADS=1`` for one thread).  The shapes are those the models' torch
-``Conv2d`` layers see on a 224 x 224 image at batch 1 (transformers' ``ResNetConfig`` and
+Usage: ``python benchmarks/conv_bridge.py [--repeats N] [--models resnet50,mobilenet_v2]
+[--batch N]`` (run with ``OMP_NUM_THREADS=1`` for one thread).  The shapes are those the models'
+torch ``Conv2d`` layers see on 224 x 224 images at batch ``--batch`` (default 1;
+transformers' ``ResNetConfig`` and
 ``MobileNetV2Config`` defaults, random weights), each distinct shape once, with a bias and, as
 the layers that are followed by one have, a relu.  ``conv_bridge_onednn.cpp`` (compiled here
 into a shared library) times both calls on the same buffers in one process, alternating which
@@ -18,20 +19,21 @@ how often the model runs it).
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
+from timing import Parser
+
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "conv_bridge_onednn.cpp"
 LIBRARY = HERE / "results" / "bin" / "conv_bridge_onednn.so"
 
 
-def conv_shapes(name: str, layout: str = "nhwc") -> Counter:
-    """The distinct shapes of ``name``'s Conv2d layers on one 224 x 224 image, with how often
+def conv_shapes(name: str, layout: str = "nhwc", batch: int = 1) -> Counter:
+    """The distinct shapes of ``name``'s Conv2d layers on ``batch`` 224 x 224 images, with how often
     each runs: (geometry of the conv entry point, relu) -> count; in ``layout`` ``nhwc`` (HWIO
     weights, as :mod:`tir_byoc.relax.channels_last` hands them to the library) or ``nchw``
     (OIHW weights)."""
@@ -39,7 +41,7 @@ def conv_shapes(name: str, layout: str = "nhwc") -> Counter:
 
     from tir_byoc.testing import cnns
 
-    real = {"resnet50": cnns.resnet50, "mobilenet_v2": cnns.mobilenet_v2}[name]()
+    real = {"resnet50": cnns.resnet50, "mobilenet_v2": cnns.mobilenet_v2}[name](batch=batch)
     seen: Counter = Counter()
 
     def hook(module, args, _output):
@@ -84,14 +86,16 @@ def conv_shapes(name: str, layout: str = "nhwc") -> Counter:
     return seen
 
 
-def _library() -> Path:
+def onednn_library(source: Path, library: Path, include_dirs=()) -> Path:
+    """``source`` compiled against the project's oneDNN into the shared library ``library``
+    (again only when the source is newer), with ``include_dirs`` besides oneDNN's."""
     import tir_byoc
     from tir_byoc import toolchain
 
     spec = tir_byoc.REGISTRY.backend("onednn").locate()
-    if not LIBRARY.exists() or LIBRARY.stat().st_mtime < SOURCE.stat().st_mtime:
-        LIBRARY.parent.mkdir(parents=True, exist_ok=True)
-        include = [*spec.include_dirs, str(HERE.parent / "intrinsics" / "include")]
+    if not library.exists() or library.stat().st_mtime < source.stat().st_mtime:
+        library.parent.mkdir(parents=True, exist_ok=True)
+        include = [*spec.include_dirs, *map(str, include_dirs)]
         command = [
             toolchain.cxx_compiler().path,
             "-O3",
@@ -99,17 +103,21 @@ def _library() -> Path:
             "-fPIC",
             *(f"-I{d}" for d in include),
             *spec.compile_flags,
-            str(SOURCE),
+            str(source),
             "-o",
-            str(LIBRARY),
+            str(library),
             *toolchain.link_flags(spec),
         ]
         subprocess.run(command, check=True)
-    return LIBRARY
+    return library
+
+
+def _library() -> Path:
+    return onednn_library(SOURCE, LIBRARY, [HERE.parent / "intrinsics" / "include"])
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="conv_bridge.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--models", default="resnet50,mobilenet_v2")
     parser.add_argument(
@@ -118,7 +126,10 @@ def main(argv=None) -> int:
         default="nhwc",
         help="the activations' layout (build_model hands CNNs over in nhwc)",
     )
+    parser.add_argument("--batch", type=int, default=1, help="images per call")
     args = parser.parse_args(argv)
+    if args.batch < 1:
+        parser.error(f"--batch {args.batch}: expected 1 or more images per call")
     import tir_byoc  # noqa: F401  (registers the backends)
     from tir_byoc import toolchain
 
@@ -144,7 +155,7 @@ def main(argv=None) -> int:
     failed = 0
     for name in args.models.split(","):
         totals = [0.0, 0.0]
-        for geometry, count in conv_shapes(name, args.layout).items():
+        for geometry, count in conv_shapes(name, args.layout, args.batch).items():
             relu = 1
             out = (ctypes.c_double * 3)()
             shape = (ctypes.c_int64 * 24)(*geometry)
