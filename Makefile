@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test install clean bench bench-matcher bench-threads bench-bridge bench-models \
-	bench-epilogue bench-zoo bench-serving bench-aot bench-dynamic
+	bench-epilogue bench-zoo bench-serving bench-aot bench-dynamic bench-conv-chain
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,11 @@ bench-serving: $(BENCH_STAMP)
 # A model as plain C (tir_byoc.aot) against the Relax VM build and torch eager, at one thread.
 bench-aot: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/aot.py $(BENCH_ARGS)
+
+# MobileNetV2's convolutions as oneDNN primitives, with and without the 1 x 1 + depthwise
+# fusion (benchmarks/conv_chain.py).
+bench-conv-chain: $(BENCH_STAMP)
+	$(BIN)/python benchmarks/conv_chain.py $(BENCH_ARGS)
 
 # One BERT-like build with batch and sequence dynamic against a static build per size, ONNX
 # Runtime with dynamic axes and torch eager; the build times too (benchmarks/dynamic.py).
