@@ -2,19 +2,18 @@
 called directly, on every convolution shape of ResNet-50 and MobileNetV2, interleaved.
 
 Usage: ``python benchmarks/conv_bridge.py [--repeats N] [--models resnet50,mobilenet_v2]
-[--batch N]`` (run with ``OMP_NUM_THREADS=1`` for one thread).  The shapes are those the models'
-torch ``Conv2d`` layers see on 224 x 224 images at batch ``--batch`` (default 1;
-transformers' ``ResNetConfig`` and
-``MobileNetV2Config`` defaults, random weights), each distinct shape once, with a bias and, as
-the layers that are followed by one have, a relu.  ``conv_bridge_onednn.cpp`` (compiled here
-into a shared library) times both calls on the same buffers in one process, alternating which
-runs first: oneDNN as its user writes it (the weight reordered once into the primitive's
-layout, bias and relu fused) and ``tir_byoc_onednn_conv`` with the weight packed by
-``tir_byoc_onednn_conv_pack`` as ``build_model`` packs a constant weight.  The direct call runs
-oneDNN's first implementation for the shape; the pack may have chosen another (it times each
-one oneDNN offers), so a ratio well under 1 is that choice, not the bridge.  Prints a table of the
-median milliseconds and their ratio, and per model the sum over its layers (each shape times
-how often the model runs it).
+[--batch N]`` (run with ``OMP_NUM_THREADS=1`` for one thread).  The shapes are those the
+models' torch ``Conv2d`` layers see on 224 x 224 images, ``--batch`` of them (default 1)
+(transformers' ``ResNetConfig`` and ``MobileNetV2Config`` defaults, random weights), each
+distinct shape once, with a bias and, as the layers that are followed by one have, a relu.
+``conv_bridge_onednn.cpp`` (compiled here into a shared library) times both calls on the same
+buffers in one process, alternating which runs first: oneDNN as its user writes it (the weight
+reordered once into the primitive's layout, bias and relu fused) and ``tir_byoc_onednn_conv``
+with the weight packed by ``tir_byoc_onednn_conv_pack`` as ``build_model`` packs a constant
+weight.  The direct call runs oneDNN's first implementation for the shape; the pack may have
+chosen another (it times each one oneDNN offers), so a ratio well under 1 is that choice, not
+the bridge.  Prints a table of the median milliseconds and their ratio, and per model the sum
+over its layers (each shape times how often the model runs it).
 """
 
 from __future__ import annotations
@@ -33,8 +32,8 @@ LIBRARY = HERE / "results" / "bin" / "conv_bridge_onednn.so"
 
 
 def conv_shapes(name: str, layout: str = "nhwc", batch: int = 1) -> Counter:
-    """The distinct shapes of ``name``'s Conv2d layers on ``batch`` 224 x 224 images, with how often
-    each runs: (geometry of the conv entry point, relu) -> count; in ``layout`` ``nhwc`` (HWIO
+    """The distinct shapes of ``name``'s Conv2d layers on ``batch`` 224 x 224 images, with how
+    often each runs: (geometry of the conv entry point, relu) -> count; in ``layout`` ``nhwc`` (HWIO
     weights, as :mod:`tir_byoc.relax.channels_last` hands them to the library) or ``nchw``
     (OIHW weights)."""
     import torch
