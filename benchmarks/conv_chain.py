@@ -137,15 +137,19 @@ def pair_difference(chain, layers, batch: int) -> float:
     return worst
 
 
-def run_chains(batch: int, repeats: int, rounds: int) -> dict:
-    """The chains at ``batch`` in this process (its OpenMP thread count), each built and run
-    ``rounds`` times, in a rotating order so that none always runs first: the median of their
-    medians in ms; each step's medians and names from the last round."""
-    import numpy as np
-
+def load_chain():
+    """``conv_chain_onednn.cpp``'s library, compiled if needed and loaded."""
     chain = ctypes.CDLL(str(_library()))
     chain.conv_chain.restype = ctypes.c_int
-    layers = mobilenet_v2_layers()
+    return chain
+
+
+def run_chains(chain, layers, batch: int, repeats: int, rounds: int) -> dict:
+    """The chains of ``layers`` at ``batch`` in this process (its OpenMP thread count), each
+    built and run ``rounds`` times, in a rotating order so that none always runs first: the
+    median of their medians in ms; each step's medians and names from the last round."""
+    import numpy as np
+
     result = {"batch": batch, "layers": len(layers)}
     medians = {key: [] for key in CHAINS}
     for round_ in range(rounds):
@@ -252,8 +256,9 @@ def main(argv=None) -> int:
         if getattr(args, name) < 1:
             parser.error(f"--{name} {getattr(args, name)} measures nothing; expected 1 or more")
     if args.child:  # one thread count, set by the parent before oneDNN loaded
+        chain, layers = load_chain(), mobilenet_v2_layers()  # the same at every batch
         for batch in batches:
-            result = run_chains(batch, args.repeats, args.rounds)
+            result = run_chains(chain, layers, batch, args.repeats, args.rounds)
             if args.in_model:
                 result["model"] = model_calls(batch, args.repeats)
             print(json.dumps(result), flush=True)

@@ -233,16 +233,20 @@ extern "C" int conv_chain(const int64_t *rows, int count, int64_t n, int fuse, i
     for (size_t i = 0; i < layers.size(); ++i) {
       Step pair;
       if (fuse && i + 1 < layers.size() && Fusable(layers[i], layers[i + 1]) && fused(i, &pair)) {
+        Step first, second;
         bool keep = true;
         if (fuse == 2) {  // only where it is faster than the two primitives alone
-          const Step first = alone(i), second = alone(i + 1);
+          first = alone(i), second = alone(i + 1);
           keep = Time({&pair}, stream, 10) < Time({&first, &second}, stream, 10);
         }
         if (keep) {
           steps.push_back(std::move(pair));
-          ++i;  // the depthwise layer is in the step
-          continue;
+        } else {  // the two timed primitives themselves
+          steps.push_back(std::move(first));
+          steps.push_back(std::move(second));
         }
+        ++i;  // layer i + 1 is done too
+        continue;
       }
       steps.push_back(alone(i));
     }
