@@ -10,7 +10,8 @@ The offload runs in this order (:mod:`tir_byoc.relax.pipeline` places it in the 
 pipeline): for a Relax module, the weight copies folded into the GEMMs that read them
 (:mod:`tir_byoc.relax.weight_copies`, each callee judged by the plan it would get); the plan of
 the module that leaves (:func:`tir_byoc.planning.plan`, a view); the rewrite of each planned
-match; for a Relax module, its constant weights packed (:mod:`tir_byoc.packing`).
+match; for a Relax module, its 1 x 1 + depthwise convolution pairs fused
+(:mod:`tir_byoc.conv_pairs`) and its constant weights packed (:mod:`tir_byoc.packing`).
 
 All of them accept an ``IRModule`` (TIR-only or Relax with PrimFuncs) or a single ``PrimFunc``.
 """
@@ -24,6 +25,7 @@ import tvm
 from tvm import relax
 
 from . import toolchain
+from .conv_pairs import pair_convolutions
 from .packing import pack_constant_weights
 from .planning import Choice, Plan, Planner, as_module
 from .registry import REGISTRY, Registry
@@ -139,7 +141,9 @@ def offload(
     pack_weights : bool
         Relax modules: a GEMM whose weight is a constant of the model, served by a backend
         that packs (oneDNN), gets the weight packed once, here, into the library's preferred
-        layout (see :mod:`tir_byoc.packing`).
+        layout (see :mod:`tir_byoc.packing`); and a 1 x 1 convolution with the depthwise one
+        that alone reads its output becomes one fused oneDNN call where that is faster (see
+        :mod:`tir_byoc.conv_pairs`).
 
     Returns
     -------
@@ -180,8 +184,11 @@ def apply(planned, *, strict: bool = False, pack_weights: bool = True):
         rewritten.append((function.gvar, function.func, offloaded))
     if planned.wrapped:
         return next(iter(result.functions.values()))
-    # Step 4. Relax modules: constant weights packed once, here, into the library's layout.
+    # Step 4. Relax modules: each 1 x 1 + depthwise pair of constant weights made one call
+    # where oneDNN's fused primitive is faster, then the other constant weights packed once,
+    # here, into the library's layout.
     if pack_weights and any(isinstance(f, relax.Function) for f in result.functions.values()):
+        result, _ = pair_convolutions(result, rewritten, planned.registry)
         result, report = pack_constant_weights(
             result, rewritten, rewrite_function, planned.registry
         )

@@ -359,7 +359,9 @@ def _call_name(func: tirx.PrimFunc, match: Match) -> str:
     return names[0] if len(names) == 1 else ""
 
 
-def _replace_calls(mod: tvm.IRModule, replacements) -> tvm.IRModule:
+def _replace_calls(mod: tvm.IRModule, replacements, removed=frozenset()) -> tvm.IRModule:
+    """``mod`` with each binding of a var of ``replacements`` bound to its new value, and the
+    bindings of ``removed`` dropped."""
     for fvar, func in list(mod.functions_items()):
         if not isinstance(func, relax.Function):
             continue
@@ -367,6 +369,9 @@ def _replace_calls(mod: tvm.IRModule, replacements) -> tvm.IRModule:
         for block in func.body.blocks:
             bindings = []
             for binding in block.bindings:
+                if binding.var in removed:
+                    changed = True
+                    continue
                 if binding.var in replacements:
                     binding = relax.VarBinding(binding.var, replacements[binding.var], binding.span)
                     changed = True

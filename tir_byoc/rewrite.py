@@ -164,11 +164,30 @@ def call_block(match: Match, intrinsic: Intrinsic, name: str, packing=None) -> s
         args = gemm_arguments(match)
     else:
         args = fixed_arguments(match)
-    call = tirx.call_extern("int32", intrinsic.extern_symbol, *args)
+    return extern_block(
+        intrinsic,
+        intrinsic.extern_symbol,
+        args,
+        operands,
+        match.out,
+        name,
+        match.blocks,
+        match.func,
+    )
+
+
+def extern_block(
+    intrinsic, symbol: str, args, operands, out, name: str, blocks, func: str
+) -> s_tir.SBlockRealize:
+    """The opaque block ``status = symbol(*args); assert status == 0`` that reads ``operands``
+    and writes ``out``, annotated with ``intrinsic`` (an :class:`Intrinsic` or its name) and
+    the ``blocks`` of ``func`` it replaces."""
+    name_of = intrinsic if isinstance(intrinsic, str) else intrinsic.name
+    call = tirx.call_extern("int32", symbol, *args)
     status = tirx.Var("status", "int32")
     message = (
-        f"tir_byoc intrinsic {intrinsic.name} ({intrinsic.extern_symbol}) returned a non-zero "
-        f"status for blocks {', '.join(match.blocks)} of {match.func}; the codes are listed in "
+        f"tir_byoc intrinsic {name_of} ({symbol}) returned a non-zero "
+        f"status for blocks {', '.join(blocks)} of {func}; the codes are listed in "
         "intrinsics/include/tir_byoc.h"
     )
     # The Python AssertStmt wrapper of TVM 0.27 passes its arguments to the FFI constructor in
@@ -182,10 +201,10 @@ def call_block(match: Match, intrinsic: Intrinsic, name: str, packing=None) -> s
     block = s_tir.SBlock(
         iter_vars=[],
         reads=[_whole(b) for b in operands],
-        writes=[_whole(match.out)],
+        writes=[_whole(out)],
         name_hint=name,
         body=tirx.SeqStmt([tirx.Bind(status, call), check]),
-        annotations={INTRINSIC_ATTR: intrinsic.name, BLOCKS_ATTR: ",".join(match.blocks)},
+        annotations={INTRINSIC_ATTR: name_of, BLOCKS_ATTR: ",".join(blocks)},
     )
     return s_tir.SBlockRealize([], True, block)
 
@@ -334,6 +353,7 @@ __all__ = [
     "RewriteError",
     "call_block",
     "calls_in_parallel_loops",
+    "extern_block",
     "gemm_arguments",
     "intrinsic_calls",
     "rewrite_function",

@@ -342,6 +342,7 @@ def _check_symbols(backend: str, library: ctypes.CDLL, registry: Registry) -> No
 
 _PTR, _I32, _I64, _F64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_double
 _I32P, _I64P = ctypes.POINTER(_I32), ctypes.POINTER(_I64)
+_F64P = ctypes.POINTER(_F64)
 
 #: The C entry points besides the intrinsics that Python calls (the package, the tests, the
 #: benchmarks), each ``int32_t tir_byoc_<backend>_<name>(...)``: their argument types, as
@@ -366,6 +367,9 @@ ENTRY_POINTS: dict[str, tuple[type, ...]] = {
     # w; dtypes, layout, weight layout; n, c, o, groups, 6 x 3 geometry; ops; c0..c5; form
     # (in, out), out, size (out)
     "conv_pack": (_PTR,) + (_I32,) * 3 + (_I64,) * 23 + (_F64,) * 6 + (_I32P, _PTR, _I64P),
+    # wa, wb; dtypes; per convolution 25 int64 (layouts, geometry, ops) and 6 constants;
+    # choice (in, out), out, size (in, out) (intrinsics/onednn/conv.cpp)
+    "conv_pair_pack": (_PTR, _PTR, _I32, _I64P, _F64P, _I64P, _F64P, _I32P, _PTR, _I64P),
 }
 
 

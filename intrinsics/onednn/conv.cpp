@@ -339,6 +339,7 @@ enum ThreadBuffer : int {
   kInnerDst,
   kReorderedWeights,  // a block's weight in the layout a call of another batch asks for
   kPlainWeights,      // ... and in the plain layout it may pass through
+  kPairMiddle,        // a pair's intermediate, where it runs as two convolutions
   kScratchKinds
 };
 
@@ -1034,6 +1035,487 @@ int32_t Conv(const tir_byoc_conv *conv) {
   }
 }
 
+/* ------------------------------------------------------------------------------------------
+ * A pair: a 1 x 1 convolution (stride 1, no padding, one group) and the depthwise 3 x 3 that
+ * alone reads its output (PairFits), channels last, each with a bias and at most one relu or clip, as one
+ * primitive: the 1 x 1's, with the depthwise one as its append_dw post-op.  oneDNN 3.2 has a
+ * real fused kernel for it (jit_1x1 with the depthwise row kernel inside) only where the
+ * intermediate is larger than about twice the L2 cache of its threads; elsewhere it offers
+ * ref_fused_convolution (the two primitives one after the other), which is not taken.  The
+ * intermediate is then never written to memory whole.
+ *
+ * A pair's block (tir_byoc_onednn_conv_pair_pack) holds both weights in the layouts the fused
+ * primitive asks for, each behind a PackHeader.  A call whose fused primitive asks for exactly
+ * those layouts runs it; any other call (another CPU or thread count, where oneDNN picks other
+ * layouts or no fused kernel) reorders both weights to the plain layout and runs the two
+ * convolutions one after the other through a buffer of the calling thread: correct, slower.
+ *
+ * Each clip of a pair is fused in the first of three forms whose values the probes find equal
+ * to the C epilogue's, NaN included: eltwise_clip_v2, eltwise_clip (both give lo for NaN), or
+ * the clip negated, -clip_v2(-z, -hi, -lo), which gives hi for NaN as topi.clip's spelling of
+ * ReLU6 does.  The probes (ProbePair) run the fused primitive on the call's own shape against
+ * the reference convolution and the C epilogue.
+ */
+enum class PairClip : int32_t { kClipV2, kClip, kNegated };
+constexpr PairClip kPairClips[] = {PairClip::kClipV2, PairClip::kClip, PairClip::kNegated};
+
+struct PairKey {
+  Key a, b;  // a packed, each with a bias and at most one eltwise post-op
+  PairClip a_clip = PairClip::kClipV2, b_clip = PairClip::kClipV2;
+
+  auto Tie() const { return std::tie(a, b, a_clip, b_clip); }
+  bool operator<(const PairKey &other) const { return Tie() < other.Tie(); }
+};
+
+struct PairEntry {
+  dnnl::convolution_forward primitive;
+  dnnl::memory::desc src, wa, ba, dst, wb, bb, scratchpad;
+  std::string implementation, blocking_a, blocking_b;
+};
+
+/* Why a pair is not fused (tir_byoc_onednn_conv_pair_pack's *choice); 1 is "fused". */
+enum PairChoice : int32_t {
+  kPairSeparate = 0,     // timed: the two convolutions alone are as fast
+  kPairFused = 1,
+  kPairUnfit = 2,        // not a 1 x 1 and a depthwise 3 x 3 append_dw serves (PairFits)
+  kPairNoKernel = 3,     // oneDNN has no fused kernel for the pair on this machine
+  kPairDisagrees = 4,    // no fused form computes the epilogue as the C one does, NaN included
+  kPairNotFinite = 5,    // a weight holds an infinity or NaN (the padding would meet it)
+  kPairNamed = 6,        // TIR_BYOC_ONEDNN_PAIR=separate
+};
+
+void AppendEltwise(dnnl::post_ops &ops, const Key &key, PairClip clip) {
+  if (key.post.empty()) return;
+  if (key.post[0] == Post::kRelu) {
+    ops.append_eltwise(dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    return;
+  }
+  const float lo = FloatOf(key.clip[0]), hi = FloatOf(key.clip[1]);
+  if (clip == PairClip::kNegated) {
+    ops.append_eltwise(dnnl::algorithm::eltwise_linear, -1.0f, 0.0f);
+    ops.append_eltwise(dnnl::algorithm::eltwise_clip_v2, -hi, -lo);
+    ops.append_eltwise(dnnl::algorithm::eltwise_linear, -1.0f, 0.0f);
+  } else {
+    ops.append_eltwise(clip == PairClip::kClip ? dnnl::algorithm::eltwise_clip
+                                               : dnnl::algorithm::eltwise_clip_v2,
+                       lo, hi);
+  }
+}
+
+/* The fused primitive of `key`, or NULL where oneDNN offers none but its reference. */
+std::shared_ptr<const PairEntry> CreatePair(const PairKey &key) {
+  const Key &a = key.a, &b = key.b;
+  PairEntry entry;
+  entry.src = Activations(a, a.c, a.in);
+  entry.dst = Activations(b, b.o, b.out);
+  entry.ba = dnnl::memory::desc({a.o}, dt::f32, tag::a);
+  dnnl::post_ops ops;
+  AppendEltwise(ops, a, key.a_clip);
+  ops.append_dw(dt::f32, dt::f32, dt::f32, 3, b.stride[0], b.pad[0]);
+  AppendEltwise(ops, b, key.b_clip);
+  dnnl::primitive_attr attr;
+  attr.set_post_ops(ops);
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  try {
+    // The destination given is the 1 x 1's own output; the primitive's is the depthwise one's.
+    ConvDesc desc(Engine(), dnnl::prop_kind::forward_inference,
+                  dnnl::algorithm::convolution_direct, entry.src, AnyWeights(a), entry.ba,
+                  Activations(a, a.o, a.out), {1, 1}, {0, 0}, {0, 0}, {0, 0}, attr);
+    entry.implementation = desc.impl_info_str();
+    if (entry.implementation.rfind("ref", 0) == 0 || desc.src_desc() != entry.src ||
+        desc.dst_desc() != entry.dst)
+      return nullptr;
+    entry.wa = desc.weights_desc();
+    entry.wb = desc.query_md(dnnl::query::exec_arg_md, DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_WEIGHTS);
+    entry.bb = desc.query_md(dnnl::query::exec_arg_md, DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_BIAS);
+    entry.blocking_a = BlockingOf(entry.wa), entry.blocking_b = BlockingOf(entry.wb);
+    if (entry.blocking_a.empty() || entry.blocking_b.empty() ||
+        entry.bb != dnnl::memory::desc({b.o}, dt::f32, tag::a))
+      return nullptr;
+    entry.scratchpad = desc.scratchpad_desc();
+    entry.primitive = dnnl::convolution_forward(desc);
+  } catch (const dnnl::error &) {
+    return nullptr;
+  }
+  return std::make_shared<const PairEntry>(std::move(entry));
+}
+
+/* The fused primitive of `key` (NULL: none), created once per process. */
+std::shared_ptr<const PairEntry> GetPair(const PairKey &key) {
+  static std::mutex mutex;
+  static std::map<PairKey, std::shared_ptr<const PairEntry>> cache;
+  thread_local std::map<PairKey, std::shared_ptr<const PairEntry>> mine;
+  auto known = mine.find(key);
+  if (known != mine.end()) return known->second;
+  if (mine.size() >= kCapacity) mine.clear();
+  std::shared_ptr<const PairEntry> entry;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto found = cache.find(key);
+    if (found != cache.end()) return mine.emplace(key, found->second).first->second;
+  }
+  entry = CreatePair(key);  // outside the lock: creation is slow
+  std::lock_guard<std::mutex> lock(mutex);
+  if (cache.size() >= kCapacity) cache.clear();
+  entry = cache.emplace(key, entry).first->second;
+  return mine.emplace(key, entry).first->second;
+}
+
+int32_t ExecutePair(const PairEntry &entry, const void *x, const void *wa, const void *ba,
+                    const void *wb, const void *bb, void *y) {
+  auto memory = [](const dnnl::memory::desc &md, const void *data) {
+    return dnnl::memory(md, Engine(), const_cast<void *>(data));
+  };
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, memory(entry.src, x)},
+      {DNNL_ARG_WEIGHTS, memory(entry.wa, wa)},
+      {DNNL_ARG_BIAS, memory(entry.ba, ba)},
+      {DNNL_ARG_DST, memory(entry.dst, y)},
+      {DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_WEIGHTS, memory(entry.wb, wb)},
+      {DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_BIAS, memory(entry.bb, bb)}};
+  const size_t scratchpad_bytes = entry.scratchpad.get_size();
+  if (scratchpad_bytes > 0) {
+    void *scratchpad = Scratchpad(scratchpad_bytes);
+    if (scratchpad == nullptr) return TIR_BYOC_EBACKEND;
+    args.emplace(DNNL_ARG_SCRATCHPAD, memory(entry.scratchpad, scratchpad));
+  }
+  entry.primitive.execute(Stream(), args);
+  Stream().wait();
+  return TIR_BYOC_OK;
+}
+
+/* Whether an epilogue is a bias and at most one relu or clip: what a pair fuses. */
+bool PairEpilogue(const tir_byoc_epilogue &epilogue) {
+  if (epilogue.count < 1 || epilogue.count > 2 || epilogue.op[0].code != TIR_BYOC_OP_BIAS)
+    return false;
+  if (epilogue.count == 1) return true;
+  const int32_t code = epilogue.op[1].code;
+  return code == TIR_BYOC_OP_RELU || code == TIR_BYOC_OP_RELU_KEEP_NAN || code == TIR_BYOC_OP_CLIP;
+}
+
+/* Whether `a` then `b` is a pair append_dw serves: a 1 x 1 (stride 1, no padding, one group)
+ * over a 2-D image, then a depthwise 3 x 3 of stride 1 or 2 over its output with the same low
+ * padding, 0 or 1, on both axes and the output append_dw derives from it (ceil(in / stride):
+ * padding 1 on both sides, or TensorFlow's "SAME" padding of a stride 2, 0 before and 1 after,
+ * as transformers' MobileNetV2 has it), both channels last, fp32. */
+bool PairFits(const tir_byoc_conv &a, const tir_byoc_conv &b) {
+  auto ones = [](const int64_t *v) { return v[0] == 1 && v[1] == 1 && v[2] == 1; };
+  const int64_t s = b.stride[0];
+  return a.layout == TIR_BYOC_CONV_CHANNELS_LAST && b.layout == TIR_BYOC_CONV_CHANNELS_LAST &&
+         a.groups == 1 && ones(a.kernel) && ones(a.stride) && ones(a.dilation) &&
+         a.pad[0] == 0 && a.pad[1] == 0 && a.pad[2] == 0 && a.in[2] == 1 && a.in[0] > 1 &&
+         a.in[1] > 1 && a.out[0] == a.in[0] && a.out[1] == a.in[1] && a.out[2] == 1 &&
+         b.n == a.n && b.c == a.o && b.o == a.o && b.groups == a.o && b.in[0] == a.out[0] &&
+         b.in[1] == a.out[1] && b.in[2] == 1 && b.kernel[0] == 3 && b.kernel[1] == 3 &&
+         b.kernel[2] == 1 && (s == 1 || s == 2) && b.stride[1] == s && b.stride[2] == 1 &&
+         ones(b.dilation) && (b.pad[0] == 0 || b.pad[0] == 1) && b.pad[1] == b.pad[0] &&
+         b.pad[2] == 0 &&
+         b.out[0] == (b.in[0] + s - 1) / s && b.out[1] == (b.in[1] + s - 1) / s &&
+         b.out[2] == 1 && PairEpilogue(a.epilogue) && PairEpilogue(b.epilogue);
+}
+
+/* The key of one half: its geometry, a bias and its eltwise op (the clip's bits). */
+Key HalfKey(const tir_byoc_conv &conv, bool packed) {
+  int fused = 0;
+  tir_byoc_conv geometry = conv;
+  geometry.epilogue.count = 0;
+  Key key = KeyOf(geometry, packed ? TIR_BYOC_PACK_LIBRARY : TIR_BYOC_PACK_PLAIN, &fused);
+  key.bias = true;
+  if (conv.epilogue.count == 2) {
+    const tir_byoc_op &op = conv.epilogue.op[1];
+    key.post.push_back(op.code == TIR_BYOC_OP_CLIP ? Post::kClip : Post::kRelu);
+    if (op.code == TIR_BYOC_OP_CLIP)
+      for (int c = 0; c < 3; ++c) key.clip[c] = BitsOf(op.c[c]);
+  }
+  return key;
+}
+
+/* A buffer of `bytes`, 64-byte aligned and zeroed. */
+using Buffer = Scratch;
+
+/* `from` (a weight laid out as `source`) reordered into `out`, laid out as `target`. */
+void ReorderWeight(const dnnl::memory::desc &source, const void *from,
+                   const dnnl::memory::desc &target, void *out) {
+  dnnl::memory in(source, Engine(), const_cast<void *>(from)), to(target, Engine(), out);
+  dnnl::reorder(in, to).execute(Stream(), in, to);
+  Stream().wait();
+}
+
+/* Whether the fused primitive of `key` gives what the two convolutions and the C epilogue give,
+ * on the call's shape, for the special values of ProbeEltwise: in the 1 x 1's bias (the
+ * depthwise weight 1 at its centre, so that each value reaches the depthwise sums, its
+ * neighbours' zero taps included) or (`first` false) in the depthwise bias. */
+bool ProbePair(const PairKey &key, const tir_byoc_conv &a, const tir_byoc_conv &b, bool first) {
+  static const float kValues[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1.0f, -1.0f,
+                                  3.0e38f, -3.0e38f, 1e-38f, -1e-38f, 0.5f, -0.5f, 7.0f, -7.0f};
+  constexpr int kCount = sizeof kValues / sizeof kValues[0];
+  std::shared_ptr<const PairEntry> entry = GetPair(key);
+  if (entry == nullptr) return false;
+  const int64_t inputs = a.n * a.c * a.in[0] * a.in[1];
+  const int64_t middle_count = a.n * a.o * a.out[0] * a.out[1];
+  const int64_t outputs = b.n * b.o * b.out[0] * b.out[1];
+  Buffer x(inputs * sizeof(float)), wa(entry->wa.get_size()), wb(entry->wb.get_size());
+  std::vector<float> ba(a.o, 0.0f), bb(b.o, 0.0f), wb_plain(b.o * 9, 0.0f);
+  std::vector<float> middle(middle_count), want(outputs), got(outputs, 1.0f);
+  tir_byoc_conv reference = b;
+  if (first) {
+    for (int64_t o = 0; o < a.o; ++o) ba[o] = kValues[o % kCount];
+    const int64_t centre[3] = {1, 1, 0};
+    for (int64_t o = 0; o < b.o; ++o) wb_plain[tir_byoc_conv_weight_offset(&b, o, 0, centre)] = 1;
+  } else {
+    for (int64_t o = 0; o < b.o; ++o) bb[o] = kValues[o % kCount];
+  }
+  ReorderWeight(PlainWeights(key.b), wb_plain.data(), entry->wb, wb.get());
+  if (ExecutePair(*entry, x.get(), wa.get(), ba.data(), wb.get(), bb.data(), got.data()) !=
+      TIR_BYOC_OK)
+    return false;
+  // The reference: the 1 x 1's sums are 0 (zero input and weight), plus its bias, then its op.
+  std::vector<float> channel(a.o);
+  for (int64_t o = 0; o < a.o; ++o) {
+    channel[o] = 0.0f + ba[o];
+    for (int i = 1; i < a.epilogue.count; ++i)
+      tir_byoc_op_span(&a.epilogue.op[i], &channel[o], 0, 0, 1, 1);
+  }
+  for (int64_t i = 0; i < middle_count; ++i) middle[i] = channel[i % a.o];
+  reference.x = middle.data(), reference.w = wb_plain.data(), reference.y = want.data();
+  reference.epilogue.op[0].tensor = bb.data();
+  tir_byoc_conv_reference(&reference);
+  tir_byoc_conv_epilogue(&reference.epilogue, 0, &reference);
+  for (int64_t i = 0; i < outputs; ++i)
+    if (!SameFloat(got[i], want[i])) return false;
+  return true;
+}
+
+/* The fused key of the pair `a`, `b` (PairFits), its clips in the first forms the probes agree
+ * with; the choice codes kPairNoKernel or kPairDisagrees where there is none.  Probed once per
+ * pair shape and epilogue in a process. */
+std::pair<int32_t, PairKey> PairKeyOf(const tir_byoc_conv &a, const tir_byoc_conv &b) {
+  static std::mutex mutex;
+  static std::map<PairKey, std::pair<int32_t, PairKey>> known;
+  thread_local std::map<PairKey, std::pair<int32_t, PairKey>> mine;
+  PairKey key;
+  key.a = HalfKey(a, true), key.b = HalfKey(b, false);
+  const PairKey base = key;
+  auto seen = mine.find(base);
+  if (seen != mine.end()) return seen->second;
+  if (mine.size() >= kCapacity) mine.clear();
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto found = known.find(base);
+    if (found != known.end()) return mine.emplace(base, found->second).first->second;
+  }
+  std::pair<int32_t, PairKey> result{kPairNoKernel, base};
+  if (GetPair(base) != nullptr) {
+    result.first = kPairDisagrees;
+    auto choose = [&](PairClip *clip, bool clipped, bool first) {
+      for (PairClip form : kPairClips) {
+        *clip = form;
+        if (ProbePair(key, a, b, first)) return true;
+        if (!clipped) return false;  // the other forms are the same primitive
+      }
+      return false;
+    };
+    const bool a_clipped = !key.a.post.empty() && key.a.post[0] == Post::kClip;
+    const bool b_clipped = !key.b.post.empty() && key.b.post[0] == Post::kClip;
+    try {
+      // The depthwise op first: the 1 x 1's forms agree on its zero output.
+      if (choose(&key.b_clip, b_clipped, false) && choose(&key.a_clip, a_clipped, true))
+        result = {kPairFused, key};
+    } catch (...) {
+      result.first = kPairDisagrees;
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  result = known.emplace(base, result).first->second;
+  return mine.emplace(base, result).first->second;
+}
+
+/* A pair run as two convolutions on plain weights `wa` and `wb`, through a buffer of the
+ * calling thread. */
+int32_t PairSeparately(tir_byoc_conv a, tir_byoc_conv b, const void *wa, const void *wb) {
+  const size_t bytes = a.n * a.o * a.out[0] * a.out[1] * sizeof(float);
+  void *middle = Scratchpad(bytes, kPairMiddle);
+  if (middle == nullptr) return TIR_BYOC_EBACKEND;
+  a.y = middle, a.w = wa, b.x = middle, b.w = wb;
+  int fused = 0;
+  const Key key_a = KeyOf(a, TIR_BYOC_PACK_PLAIN, &fused);
+  int32_t status = Run(a, key_a, fused, Get(key_a), wa);
+  if (status != TIR_BYOC_OK) return status;
+  const Key key_b = KeyOf(b, TIR_BYOC_PACK_PLAIN, &fused);
+  return Run(b, key_b, fused, Get(key_b), wb);
+}
+
+/* The pair block's first bytes; each weight then lies behind its PackHeader at its offset. */
+struct PairHeader {
+  char magic[8];
+  uint64_t offset[2];  // of the 1 x 1's and the depthwise weight's PackHeader
+  uint64_t reserved[5];
+};
+static_assert(sizeof(PairHeader) == 64, "the weights' headers start 64-byte aligned");
+constexpr char kPairMagic[8] = {'t', 'i', 'r', 'b', 'y', 'P', 'v', '1'};
+
+int64_t Aligned(int64_t bytes) { return (bytes + 63) / 64 * 64; }
+
+/* A whole pair call on its block: the fused primitive where it asks for the block's layouts,
+ * else the two convolutions on the weights reordered to plain. */
+int32_t Pair(const tir_byoc_conv &a, const tir_byoc_conv &b, const void *block) {
+  if (!PairFits(a, b)) return TIR_BYOC_ESHAPE;
+  const PairHeader *pair = static_cast<const PairHeader *>(block);
+  if (std::memcmp(pair->magic, kPairMagic, sizeof kPairMagic) != 0) return TIR_BYOC_EPACKED;
+  const auto *bytes = static_cast<const char *>(block);
+  const PackHeader *headers[2] = {reinterpret_cast<const PackHeader *>(bytes + pair->offset[0]),
+                                  reinterpret_cast<const PackHeader *>(bytes + pair->offset[1])};
+  for (const PackHeader *header : headers)
+    if (std::memcmp(header->magic, kPackMagic, sizeof kPackMagic) != 0 || header->bytes == 0)
+      return TIR_BYOC_EPACKED;
+  if (a.n == 0) return TIR_BYOC_OK;
+  const std::pair<int32_t, PairKey> chosen = PairKeyOf(a, b);
+  if (chosen.first == kPairFused && !TestReorder()) {
+    std::shared_ptr<const PairEntry> entry = GetPair(chosen.second);
+    if (entry != nullptr && entry->blocking_a == Blocking(*headers[0]) &&
+        entry->blocking_b == Blocking(*headers[1]) && entry->wa.get_size() == headers[0]->bytes &&
+        entry->wb.get_size() == headers[1]->bytes)
+      return ExecutePair(*entry, a.x, headers[0] + 1, a.epilogue.op[0].tensor, headers[1] + 1,
+                         b.epilogue.op[0].tensor, b.y);
+  }
+  // Another machine or thread count: each weight from the block's layout to the plain one.
+  const Key plain[2] = {HalfKey(a, false), HalfKey(b, false)};
+  const int buffers[2] = {kReorderedWeights, kPlainWeights};
+  const void *weights[2];
+  for (int h = 0; h < 2; ++h) {
+    dnnl::memory::desc packed;
+    const dnnl::memory::desc target = PlainWeights(plain[h]);
+    if (!Described(*headers[h], &packed) || packed.get_dims() != target.get_dims() ||
+        packed.get_size() != headers[h]->bytes)
+      return TIR_BYOC_EPACKED;
+    void *out = Scratchpad(target.get_size(), buffers[h]);
+    if (out == nullptr) return TIR_BYOC_EBACKEND;
+    ReorderWeight(packed, headers[h] + 1, target, out);
+    weights[h] = out;
+  }
+  return PairSeparately(a, b, weights[0], weights[1]);
+}
+
+/* Median seconds of the fused pair and of the two convolutions as the plain packing would run
+ * them (each in the form ChooseForm picks, its C epilogue included), interleaved after a
+ * warm-up: 3 to 9 rounds, stopping after 0.3 s. */
+std::pair<double, double> TimePair(const PairKey &key, tir_byoc_conv a, tir_byoc_conv b,
+                                   const void *wa, const void *wb) {
+  std::shared_ptr<const PairEntry> fused_entry = GetPair(key);
+  const int64_t x_count = a.n * a.c * a.in[0] * a.in[1];
+  Buffer x(x_count * sizeof(float)), middle(a.n * a.o * a.out[0] * a.out[1] * sizeof(float));
+  Buffer y(b.n * b.o * b.out[0] * b.out[1] * sizeof(float)), vector(a.o * sizeof(float));
+  float *xs = static_cast<float *>(x.get());
+  uint32_t state = 12345;
+  for (int64_t i = 0; i < x_count; ++i) {
+    state = state * 1664525u + 1013904223u;
+    xs[i] = static_cast<float>(state >> 8) / static_cast<float>(1u << 23) - 1.0f;
+  }
+  a.x = x.get(), a.y = middle.get(), b.x = middle.get(), b.y = y.get();
+  a.epilogue.op[0].tensor = vector.get(), b.epilogue.op[0].tensor = vector.get();
+  // The separate convolutions, each with its weight in its chosen form.
+  struct Half {
+    Key key;
+    int fused = 0;
+    std::shared_ptr<const Entry> entry;
+    std::unique_ptr<Buffer> block;
+    const void *weight;
+  };
+  Half halves[2];
+  tir_byoc_conv *convs[2] = {&a, &b};
+  const void *plain_weights[2] = {wa, wb};
+  for (int h = 0; h < 2; ++h) {
+    const tir_byoc_conv &conv = *convs[h];
+    const int32_t form = ChooseForm(conv, plain_weights[h]);
+    const std::string implementation =
+        form == TIR_BYOC_PACK_LIBRARY ? ChosenImplementation(conv) : std::string();
+    Half &half = halves[h];
+    half.key = KeyOf(conv, form, &half.fused, implementation);
+    half.entry = Get(half.key);
+    half.weight = plain_weights[h];
+    if (half.key.packed) {
+      int unused = 0;
+      half.block = std::make_unique<Buffer>(half.entry->weights.get_size());
+      Reorder(KeyOf(conv, TIR_BYOC_PACK_PLAIN, &unused), plain_weights[h], *half.entry,
+              half.block->get());
+      half.weight = half.block->get();
+    }
+  }
+  Buffer fused_a(fused_entry->wa.get_size()), fused_b(fused_entry->wb.get_size());
+  ReorderWeight(PlainWeights(HalfKey(a, false)), wa, fused_entry->wa, fused_a.get());
+  ReorderWeight(PlainWeights(key.b), wb, fused_entry->wb, fused_b.get());
+  auto fused = [&] {
+    if (ExecutePair(*fused_entry, a.x, fused_a.get(), vector.get(), fused_b.get(), vector.get(),
+                    b.y) != TIR_BYOC_OK)
+      throw std::runtime_error("the fused pair failed to run");
+  };
+  auto separate = [&] {
+    for (int h = 0; h < 2; ++h)
+      if (Run(*convs[h], halves[h].key, halves[h].fused, halves[h].entry, halves[h].weight) !=
+          TIR_BYOC_OK)
+        throw std::runtime_error("a convolution of the pair failed to run");
+  };
+  using clock = std::chrono::steady_clock;
+  auto timed = [](const auto &run) {
+    const clock::time_point before = clock::now();
+    run();
+    return std::chrono::duration<double>(clock::now() - before).count();
+  };
+  fused(), separate();
+  std::vector<double> fused_times, separate_times;
+  const clock::time_point start = clock::now();
+  for (int round = 0; round < 9; ++round) {
+    fused_times.push_back(timed(fused));
+    separate_times.push_back(timed(separate));
+    if (round >= 2 && clock::now() - start > std::chrono::milliseconds(300)) break;
+  }
+  auto median = [](std::vector<double> &values) {
+    std::sort(values.begin(), values.end());
+    return values[values.size() / 2];
+  };
+  return {median(fused_times), median(separate_times)};
+}
+
+/* The choice of tir_byoc_onednn_conv_pair_pack for plain weights wa and wb: kPairFused where
+ * the fused primitive is at least 5 % faster than the two convolutions
+ * (TIR_BYOC_ONEDNN_PAIR=fused|separate names it instead, where a fused kernel exists). */
+int32_t ChoosePair(const tir_byoc_conv &a, const tir_byoc_conv &b, const void *wa,
+                   const void *wb, PairKey *key) {
+  if (!PairFits(a, b)) return kPairUnfit;
+  if (!tir_byoc_conv_weight_finite(&a, static_cast<const float *>(wa)) ||
+      !tir_byoc_conv_weight_finite(&b, static_cast<const float *>(wb)))
+    return kPairNotFinite;
+  const std::pair<int32_t, PairKey> chosen = PairKeyOf(a, b);
+  if (chosen.first != kPairFused) return chosen.first;
+  *key = chosen.second;
+  if (const char *setting = std::getenv("TIR_BYOC_ONEDNN_PAIR")) {
+    if (std::strcmp(setting, "fused") == 0) return kPairFused;
+    if (std::strcmp(setting, "separate") == 0) return kPairNamed;
+  }
+  const std::pair<double, double> times = TimePair(*key, a, b, wa, wb);
+  return times.first <= 0.95 * times.second ? kPairFused : kPairSeparate;
+}
+
+/* One half of a pair call's arguments (the conv entry point's, without its pointers) decoded;
+ * the tensors may be NULL (a pack call). */
+int32_t DecodeHalf(tir_byoc_conv *conv, int32_t dtypes, const int64_t *ints, const double *c,
+                   const void *const *tensors) {
+  std::memset(conv, 0, sizeof *conv);
+  conv->dtypes = dtypes;
+  conv->layout = static_cast<tir_byoc_conv_layout>(ints[0]);
+  conv->weight_layout = static_cast<tir_byoc_conv_weight_layout>(ints[1]);
+  conv->n = ints[2], conv->c = ints[3], conv->o = ints[4], conv->groups = ints[5];
+  int64_t *fields[6] = {conv->in, conv->out, conv->kernel, conv->stride, conv->dilation, conv->pad};
+  for (int f = 0; f < 6; ++f) std::memcpy(fields[f], ints + 6 + 3 * f, 3 * sizeof(int64_t));
+  int32_t status = tir_byoc_check_conv(conv);
+  if (status != TIR_BYOC_OK) return status;
+  const int64_t n = conv->n;
+  if (tensors[0] == nullptr) conv->n = 0;  // a pack call: no tensors to check
+  status = tir_byoc_conv_decode_epilogue(conv, ints[24], c, tensors);
+  conv->n = n;
+  return status;
+}
+
 }  // namespace
 
 
@@ -1133,3 +1615,118 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_conv_implementation(
   return TIR_BYOC_OK;
 }
 
+/* The arguments of one half of a pair call: the conv entry point's after its dtypes. */
+#define TIR_BYOC_PAIR_HALF_PARAMS_(p)                                                          \
+  int32_t p##layout, int32_t p##weight_layout, int64_t p##n, int64_t p##c, int64_t p##o,       \
+      int64_t p##groups, int64_t p##i0, int64_t p##i1, int64_t p##i2, int64_t p##o0,           \
+      int64_t p##o1, int64_t p##o2, int64_t p##k0, int64_t p##k1, int64_t p##k2, int64_t p##s0, \
+      int64_t p##s1, int64_t p##s2, int64_t p##d0, int64_t p##d1, int64_t p##d2, int64_t p##p0, \
+      int64_t p##p1, int64_t p##p2, int64_t p##ops, double p##c0, double p##c1, double p##c2,  \
+      double p##c3, double p##c4, double p##c5, const void *p##t0, const void *p##t1,          \
+      const void *p##t2, const void *p##t3
+
+/* Decode one half into `conv` (returns from the caller on a bad argument). */
+#define TIR_BYOC_PAIR_DECODE_HALF_(conv, p)                                                    \
+  do {                                                                                         \
+    const int64_t ints_[25] = {p##layout, p##weight_layout, p##n, p##c, p##o, p##groups,       \
+                               p##i0, p##i1, p##i2, p##o0, p##o1, p##o2, p##k0, p##k1, p##k2,  \
+                               p##s0, p##s1, p##s2, p##d0, p##d1, p##d2, p##p0, p##p1, p##p2,  \
+                               p##ops};                                                        \
+    const double constants_[TIR_BYOC_MAX_CONSTANTS] = {p##c0, p##c1, p##c2,                    \
+                                                       p##c3, p##c4, p##c5};                   \
+    const void *const tensors_[TIR_BYOC_MAX_TENSORS] = {p##t0, p##t1, p##t2, p##t3};           \
+    const int32_t status_ = DecodeHalf(&(conv), dtypes, ints_, constants_, tensors_);          \
+    if (status_ != TIR_BYOC_OK) return status_;                                                \
+  } while (0)
+
+/* A 1 x 1 convolution a and the depthwise 3 x 3 convolution b that alone reads its output, as
+ * one call (see PairKey above): x the input of a, y the output of b, block the pair's block
+ * (tir_byoc_onednn_conv_pair_pack); then each convolution's arguments as the conv entry point
+ * takes them after its dtypes (the layouts, the geometry, the epilogue: a bias and at most one
+ * relu or clip).  dtypes is TIR_BYOC_SIG_F32 | TIR_BYOC_PACKED_WEIGHT. */
+extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_conv_pair(const void *x, const void *block,
+                                                             void *y, int32_t dtypes,
+                                                             TIR_BYOC_PAIR_HALF_PARAMS_(a_),
+                                                             TIR_BYOC_PAIR_HALF_PARAMS_(b_)) {
+  if (dtypes != (TIR_BYOC_SIG_F32 | TIR_BYOC_PACKED_WEIGHT)) return TIR_BYOC_EDTYPE;
+  tir_byoc_conv a, b;
+  TIR_BYOC_PAIR_DECODE_HALF_(a, a_);
+  TIR_BYOC_PAIR_DECODE_HALF_(b, b_);
+  if (a.n > 0 && (x == nullptr || block == nullptr || y == nullptr)) return TIR_BYOC_ENULL;
+  a.x = x, b.y = y;
+  try {
+    return Pair(a, b, block);
+  } catch (...) {
+    return TIR_BYOC_EBACKEND;
+  }
+}
+
+/* The block of a pair (tir_byoc_onednn_conv_pair) from the plain weights wa and wb, each half
+ * given as 25 int64 (layout, weight layout, n, c, o, groups, the 6 x 3 geometry, ops) and 6
+ * constants.  With out == NULL: *choice = TIR_BYOC_PACK_CHOOSE times the pair (ChoosePair) and
+ * sets *choice to 1 (fused: *size the block's bytes) or to why not (0 the two convolutions
+ * are as fast, 2 not a pair append_dw serves, 3 no fused kernel here, 4 no fused form computes
+ * the epilogue as the C one does, 5 a weight that is not finite, 6 TIR_BYOC_ONEDNN_PAIR=separate;
+ * *size 0); *choice = 1 sets
+ * *size where a fused kernel exists.  Else writes the block. */
+extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_conv_pair_pack(
+    const void *wa, const void *wb, int32_t dtypes, const int64_t *a_ints,
+    const double *a_constants, const int64_t *b_ints, const double *b_constants, int32_t *choice,
+    void *out, int64_t *size) {
+  if (wa == nullptr || wb == nullptr || a_ints == nullptr || b_ints == nullptr ||
+      a_constants == nullptr || b_constants == nullptr || choice == nullptr || size == nullptr)
+    return TIR_BYOC_ENULL;
+  if (dtypes != TIR_BYOC_SIG_F32) return TIR_BYOC_EDTYPE;
+  const void *const none[TIR_BYOC_MAX_TENSORS] = {nullptr};
+  tir_byoc_conv a, b;
+  int32_t status;
+  if ((status = DecodeHalf(&a, dtypes, a_ints, a_constants, none)) != TIR_BYOC_OK ||
+      (status = DecodeHalf(&b, dtypes, b_ints, b_constants, none)) != TIR_BYOC_OK)
+    return status;
+  if (a.n < 1) return TIR_BYOC_ESHAPE;
+  try {
+    PairKey key;
+    if (out == nullptr && *choice == TIR_BYOC_PACK_CHOOSE) {
+      *choice = ChoosePair(a, b, wa, wb, &key);
+    } else {
+      if (*choice != kPairFused) return TIR_BYOC_EDTYPE;
+      const int32_t fits = PairFits(a, b) ? PairKeyOf(a, b).first : kPairUnfit;
+      if (fits != kPairFused) return TIR_BYOC_ESHAPE;
+      key = PairKeyOf(a, b).second;
+    }
+    if (out == nullptr) *size = 0;
+    if (*choice != kPairFused) return TIR_BYOC_OK;
+    std::shared_ptr<const PairEntry> entry = GetPair(key);
+    if (entry == nullptr) return TIR_BYOC_EBACKEND;
+    const int64_t offset_b = sizeof(PairHeader) + sizeof(PackHeader) + Aligned(entry->wa.get_size());
+    const int64_t bytes = offset_b + sizeof(PackHeader) + Aligned(entry->wb.get_size());
+    if (out == nullptr) {
+      *size = bytes;
+      return TIR_BYOC_OK;
+    }
+    if (*size < bytes) return TIR_BYOC_ESHAPE;
+    auto *base = static_cast<char *>(out);
+    std::memset(base, 0, bytes);
+    PairHeader *pair = reinterpret_cast<PairHeader *>(base);
+    std::memcpy(pair->magic, kPairMagic, sizeof kPairMagic);
+    pair->offset[0] = sizeof(PairHeader), pair->offset[1] = offset_b;
+    const dnnl::memory::desc *fused[2] = {&entry->wa, &entry->wb};
+    const dnnl::memory::desc plain[2] = {PlainWeights(HalfKey(a, false)),
+                                         PlainWeights(HalfKey(b, false))};
+    const void *weights[2] = {wa, wb};
+    for (int h = 0; h < 2; ++h) {
+      PackHeader *header = reinterpret_cast<PackHeader *>(base + pair->offset[h]);
+      std::memcpy(header->magic, kPackMagic, sizeof kPackMagic);
+      header->bytes = fused[h]->get_size();
+      header->form = TIR_BYOC_PACK_LIBRARY;
+      header->batch = static_cast<uint64_t>(a.n);
+      if (!Describe(*fused[h], header)) return TIR_BYOC_EBACKEND;
+      std::snprintf(header->implementation, sizeof header->implementation, "%s",
+                    entry->implementation.c_str());
+      ReorderWeight(plain[h], weights[h], *fused[h], header + 1);
+    }
+  } catch (...) {
+    return TIR_BYOC_EBACKEND;
+  }
+  return TIR_BYOC_OK;
+}

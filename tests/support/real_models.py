@@ -192,10 +192,7 @@ def _extern_call(func: str, call: tvm.ir.Call, times: int) -> ExternCall:
     args = list(call.args[1:])
     if symbol.endswith("_conv"):
         # x, w, y, dtypes, layout, weight layout, n, c, o, groups, in, out, kernel (3 each), ...
-        n, c, o, groups, *geometry = (_static(a, "a conv extent", symbol) for a in args[6:19])
-        positions, window = math.prod(geometry[3:6]), math.prod(geometry[6:9])
-        m, k = n * positions, c // groups * window
-        return ExternCall(func, symbol, m, o // groups, k, groups, times)
+        return _conv_call(func, symbol, args[6:19], times)
     int32 = [isinstance(a, tirx.IntImm) and str(a.ty.dtype) == "int32" for a in args]
     dtypes = int32.index(True) if True in int32 else None
     if dtypes is None or dtypes < 3:
@@ -210,6 +207,25 @@ def _extern_call(func: str, call: tvm.ir.Call, times: int) -> ExternCall:
         batch0, batch1 = args[first], args[first + 1]
         batch = _static(batch0, "batch0", symbol) * _static(batch1, "batch1", symbol)
     return ExternCall(func, symbol, m, n, k, batch, times)
+
+
+def _conv_call(func: str, symbol: str, shape, times: int) -> ExternCall:
+    """One convolution's record from its n, c, o, groups, in, out and kernel (3 each)."""
+    n, c, o, groups, *geometry = (_static(a, "a conv extent", symbol) for a in shape)
+    positions, window = math.prod(geometry[3:6]), math.prod(geometry[6:9])
+    m, k = n * positions, c // groups * window
+    return ExternCall(func, symbol, m, o // groups, k, groups, times)
+
+
+def _extern_calls(func: str, call: tvm.ir.Call, times: int) -> list[ExternCall]:
+    """A call's records: one, or two for a fused convolution pair (``*_conv_pair``: x, block,
+    y, dtypes, then each convolution's arguments as the conv entry point takes them after its
+    dtypes, 35 each)."""
+    symbol = str(call.args[0].value)
+    if symbol.endswith("_conv_pair"):
+        args = list(call.args[1:])
+        return [_conv_call(func, symbol, args[at + 2 : at + 15], times) for at in (4, 39)]
+    return [_extern_call(func, call, times)]
 
 
 def epilogues_left_behind(mod: tvm.IRModule) -> list[str]:
@@ -257,7 +273,7 @@ def extern_calls(name: str, func: tirx.PrimFunc) -> list[ExternCall]:
         if call.op.same_as(_CALL_EXTERN) and str(call.args[0].value).startswith(SYMBOL_PREFIX):
             symbol = str(call.args[0].value)
             times = math.prod(_static(loop.extent, "loop extent", symbol) for loop in loops)
-            found.append(_extern_call(name, call, times))
+            found.extend(_extern_calls(name, call, times))
         visitor.default_visit(call)
 
     tvm_ffi.structural_visit(func.body, [(tirx.For, on_loop), (tvm.ir.Call, on_call)])

@@ -1,0 +1,176 @@
+"""The 1 x 1 + depthwise pairs of a CNN as one fused oneDNN call (:mod:`tir_byoc.conv_pairs`),
+through ``build_model``: transformers' MobileNetV2 at 224 x 224 and an inverted residual
+block, against torch, against the same model built without pairs (NaN and infinities in the
+input included), on the fallback path, exported and run in a fresh process; and the reasons
+of the pairs left alone.
+
+``TIR_BYOC_ONEDNN_PAIR=fused`` fuses every pair oneDNN has a fused kernel for, so that what is
+tested does not depend on this machine's timing; the default choice is timed
+(``benchmarks/``)."""
+
+import logging
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import torch
+from support import real_models
+
+import tir_byoc
+from tir_byoc import toolchain
+from tir_byoc.conv_pairs import PAIR_INTRINSIC
+from tir_byoc.testing import cnns
+
+pytestmark = pytest.mark.skipif(
+    toolchain.unavailable("onednn") is not None, reason="oneDNN is not installed"
+)
+
+
+def _pairs(model) -> list[str]:
+    return [name for name, calls in model.intrinsics.items() if PAIR_INTRINSIC in calls]
+
+
+def _build(module, inputs, monkeypatch, choice="fused"):
+    monkeypatch.setenv("TIR_BYOC_ONEDNN_PAIR", choice)
+    try:
+        return tir_byoc.build_model(module, inputs)
+    finally:
+        monkeypatch.delenv("TIR_BYOC_ONEDNN_PAIR")
+
+
+class InvertedResidual(torch.nn.Module):
+    """MobileNetV2's block: 1 x 1 expansion, depthwise 3 x 3, 1 x 1 projection, each with a
+    batch norm, ReLU6 after the first two; ``reuse`` also adds the expansion's output to the
+    depthwise one's (so that the expansion has a second reader)."""
+
+    def __init__(self, c=24, expanded=144, stride=1, reuse=False):
+        super().__init__()
+        nn = torch.nn
+        self.reuse = reuse
+        self.expand = nn.Sequential(
+            nn.Conv2d(c, expanded, 1, bias=False), nn.BatchNorm2d(expanded), nn.ReLU6()
+        )
+        self.depthwise = nn.Sequential(
+            nn.Conv2d(expanded, expanded, 3, stride, 1, groups=expanded, bias=False),
+            nn.BatchNorm2d(expanded),
+            nn.ReLU6(),
+        )
+        self.project = nn.Sequential(nn.Conv2d(expanded, c, 1, bias=False), nn.BatchNorm2d(c))
+
+    def forward(self, x):
+        middle = self.expand(x)
+        out = self.depthwise(middle)
+        if self.reuse:
+            out = out + middle
+        return self.project(out)
+
+
+def _block(stride=1, reuse=False):
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        module = InvertedResidual(stride=stride, reuse=reuse)
+        # An intermediate of 4 x 56 x 56 x 144 floats (7 MiB): oneDNN fuses such a pair.
+        shape = (4, 24, 56, 56)
+        cnns.calibrate_batch_norm(module, shape)
+        x = torch.randn(*shape)
+    return module, (x,)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_an_inverted_residual_runs_as_one_pair_and_equals_torch(monkeypatch, stride):
+    module, inputs = _block(stride)
+    paired = _build(module, inputs, monkeypatch)
+    assert len(_pairs(paired)) == 1, dict(paired.intrinsics)
+    with torch.no_grad():
+        want = module(*inputs).numpy()
+    np.testing.assert_allclose(paired(*inputs).numpy(), want, rtol=1e-4, atol=1e-4)
+    # NaN and infinities go where they go without the pair.
+    separate = _build(module, inputs, monkeypatch, "separate")
+    assert not _pairs(separate)
+    x = inputs[0].clone()
+    x.view(-1)[::997] = float("nan")
+    x.view(-1)[5::1009] = float("inf")
+    x.view(-1)[7::1013] = float("-inf")
+    got, expected = paired(x).numpy(), separate(x).numpy()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    # (ReLU6 maps NaN to 6, as TVM's clip does: the poison reaches the output as values.)
+    assert not np.allclose(expected, paired(*inputs).numpy(), rtol=1e-2)
+    finite = np.isfinite(expected)
+    np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-4, atol=1e-4)
+    # The fallback (the block's layouts treated as another machine's): the same results.
+    monkeypatch.setenv("TIR_BYOC_ONEDNN_TEST_REORDER", "1")
+    np.testing.assert_allclose(paired(*inputs).numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_pair_whose_intermediate_has_another_reader_is_left_with_its_reason(monkeypatch, caplog):
+    module, inputs = _block(reuse=True)
+    with caplog.at_level(logging.INFO, logger="tir_byoc"):
+        built = _build(module, inputs, monkeypatch)
+    assert not _pairs(built)
+    kept = [r.getMessage() for r in caplog.records if r.getMessage().startswith("not paired")]
+    assert len(kept) == 1 and kept[0].endswith("is also read elsewhere"), kept
+    with torch.no_grad():
+        want = module(*inputs).numpy()
+    np.testing.assert_allclose(built(*inputs).numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def mobilenet():
+    """transformers' MobileNetV2 at 224 x 224, batch 1, with every pair oneDNN fuses fused."""
+    with pytest.MonkeyPatch.context() as env:
+        model = cnns.mobilenet_v2(batch=1)
+        return model, _build(model.module, model.inputs, env)
+
+
+@pytest.fixture(scope="module")
+def offloaded(mobilenet):
+    """The same model offloaded, before TVM's build turns ``R.call_tir`` into direct calls."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TIR_BYOC_ONEDNN_PAIR", "fused")
+        return tir_byoc.offload(real_models.lower(mobilenet[0]))
+
+
+def test_mobilenet_v2_with_its_pairs_equals_torch_and_offloads_every_flop(mobilenet, offloaded):
+    model, built = mobilenet
+    # At batch 1 the first block's pair (16 -> 96 channels at 112 x 112, a stride 2 with
+    # TensorFlow's padding) has a fused kernel on every machine these tests run on.
+    assert _pairs(built), dict(built.intrinsics)
+    with torch.no_grad():
+        want = model.module(*model.inputs).numpy()
+    np.testing.assert_allclose(built(*model.inputs).numpy(), want, rtol=1e-4, atol=1e-4)
+    calls = real_models.library_calls(offloaded)
+    offloaded = sum(c.flops for c in calls)
+    total = sum(real_models.torch_gemm_flops(model).values())
+    assert offloaded == pytest.approx(total, rel=0.01)
+    assert any(c.symbol.endswith("_conv_pair") for c in calls)
+
+
+def test_mobilenet_v2_with_its_pairs_runs_exported_in_a_fresh_process(mobilenet, tmp_path):
+    model, built = mobilenet
+    library = built.export_library(tmp_path / "mobilenet.so")
+    np.save(tmp_path / "x.npy", model.inputs[0].numpy())
+    script = f"""
+        import numpy as np, tvm
+        from tvm import relax
+        vm = relax.VirtualMachine(tvm.runtime.load_module("{library}"), tvm.cpu())
+        out = vm["main"](tvm.runtime.tensor(np.load("x.npy")))
+        out = out[0] if not hasattr(out, "numpy") else out
+        np.save("out.npy", out.numpy())
+    """
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    np.testing.assert_allclose(
+        np.load(tmp_path / "out.npy"), built(*model.inputs).numpy(), rtol=0, atol=0
+    )
