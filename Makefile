@@ -11,7 +11,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test install clean bench bench-matcher bench-threads bench-bridge bench-models \
-	bench-epilogue bench-zoo bench-serving bench-aot bench-dynamic bench-conv-chain
+	bench-epilogue bench-zoo bench-serving bench-aot bench-dynamic bench-conv-chain \
+	bench-conv-pairs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +75,11 @@ bench-aot: $(BENCH_STAMP)
 # fusion (benchmarks/conv_chain.py).
 bench-conv-chain: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/conv_chain.py $(BENCH_ARGS)
+
+# MobileNetV2 built with and without its fused 1 x 1 + depthwise pairs, beside ONNX Runtime
+# (benchmarks/conv_pairs.py).
+bench-conv-pairs: $(BENCH_STAMP)
+	$(BIN)/python benchmarks/conv_pairs.py $(BENCH_ARGS)
 
 # One BERT-like build with batch and sequence dynamic against a static build per size, ONNX
 # Runtime with dynamic axes and torch eager; the build times too (benchmarks/dynamic.py).

@@ -58,6 +58,10 @@ logger = logging.getLogger("tir_byoc")
 PAIR_INTRINSIC = "onednn.conv_pair"
 PAIR_SYMBOL = "tir_byoc_onednn_conv_pair"
 _CONV_SYMBOL = "tir_byoc_onednn_conv"
+#: Entry points that are no registered intrinsic: their name in block annotations, and the
+#: registered intrinsic whose library (and source) defines them, which a model calling them
+#: links (:mod:`tir_byoc.aot`).
+UNREGISTERED = {PAIR_SYMBOL: (PAIR_INTRINSIC, _CONV_SYMBOL)}
 _CALL_TIR = ir.Op.get("relax.call_tir")
 _CALL_EXTERN = ir.Op.get("tirx.call_extern")
 _BUFFER_DATA = ir.Op.get("tirx.buffer_data")
@@ -332,4 +336,11 @@ def pair_convolutions(mod: tvm.IRModule, rewritten, registry: Registry):
     return mod, report
 
 
-__all__ = ["NOT_FUSED", "PAIR_INTRINSIC", "PAIR_SYMBOL", "PairReport", "pair_convolutions"]
+__all__ = [
+    "NOT_FUSED",
+    "PAIR_INTRINSIC",
+    "PAIR_SYMBOL",
+    "UNREGISTERED",
+    "PairReport",
+    "pair_convolutions",
+]

@@ -174,3 +174,35 @@ def test_mobilenet_v2_with_its_pairs_runs_exported_in_a_fresh_process(mobilenet,
     np.testing.assert_allclose(
         np.load(tmp_path / "out.npy"), built(*model.inputs).numpy(), rtol=0, atol=0
     )
+
+
+def test_an_inverted_residual_as_plain_c_calls_the_pair(monkeypatch, tmp_path):
+    from support import aot_harness as harness
+
+    import tir_byoc.aot as aot
+
+    module, inputs = _block(stride=2)
+    monkeypatch.setenv("TIR_BYOC_ONEDNN_PAIR", "fused")
+    artifact = aot.build(
+        module, inputs, out_dir=tmp_path / "block", name="block", backends="onednn"
+    )
+    assert "tir_byoc_onednn_conv_pair(" in (tmp_path / "block" / "block.c").read_text()
+    runner = harness.make(artifact)
+    (result,), _ = harness.run(artifact, runner, harness.numpy_inputs(inputs))
+    with torch.no_grad():
+        want = module(*inputs).numpy()
+    np.testing.assert_allclose(result, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_dynamic_batch_keeps_the_two_calls_and_says_why(monkeypatch, caplog):
+    module, inputs = _block()
+    monkeypatch.setenv("TIR_BYOC_ONEDNN_PAIR", "fused")
+    with caplog.at_level(logging.INFO, logger="tir_byoc"):
+        built = tir_byoc.build_model(module, inputs, dynamic={"x": {0: "batch"}})
+    assert not _pairs(built)
+    kept = [r.getMessage() for r in caplog.records if r.getMessage().startswith("not paired")]
+    assert kept and all(line.endswith("a pair's block is made for one shape)") for line in kept)
+    x = torch.randn(3, 24, 56, 56)
+    with torch.no_grad():
+        want = module(x).numpy()
+    np.testing.assert_allclose(built(x).numpy(), want, rtol=1e-4, atol=1e-4)

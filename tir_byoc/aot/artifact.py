@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import toolchain
+from ..conv_pairs import UNREGISTERED
 from ..registry import REGISTRY, Registry
 from .errors import Unsupported
 
@@ -70,7 +71,8 @@ def link_plan(symbols: Iterable[str], function: str, registry: Registry = REGIST
     by_symbol = registry.by_symbol()
     backends = set()
     for symbol in symbols:
-        intrinsic = by_symbol.get(symbol)
+        sibling = UNREGISTERED.get(symbol, ("", ""))[1]  # defined in another's library
+        intrinsic = by_symbol.get(symbol) or by_symbol.get(sibling)
         if intrinsic is None:
             raise Unsupported(f"the external function {symbol} (no registered intrinsic)", function)
         backends.add(intrinsic.backend)
