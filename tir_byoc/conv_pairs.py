@@ -130,16 +130,17 @@ def _only_call(func: tirx.PrimFunc):
     return calls[0]
 
 
-def _conv(func: tirx.PrimFunc, offloaded) -> _Conv | str:
-    """``func`` as a :class:`_Conv`, or why it cannot be one half of a pair."""
+def _conv(func: tirx.PrimFunc, offloaded) -> _Conv | None:
+    """``func`` as a :class:`_Conv`; None where it is more than one fp32 oneDNN convolution
+    call (TVM code beside it, another intrinsic, another dtype): no half of a pair."""
     if len(offloaded) != 1 or not isinstance(offloaded[0][0], ConvMatch):
-        return "not one convolution"
+        return None
     call = _only_call(func)
     if call is None:
-        return "its PrimFunc does more than one oneDNN convolution"
+        return None
     args = list(call.args[1:])
     if int(args[3].value) != _F32:
-        return "not float32"
+        return None
     params = list(func.params)
 
     def index(arg):
@@ -150,7 +151,7 @@ def _conv(func: tirx.PrimFunc, offloaded) -> _Conv | str:
     x, w, y = (index(a) for a in args[:3])
     tensors = tuple(index(a) for a in args[35:39])
     if None in (x, w, y) or y != len(func.params) - 1:
-        return "its operands are not the PrimFunc's parameters"
+        return None  # an operand that is not a parameter
     return _Conv(
         func,
         offloaded[0][0],
@@ -165,8 +166,6 @@ def _conv(func: tirx.PrimFunc, offloaded) -> _Conv | str:
 def _pack(conv_a: _Conv, conv_b: _Conv, wa, wb, registry: Registry, choice: int, out=None):
     """``tir_byoc_onednn_conv_pair_pack`` on two plain weights: (choice, size)."""
     pack = toolchain.entry_point("onednn", "conv_pair_pack", registry)
-    if pack is None:
-        return None, 0
     arrays = [np.ascontiguousarray(np.from_dlpack(w)) for w in (wa, wb)]
     ints = [(ctypes.c_int64 * 25)(*c.ints) for c in (conv_a, conv_b)]
     constants = [(ctypes.c_double * 6)(*c.constants) for c in (conv_a, conv_b)]
@@ -242,6 +241,50 @@ def _uses(func: relax.Function) -> Counter:
     return counts
 
 
+@dataclass(frozen=True)
+class _Site:
+    """One ``R.call_tir`` of a lone convolution PrimFunc: its callee, what that is, its binding."""
+
+    callee: ir.GlobalVar
+    conv: _Conv
+    binding: relax.VarBinding
+
+    @property
+    def fields(self) -> list:
+        return list(self.binding.value.args[1].fields)
+
+
+def _candidates(func: relax.Function, convs: dict):
+    """(a, b) per depthwise convolution site ``b`` of ``func`` whose input is the output of a
+    1 x 1 convolution site ``a`` of the same dataflow block."""
+    for block in func.body.blocks:
+        sites = {}
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR):
+                conv = convs.get(value.args[0].name_hint)
+                if conv is not None:
+                    sites[binding.var] = _Site(value.args[0], conv, binding)
+        for b in sites.values():
+            a = sites.get(b.fields[b.conv.x]) if b.conv.depthwise else None
+            if a is not None and a.conv.pointwise:
+                yield a, b
+
+
+def _refusal(a: _Site, b: _Site, uses: Counter) -> str | None:
+    """Why the pair ``a``, ``b`` is not even offered to oneDNN, or None."""
+    middle = a.binding.var
+    again = [f for i, f in enumerate(b.fields) if i != b.conv.x and f.same_as(middle)]
+    if uses[middle] != 1 or again or b.conv.x in b.conv.tensors:
+        return f"{middle.name} is also read elsewhere"
+    if None in a.conv.ints or None in b.conv.ints:
+        return "a symbolic extent (a pair's block is made for one shape)"
+    weights = (a.fields[a.conv.w], b.fields[b.conv.w])
+    if not all(isinstance(w, ir.Constant) for w in weights):
+        return "a weight is not a constant of the model"
+    return None
+
+
 def pair_convolutions(mod: tvm.IRModule, rewritten, registry: Registry):
     """Fuse each 1 x 1 + depthwise pair of ``mod``'s Relax functions (see the module's
     docstring).
@@ -263,7 +306,7 @@ def pair_convolutions(mod: tvm.IRModule, rewritten, registry: Registry):
     for gvar, _before, offloaded in rewritten:
         if all(i.name == "onednn.conv" for _, i in offloaded):
             conv = _conv(mod[gvar], offloaded)
-            if isinstance(conv, _Conv):
+            if conv is not None:
                 convs[gvar.name_hint] = conv
     if not convs or toolchain.entry_point("onednn", "conv_pair_pack", registry) is None:
         return mod, report
@@ -273,62 +316,32 @@ def pair_convolutions(mod: tvm.IRModule, rewritten, registry: Registry):
         if not isinstance(func, relax.Function):
             continue
         uses = _uses(func)
-        for block in func.body.blocks:
-            bound = {}
-            for binding in block.bindings:
-                value = binding.value
-                if isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR):
-                    callee = value.args[0]
-                    conv = convs.get(callee.name_hint)
-                    if conv is not None:
-                        bound[binding.var] = (callee, conv, binding)
-            for var, (callee_b, conv_b, binding_b) in bound.items():
-                if not conv_b.depthwise:
-                    continue
-                fields_b = binding_b.value.args[1].fields
-                source = fields_b[conv_b.x]
-                if source not in bound or not bound[source][1].pointwise:
-                    continue
-                callee_a, conv_a, binding_a = bound[source]
-                where = f"{fvar.name_hint}: {source.name} -> {var.name}"
-                fields_a = binding_a.value.args[1].fields
-                weights = (fields_a[conv_a.w], fields_b[conv_b.w])
-                again = [f for i, f in enumerate(fields_b) if i != conv_b.x and f.same_as(source)]
-                if uses[source] != 1 or again or conv_b.x in conv_b.tensors:
-                    reason = f"{source.name} is also read elsewhere"
-                elif None in conv_a.ints or None in conv_b.ints:
-                    reason = "a symbolic extent (a pair's block is made for one shape)"
-                elif not all(isinstance(w, ir.Constant) for w in weights):
-                    reason = "a weight is not a constant of the model"
-                else:
-                    reason = None
-                if reason is None:
-                    wa, wb = (w.value for w in weights)
-                    choice, size = _pack(conv_a, conv_b, wa, wb, registry, -1)
-                    if choice != 1:
-                        reason = NOT_FUSED.get(choice, f"choice {choice}")
-                if reason is not None:
-                    report.kept.append(f"{where}: {reason}")
-                    continue
-                key = (callee_a.name_hint, callee_b.name_hint)
-                if key not in made:
-                    name = f"{callee_a.name_hint}_pair"
-                    made[key] = builder.add_func(_pair_func(conv_a, conv_b, size, name), name)
-                block_tensor = _block(conv_a, conv_b, wa, wb, registry, size)
-                args = [fields_a[conv_a.x], relax.const(block_tensor, "uint8")]
-                args += [fields_a[i] for i in conv_a.tensors if i is not None]
-                args += [fields_b[i] for i in conv_b.tensors if i is not None]
-                call = relax.op.call_tir(
-                    made[key], relax.Tuple(args), list(binding_b.value.ty_args)
-                )
-                replacements[var] = relax.BlockBuilder().normalize(call)
-                removed.add(source)
-                report.paired.append(f"{where} -> {made[key].name_hint}")
-    if not replacements:
-        for line in report.kept:
-            logger.info("not paired: %s", line)
-        return mod, report
-    mod = _replace_calls(builder.get(), replacements, removed)
+        for a, b in _candidates(func, convs):
+            where = f"{fvar.name_hint}: {a.binding.var.name} -> {b.binding.var.name}"
+            # Step 1. Whether the pair is fused: the checks here, then oneDNN's (and its timing).
+            reason = _refusal(a, b, uses)
+            if reason is None:
+                wa, wb = a.fields[a.conv.w].value, b.fields[b.conv.w].value
+                choice, size = _pack(a.conv, b.conv, wa, wb, registry, -1)
+                reason = None if choice == 1 else NOT_FUSED.get(choice, f"choice {choice}")
+            if reason is not None:
+                report.kept.append(f"{where}: {reason}")
+                continue
+            # Step 2. The pair's PrimFunc (one per pair of callees) and its call.
+            key = (a.callee.name_hint, b.callee.name_hint)
+            if key not in made:
+                name = f"{a.callee.name_hint}_pair"
+                made[key] = builder.add_func(_pair_func(a.conv, b.conv, size, name), name)
+            block = _block(a.conv, b.conv, wa, wb, registry, size)
+            args = [a.fields[a.conv.x], relax.const(block, "uint8")]
+            args += [a.fields[i] for i in a.conv.tensors if i is not None]
+            args += [b.fields[i] for i in b.conv.tensors if i is not None]
+            call = relax.op.call_tir(made[key], relax.Tuple(args), list(b.binding.value.ty_args))
+            replacements[b.binding.var] = relax.BlockBuilder().normalize(call)
+            removed.add(a.binding.var)
+            report.paired.append(f"{where} -> {made[key].name_hint}")
+    if replacements:
+        mod = _replace_calls(builder.get(), replacements, removed)
     for line in report.paired:
         logger.info("paired: %s", line)
     for line in report.kept:
