@@ -19,20 +19,8 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
-from timing import Parser
-
-COLUMNS = ("paired", "separate", "onnxruntime")
-
-
-def _median_ms(run, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+from timing import Parser, median_ms
 
 
 def measure(batch: int, threads: int, repeats: int, rounds: int) -> dict:
@@ -67,7 +55,7 @@ def measure(batch: int, threads: int, repeats: int, rounds: int) -> dict:
     medians = {name: [] for name in runs}
     for _ in range(rounds):
         for name, run in runs.items():
-            medians[name].append(_median_ms(run, repeats))
+            medians[name].append(median_ms(run, repeats))
     pairs = sum(PAIR_INTRINSIC in calls for calls in paired.intrinsics.values())
     result = {name: statistics.median(values) for name, values in medians.items()}
     return dict(result, batch=batch, pairs=pairs)

@@ -44,6 +44,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from timing import median_ms_in
+
 from tir_byoc.threads import IDLE_DEFAULTS
 
 HERE = Path(__file__).resolve().parent
@@ -184,19 +186,6 @@ def _onnxruntime(model, name: str, batch: int, sequence: int | None, threads: in
     return session, session.get_inputs()[0].name
 
 
-def _median_ms(run, budget: float) -> float:
-    start = time.perf_counter()
-    run()
-    once = time.perf_counter() - start
-    repeat = max(3, min(50, int(budget / max(once, 1e-6))))
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
-
-
 def _error(result, expected) -> str:
     import torch
 
@@ -254,7 +243,7 @@ def _model_rows(args, name: str, threads: int) -> dict:
             # Each round starts at the next column, so that no column always runs right after
             # the same other one (ONNX Runtime's workers keep spinning after its run ends).
             for column in columns[round_ % len(columns) :] + columns[: round_ % len(columns)]:
-                times[column].append(_median_ms(runs[column], args.budget))
+                times[column].append(median_ms_in(runs[column], args.budget))
         row = {"threads": threads, "model": name, "batch": batch, "sequence": sequence}
         row.update({k: statistics.median(v) for k, v in times.items()})
         row["notes"] = "; ".join(f"{k}: {v}" for k, v in notes.items() if v)

@@ -73,6 +73,7 @@ import time
 from pathlib import Path
 
 import torch
+from timing import median_ms_in
 
 from tir_byoc.frontend import causal_mask
 from tir_byoc.threads import IDLE_DEFAULTS
@@ -343,16 +344,7 @@ def _median_ms(run, budget: float) -> float:
     once = time.perf_counter() - start
     if once > SLOW_SECONDS:
         return once * 1e3
-    start = time.perf_counter()
-    run()
-    once = time.perf_counter() - start
-    repeat = max(3, min(50, int(budget / max(once, 1e-6))))
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return median_ms_in(run, budget)
 
 
 # --------------------------------------------------------------------------------------

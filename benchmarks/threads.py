@@ -21,10 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
+
+from timing import median_ms
 
 CONFIGS = {
     "library defaults": {"TIR_BYOC_THREAD_DEFAULTS": "0"},
@@ -50,12 +50,7 @@ CLEARED = (
 def _median_ms(run, warmup: int, repeats: int) -> float:
     for _ in range(warmup):
         run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return median_ms(run, repeats)
 
 
 def _kernels():

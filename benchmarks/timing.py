@@ -2,7 +2,8 @@
 
 Entry points: :func:`time_python` (a Python callable), :func:`time_tvm` (a compiled TVM
 function, timed in C++ by TVM's evaluator) and :func:`plan` (how many calls per repeat and how
-many repeats fill a budget; the direct harnesses use it too); and :class:`Parser`, the
+many repeats fill a budget; the direct harnesses use it too); :func:`median_ms` and
+:func:`median_ms_in` (each call timed alone: whole models); and :class:`Parser`, the
 benchmarks' command lines.
 """
 
@@ -45,6 +46,25 @@ def time_python(run, budget: float) -> float:
             run()
         means.append((time.perf_counter() - start) / number)
     return statistics.median(means) * 1e3
+
+
+def median_ms(run, repeats: int) -> float:
+    """Median milliseconds of ``repeats`` calls of ``run()``, each timed alone."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def median_ms_in(run, budget: float) -> float:
+    """:func:`median_ms` of as many calls as fill about ``budget`` seconds (3 to 50), counted
+    from one call first."""
+    start = time.perf_counter()
+    run()
+    once = time.perf_counter() - start
+    return median_ms(run, max(3, min(50, int(budget / max(once, 1e-6)))))
 
 
 def time_tvm(module, name: str, args, budget: float) -> float:

@@ -9,9 +9,6 @@ tested does not depend on this machine's timing; the default choice is timed
 (``benchmarks/``)."""
 
 import logging
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -21,6 +18,7 @@ pytest.importorskip("transformers")
 
 import torch
 from support import real_models
+from support.fresh_process import run_python
 
 import tir_byoc
 from tir_byoc import toolchain
@@ -163,14 +161,7 @@ def test_mobilenet_v2_with_its_pairs_runs_exported_in_a_fresh_process(mobilenet,
         out = out[0] if not hasattr(out, "numpy") else out
         np.save("out.npy", out.numpy())
     """
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
+    run_python(script, tmp_path)
     np.testing.assert_allclose(
         np.load(tmp_path / "out.npy"), built(*model.inputs).numpy(), rtol=0, atol=0
     )

@@ -6,14 +6,12 @@ torch's at that size.  A call outside the declared bounds, or whose dims disagre
 one-line error naming the input and the dim, and the model stays usable.
 """
 
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+
+from support.fresh_process import run_python  # noqa: E402
 
 import tir_byoc  # noqa: E402
 
@@ -291,16 +289,9 @@ def test_dynamic_export_runs_at_every_batch_in_a_fresh_process(mlp, tmp_path):
             else:
                 print(f"{{rows}} rows ran")
     """
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
+    stdout = run_python(script, tmp_path)
     refused = "tir_byoc.Model: input 0 (input) dim 0 (batch) is out of its bounds, expected 1..256"
-    assert result.stdout.splitlines() == [refused, refused]
+    assert stdout.splitlines() == [refused, refused]
     outs = np.load(tmp_path / "out.npz")
     for key, x in inputs.items():
         assert outs[key].shape == (x.shape[0], 10)

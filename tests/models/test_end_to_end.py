@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tvm
 from support.byoc_testing import intrinsic_calls
+from support.fresh_process import run_python
 from support.tir_programs import two_layers
 from tvm import relax
 
@@ -31,15 +32,7 @@ def _fresh_python(script: str, cwd: Path) -> str:
     """Run ``script`` in a new interpreter that must not import tir_byoc; return its stdout."""
     guard = "import sys\nassert 'tir_byoc' not in sys.modules\n"
     check = "\nassert 'tir_byoc' not in sys.modules, 'the library needed tir_byoc'\n"
-    result = subprocess.run(
-        [sys.executable, "-c", guard + textwrap.dedent(script) + check],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    return result.stdout
+    return run_python(guard + textwrap.dedent(script) + check, cwd)
 
 
 def test_the_lowered_mlp_is_fully_offloaded(mlp):

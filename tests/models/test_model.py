@@ -4,10 +4,6 @@ Results are compared with torch (or NumPy) on the models of :mod:`built_models`;
 loaded in a fresh process that imports neither tir_byoc nor torch.
 """
 
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pytest
 
@@ -16,6 +12,7 @@ pytest.importorskip("torch")
 import torch
 import tvm
 from support import built_models
+from support.fresh_process import run_python
 from support.tir_programs import two_layers
 from tvm import relax
 
@@ -172,15 +169,7 @@ def test_the_export_runs_in_a_fresh_process_without_tir_byoc_or_torch(tmp_path):
         import tir_byoc
         print(tir_byoc.build_model.__name__)
     """
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout == "build_model\n"
+    assert run_python(script, tmp_path) == "build_model\n"
     np.testing.assert_allclose(
         np.load(tmp_path / "out.npy"), built.model(*built.inputs).numpy(), rtol=0, atol=0
     )
