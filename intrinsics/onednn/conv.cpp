@@ -306,30 +306,41 @@ std::shared_ptr<const Entry> Create(const Key &key) {
 /* Created primitives by key; cleared when it holds kCapacity (a model has a few dozen). */
 constexpr size_t kCapacity = 512;
 
-std::shared_ptr<const Entry> Shared(const Key &key);
+/* What a process made once per key, shared by its threads (`bounded`: cleared when it holds
+ * kCapacity). */
+template <class K, class V>
+struct SharedCache {
+  bool bounded;
+  std::mutex mutex;
+  std::map<K, V> values;
+};
 
-std::shared_ptr<const Entry> Get(const Key &key) {
-  // This thread's entries first, without the lock: a call of a small convolution takes tens
-  // of microseconds, and a locked lookup per call was a measurable part of them.
-  thread_local std::map<Key, std::shared_ptr<const Entry>> mine;
+/* The value of `key`: from the calling thread's own map `mine` first, without the lock (a call
+ * of a small convolution takes tens of microseconds, and a locked lookup per call was a
+ * measurable part of them), then from `shared`, else made by `make()` outside the lock
+ * (creating or probing a primitive is slow) and kept in both, the first made winning.  `mine`
+ * is cleared when it holds kCapacity. */
+template <class K, class V, class Make>
+V Once(std::map<K, V> &mine, SharedCache<K, V> &shared, const K &key, Make make) {
   auto known = mine.find(key);
   if (known != mine.end()) return known->second;
   if (mine.size() >= kCapacity) mine.clear();
-  return mine.emplace(key, Shared(key)).first->second;
+  {
+    std::lock_guard<std::mutex> lock(shared.mutex);
+    auto found = shared.values.find(key);
+    if (found != shared.values.end()) return mine.emplace(key, found->second).first->second;
+  }
+  V value = make();
+  std::lock_guard<std::mutex> lock(shared.mutex);
+  if (shared.bounded && shared.values.size() >= kCapacity) shared.values.clear();
+  value = shared.values.emplace(key, value).first->second;
+  return mine.emplace(key, value).first->second;
 }
 
-std::shared_ptr<const Entry> Shared(const Key &key) {
-  static std::mutex mutex;
-  static std::map<Key, std::shared_ptr<const Entry>> cache;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto found = cache.find(key);
-    if (found != cache.end()) return found->second;
-  }
-  std::shared_ptr<const Entry> entry = Create(key);  // outside the lock: creation is slow
-  std::lock_guard<std::mutex> lock(mutex);
-  if (cache.size() >= kCapacity) cache.clear();
-  return cache.emplace(key, entry).first->second;
+std::shared_ptr<const Entry> Get(const Key &key) {
+  static SharedCache<Key, std::shared_ptr<const Entry>> shared{true, {}, {}};
+  thread_local std::map<Key, std::shared_ptr<const Entry>> mine;
+  return Once(mine, shared, key, [&] { return Create(key); });
 }
 
 /* The buffers of a thread (Scratchpad's `which`). */
@@ -513,29 +524,17 @@ bool ProbeEltwise(const Key &probe, const tir_byoc_op &op) {
 /* Whether the eltwise post-op `post` (the last of key.post) computes `op` as the C epilogue
  * does, for the kernel of `key`'s shape. */
 bool EltwiseAgrees(const Key &key, Post post, const tir_byoc_op &op) {
-  static std::mutex mutex;
-  static std::map<std::pair<Key, int32_t>, bool> known;
+  static SharedCache<std::pair<Key, int32_t>, bool> shared{false, {}, {}};
   thread_local std::map<std::pair<Key, int32_t>, bool> mine;  // every call asks: no lock
   Key probe = key;
   probe.bias = true, probe.post = {post};
-  const std::pair<Key, int32_t> id{probe, op.code};
-  auto seen = mine.find(id);
-  if (seen != mine.end()) return seen->second;
-  if (mine.size() >= kCapacity) mine.clear();
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto found = known.find(id);
-    if (found != known.end()) return mine.emplace(id, found->second).first->second;
-  }
-  bool agrees = false;
-  try {
-    agrees = ProbeEltwise(probe, op);
-  } catch (...) {
-    agrees = false;
-  }
-  std::lock_guard<std::mutex> lock(mutex);
-  agrees = known.emplace(id, agrees).first->second;
-  return mine.emplace(id, agrees).first->second;
+  return Once(mine, shared, {probe, op.code}, [&] {
+    try {
+      return ProbeEltwise(probe, op);
+    } catch (...) {
+      return false;
+    }
+  });
 }
 
 /* The key of `conv` (its geometry) with the longest prefix of its epilogue oneDNN computes
@@ -860,6 +859,15 @@ struct Scratch {
   void *get() const { return data.get(); }
 };
 
+/* `count` values in [-1, 1), the same ones on every call: the input the timings run on. */
+void FillUniform(float *values, int64_t count) {
+  uint32_t state = 12345;
+  for (int64_t i = 0; i < count; ++i) {
+    state = state * 1664525u + 1013904223u;
+    values[i] = static_cast<float>(state >> 8) / static_cast<float>(1u << 23) - 1.0f;
+  }
+}
+
 /* Median seconds of the call in each of `keys` (the first the plain weight), the weight
  * reordered into each, interleaved after a warm-up: at least 3 and at most 9 runs of each form
  * within 3x of the fastest, stopping after 0.3 s; a slower form is run once. */
@@ -870,11 +878,7 @@ std::vector<double> TimeForms(const std::vector<Key> &keys, const void *w) {
   Scratch x(x_count * sizeof(float)), y(y_count * sizeof(float)),
       residual(y_count * sizeof(float)), vector(plain.o * sizeof(float));
   float *xs = static_cast<float *>(x.get());
-  uint32_t state = 12345;
-  for (int64_t i = 0; i < x_count; ++i) {
-    state = state * 1664525u + 1013904223u;
-    xs[i] = static_cast<float>(state >> 8) / static_cast<float>(1u << 23) - 1.0f;
-  }
+  FillUniform(xs, x_count);
   std::vector<std::shared_ptr<const Entry>> entries;
   std::vector<std::unique_ptr<Scratch>> blocks;
   std::vector<const void *> weights;
@@ -1142,23 +1146,9 @@ std::shared_ptr<const PairEntry> CreatePair(const PairKey &key) {
 
 /* The fused primitive of `key` (NULL: none), created once per process. */
 std::shared_ptr<const PairEntry> GetPair(const PairKey &key) {
-  static std::mutex mutex;
-  static std::map<PairKey, std::shared_ptr<const PairEntry>> cache;
+  static SharedCache<PairKey, std::shared_ptr<const PairEntry>> shared{true, {}, {}};
   thread_local std::map<PairKey, std::shared_ptr<const PairEntry>> mine;
-  auto known = mine.find(key);
-  if (known != mine.end()) return known->second;
-  if (mine.size() >= kCapacity) mine.clear();
-  std::shared_ptr<const PairEntry> entry;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto found = cache.find(key);
-    if (found != cache.end()) return mine.emplace(key, found->second).first->second;
-  }
-  entry = CreatePair(key);  // outside the lock: creation is slow
-  std::lock_guard<std::mutex> lock(mutex);
-  if (cache.size() >= kCapacity) cache.clear();
-  entry = cache.emplace(key, entry).first->second;
-  return mine.emplace(key, entry).first->second;
+  return Once(mine, shared, key, [&] { return CreatePair(key); });
 }
 
 int32_t ExecutePair(const PairEntry &entry, const void *x, const void *wa, const void *ba,
@@ -1289,45 +1279,35 @@ bool ProbePair(const PairKey &key, const tir_byoc_conv &a, const tir_byoc_conv &
 /* The fused key of the pair `a`, `b` (PairFits), its clips in the first forms the probes agree
  * with; the choice codes kPairNoKernel or kPairDisagrees where there is none.  Probed once per
  * pair shape and epilogue in a process. */
-std::pair<int32_t, PairKey> PairKeyOf(const tir_byoc_conv &a, const tir_byoc_conv &b) {
-  static std::mutex mutex;
-  static std::map<PairKey, std::pair<int32_t, PairKey>> known;
-  thread_local std::map<PairKey, std::pair<int32_t, PairKey>> mine;
-  PairKey key;
-  key.a = HalfKey(a, true), key.b = HalfKey(b, false);
-  const PairKey base = key;
-  auto seen = mine.find(base);
-  if (seen != mine.end()) return seen->second;
-  if (mine.size() >= kCapacity) mine.clear();
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto found = known.find(base);
-    if (found != known.end()) return mine.emplace(base, found->second).first->second;
-  }
-  std::pair<int32_t, PairKey> result{kPairNoKernel, base};
-  if (GetPair(base) != nullptr) {
-    result.first = kPairDisagrees;
-    auto choose = [&](PairClip *clip, bool clipped, bool first) {
-      for (PairClip form : kPairClips) {
-        *clip = form;
-        if (ProbePair(key, a, b, first)) return true;
-        if (!clipped) return false;  // the other forms are the same primitive
-      }
-      return false;
-    };
-    const bool a_clipped = !key.a.post.empty() && key.a.post[0] == Post::kClip;
-    const bool b_clipped = !key.b.post.empty() && key.b.post[0] == Post::kClip;
-    try {
-      // The depthwise op first: the 1 x 1's forms agree on its zero output.
-      if (choose(&key.b_clip, b_clipped, false) && choose(&key.a_clip, a_clipped, true))
-        result = {kPairFused, key};
-    } catch (...) {
-      result.first = kPairDisagrees;
+std::pair<int32_t, PairKey> ProbedPairKey(const PairKey &base, const tir_byoc_conv &a,
+                                          const tir_byoc_conv &b) {
+  if (GetPair(base) == nullptr) return {kPairNoKernel, base};
+  PairKey key = base;
+  auto choose = [&](PairClip *clip, bool clipped, bool first) {
+    for (PairClip form : kPairClips) {
+      *clip = form;
+      if (ProbePair(key, a, b, first)) return true;
+      if (!clipped) return false;  // the other forms are the same primitive
     }
+    return false;
+  };
+  const bool a_clipped = !key.a.post.empty() && key.a.post[0] == Post::kClip;
+  const bool b_clipped = !key.b.post.empty() && key.b.post[0] == Post::kClip;
+  try {
+    // The depthwise op first: the 1 x 1's forms agree on its zero output.
+    if (choose(&key.b_clip, b_clipped, false) && choose(&key.a_clip, a_clipped, true))
+      return {kPairFused, key};
+  } catch (...) {
   }
-  std::lock_guard<std::mutex> lock(mutex);
-  result = known.emplace(base, result).first->second;
-  return mine.emplace(base, result).first->second;
+  return {kPairDisagrees, base};
+}
+
+std::pair<int32_t, PairKey> PairKeyOf(const tir_byoc_conv &a, const tir_byoc_conv &b) {
+  static SharedCache<PairKey, std::pair<int32_t, PairKey>> shared{false, {}, {}};
+  thread_local std::map<PairKey, std::pair<int32_t, PairKey>> mine;
+  PairKey base;
+  base.a = HalfKey(a, true), base.b = HalfKey(b, false);
+  return Once(mine, shared, base, [&] { return ProbedPairKey(base, a, b); });
 }
 
 /* A pair run as two convolutions on plain weights `wa` and `wb`, through a buffer of the
@@ -1406,11 +1386,7 @@ std::pair<double, double> TimePair(const PairKey &key, tir_byoc_conv a, tir_byoc
   Buffer x(x_count * sizeof(float)), middle(a.n * a.o * a.out[0] * a.out[1] * sizeof(float));
   Buffer y(b.n * b.o * b.out[0] * b.out[1] * sizeof(float)), vector(a.o * sizeof(float));
   float *xs = static_cast<float *>(x.get());
-  uint32_t state = 12345;
-  for (int64_t i = 0; i < x_count; ++i) {
-    state = state * 1664525u + 1013904223u;
-    xs[i] = static_cast<float>(state >> 8) / static_cast<float>(1u << 23) - 1.0f;
-  }
+  FillUniform(xs, x_count);
   a.x = x.get(), a.y = middle.get(), b.x = middle.get(), b.y = y.get();
   a.epilogue.op[0].tensor = vector.get(), b.epilogue.op[0].tensor = vector.get();
   // The separate convolutions, each with its weight in its chosen form.
