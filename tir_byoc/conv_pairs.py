@@ -10,7 +10,7 @@ of the block, to memory.
 Two ``R.call_tir`` bindings of the same dataflow block are paired when
 
 - each calls a PrimFunc that is one oneDNN convolution call and nothing else (the whole
-  PrimFunc offloaded), with static shapes;
+  PrimFunc offloaded), with static shapes but for the batch;
 - the second's input is the first's output, and nothing else reads that output;
 - both weights are constants of the model (the pair's block holds both);
 - oneDNN's ``tir_byoc_onednn_conv_pair_pack`` accepts the pair: a 1 x 1 (stride 1, no padding,
@@ -27,6 +27,13 @@ The pair becomes one PrimFunc (``<first>_pair``) calling ``tir_byoc_onednn_conv_
 first's input, the block and both biases.  Where the block meets a process whose fused
 primitive asks for other weight layouts (another CPU or thread count), the call runs the two
 convolutions one after the other on the weights reordered to plain: correct, and slower.
+
+A symbolic batch (a dynamic build) is laid out for a batch of
+:data:`~tir_byoc.pack_calls.PACK_BATCH`, as a lone convolution's weight is, and timed there and
+at batch 1.  Its block also holds each convolution's own block, as the packing would make it
+for the convolution alone.  A call runs the fused primitive from the least batch where it was
+timed faster (1 or ``PACK_BATCH``) where oneDNN serves that batch with the block's layouts, and
+the two convolutions on their own blocks at every other batch.
 Every pair considered and not fused is in :attr:`PairReport.kept` with the reason (logged at
 INFO, as the packing's are).
 """
@@ -47,6 +54,7 @@ from . import toolchain
 from .calls import INTRINSIC_ATTR
 from .epilogues import MAX_TENSORS
 from .match.conv_records import ConvMatch
+from .pack_calls import PACK_BATCH, PACK_CHOOSE, PACK_CHOOSE_ANY_M
 from .packing import _block_param, _replace_calls
 from .registry import Registry
 from .rewrite import _null, _pointer, extern_block
@@ -67,7 +75,10 @@ _CALL_EXTERN = ir.Op.get("tirx.call_extern")
 _BUFFER_DATA = ir.Op.get("tirx.buffer_data")
 _F32 = DtypeSignature.parse("float32").code
 
-#: Why the pack function did not fuse a pair, by its choice code (1 is "fused").
+#: The pack function's choice codes of a fused pair: for one batch, for every batch of a
+#: symbolic one, and from PACK_BATCH up (the two convolutions below it).
+FUSED = {1: "", 7: " (at every batch)", 8: f" (from batch {PACK_BATCH}; below it, two calls)"}
+#: Why the pack function did not fuse a pair, by its choice code.
 NOT_FUSED = {
     0: "oneDNN ran the two convolutions alone as fast as the fused pair (timed here)",
     2: "not a pair oneDNN fuses (a 1 x 1 of stride 1, no padding and one group, then a "
@@ -98,6 +109,7 @@ class _Conv:
     match: ConvMatch
     ints: tuple  # layout, weight layout, n, c, o, groups, the 6 x 3 geometry, ops (None: symbolic)
     constants: tuple  # c0..c5
+    arguments: tuple  # the call's arguments from the layout to c5, as PrimExprs
     x: int
     w: int
     tensors: tuple  # parameter indices of t0.. (None past the last)
@@ -157,6 +169,7 @@ def _conv(func: tirx.PrimFunc, offloaded) -> _Conv | None:
         offloaded[0][0],
         tuple(int(a.value) if isinstance(a, tirx.IntImm) else None for a in args[4:29]),
         tuple(float(a.value) for a in args[29:35]),
+        tuple(args[4:35]),
         x,
         w,
         tensors,
@@ -164,10 +177,14 @@ def _conv(func: tirx.PrimFunc, offloaded) -> _Conv | None:
 
 
 def _pack(conv_a: _Conv, conv_b: _Conv, wa, wb, registry: Registry, choice: int, out=None):
-    """``tir_byoc_onednn_conv_pair_pack`` on two plain weights: (choice, size)."""
+    """``tir_byoc_onednn_conv_pair_pack`` on two plain weights: (choice, size).  A symbolic
+    batch is laid out for PACK_BATCH."""
     pack = toolchain.entry_point("onednn", "conv_pair_pack", registry)
     arrays = [np.ascontiguousarray(np.from_dlpack(w)) for w in (wa, wb)]
-    ints = [(ctypes.c_int64 * 25)(*c.ints) for c in (conv_a, conv_b)]
+    ints = [
+        (ctypes.c_int64 * 25)(*(PACK_BATCH if v is None else v for v in c.ints))
+        for c in (conv_a, conv_b)
+    ]
     constants = [(ctypes.c_double * 6)(*c.constants) for c in (conv_a, conv_b)]
     chosen, size = ctypes.c_int32(choice), ctypes.c_int64(0 if out is None else out[1])
     status = pack(
@@ -187,12 +204,12 @@ def _pack(conv_a: _Conv, conv_b: _Conv, wa, wb, registry: Registry, choice: int,
     return chosen.value, size.value
 
 
-def _block(conv_a, conv_b, wa, wb, registry, size: int) -> tvm.runtime.Tensor:
+def _block(conv_a, conv_b, wa, wb, registry, choice: int, size: int) -> tvm.runtime.Tensor:
     block = tvm.runtime.empty((size,), "uint8")
     address = np.from_dlpack(block).ctypes.data
     if address % 64:  # TVM allocates 64-byte aligned (kAllocAlignment); the block needs it
         raise RuntimeError(f"expected a 64-byte aligned tensor from TVM, got one at {address:#x}")
-    _pack(conv_a, conv_b, wa, wb, registry, 1, (address, size))
+    _pack(conv_a, conv_b, wa, wb, registry, choice, (address, size))
     return block
 
 
@@ -205,9 +222,9 @@ def _pair_func(conv_a: _Conv, conv_b: _Conv, size: int, name: str) -> tirx.PrimF
     tensors_b = [pb[i] for i in conv_b.tensors if i is not None]
 
     def half(conv: _Conv, tensors):
-        args = [tirx.IntImm("int32", v) for v in conv.ints[:2]]
-        args += [tirx.IntImm("int64", v) for v in conv.ints[2:]]
-        args += [tirx.FloatImm("float64", c) for c in conv.constants]
+        # The batch of a dynamic build is the variable of the half's own buffers, which the
+        # pair's parameters (the first's input, the second's output) define.
+        args = list(conv.arguments)
         args += [_pointer(t) for t in tensors] + [_null()] * (MAX_TENSORS - len(tensors))
         return args
 
@@ -277,8 +294,10 @@ def _refusal(a: _Site, b: _Site, uses: Counter) -> str | None:
     again = [f for i, f in enumerate(b.fields) if i != b.conv.x and f.same_as(middle)]
     if uses[middle] != 1 or again or b.conv.x in b.conv.tensors:
         return f"{middle.name} is also read elsewhere"
-    if None in a.conv.ints or None in b.conv.ints:
-        return "a symbolic extent (a pair's block is made for one shape)"
+    # (The matcher takes a convolution of a symbolic batch only; this guards the block.)
+    symbolic = [i for c in (a.conv, b.conv) for i, v in enumerate(c.ints) if v is None]
+    if any(i != 2 for i in symbolic):
+        return "a symbolic extent other than the batch (a pair's block is made for one shape)"
     weights = (a.fields[a.conv.w], b.fields[b.conv.w])
     if not all(isinstance(w, ir.Constant) for w in weights):
         return "a weight is not a constant of the model"
@@ -322,8 +341,10 @@ def pair_convolutions(mod: tvm.IRModule, rewritten, registry: Registry):
             reason = _refusal(a, b, uses)
             if reason is None:
                 wa, wb = a.fields[a.conv.w].value, b.fields[b.conv.w].value
-                choice, size = _pack(a.conv, b.conv, wa, wb, registry, -1)
-                reason = None if choice == 1 else NOT_FUSED.get(choice, f"choice {choice}")
+                any_batch = None in (a.conv.ints[2], b.conv.ints[2])
+                chosen = PACK_CHOOSE_ANY_M if any_batch else PACK_CHOOSE
+                choice, size = _pack(a.conv, b.conv, wa, wb, registry, chosen)
+                reason = None if choice in FUSED else NOT_FUSED.get(choice, f"choice {choice}")
             if reason is not None:
                 report.kept.append(f"{where}: {reason}")
                 continue
@@ -332,14 +353,14 @@ def pair_convolutions(mod: tvm.IRModule, rewritten, registry: Registry):
             if key not in made:
                 name = f"{a.callee.name_hint}_pair"
                 made[key] = builder.add_func(_pair_func(a.conv, b.conv, size, name), name)
-            block = _block(a.conv, b.conv, wa, wb, registry, size)
+            block = _block(a.conv, b.conv, wa, wb, registry, choice, size)
             args = [a.fields[a.conv.x], relax.const(block, "uint8")]
             args += [a.fields[i] for i in a.conv.tensors if i is not None]
             args += [b.fields[i] for i in b.conv.tensors if i is not None]
             call = relax.op.call_tir(made[key], relax.Tuple(args), list(b.binding.value.ty_args))
             replacements[b.binding.var] = relax.BlockBuilder().normalize(call)
             removed.add(a.binding.var)
-            report.paired.append(f"{where} -> {made[key].name_hint}")
+            report.paired.append(f"{where} -> {made[key].name_hint}{FUSED[choice]}")
     if replacements:
         mod = _replace_calls(builder.get(), replacements, removed)
     for line in report.paired:
@@ -350,6 +371,7 @@ def pair_convolutions(mod: tvm.IRModule, rewritten, registry: Registry):
 
 
 __all__ = [
+    "FUSED",
     "NOT_FUSED",
     "PAIR_INTRINSIC",
     "PAIR_SYMBOL",

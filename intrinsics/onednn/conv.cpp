@@ -1039,10 +1039,56 @@ int32_t Conv(const tir_byoc_conv *conv) {
   }
 }
 
+/* The block of a conv call's plain weight w (tir_byoc_onednn_conv_pack, whose protocol this
+ * is), `conv` decoded with its epilogue; may throw. */
+int32_t PackConv(const tir_byoc_conv &conv, const void *w, int32_t *form, void *out,
+                 int64_t *size) {
+  if (conv.n < 1) {  // no batch to lay the weight out for
+    if (out != nullptr) return TIR_BYOC_ESHAPE;
+    *form = TIR_BYOC_PACK_PLAIN, *size = 0;
+    return TIR_BYOC_OK;
+  }
+  int fused = 0;
+  // A weight whose infinities or NaNs the padding would meet stays plain (see Conv).
+  if (out == nullptr && tir_byoc_conv_padded(&conv) &&
+      !tir_byoc_conv_weight_finite(&conv, static_cast<const float *>(w)))
+    *form = TIR_BYOC_PACK_PLAIN;
+  if (*form == TIR_BYOC_PACK_CHOOSE && out == nullptr) *form = ChooseForm(conv, w);
+  if (*form == TIR_BYOC_PACK_PLAIN && out == nullptr) {
+    *size = 0;
+    return TIR_BYOC_OK;
+  }
+  if (*form != TIR_BYOC_PACK_LIBRARY && *form != TIR_BYOC_PACK_CONV_BLOCKED)
+    return TIR_BYOC_EDTYPE;
+  const Key plain = KeyOf(conv, TIR_BYOC_PACK_PLAIN, &fused);
+  const std::string implementation =
+      *form == TIR_BYOC_PACK_LIBRARY ? ChosenImplementation(conv) : std::string();
+  std::shared_ptr<const Entry> entry = Get(KeyOf(conv, *form, &fused, implementation));
+  const int64_t bytes = static_cast<int64_t>(sizeof(PackHeader) + entry->weights.get_size());
+  if (out == nullptr) {
+    // A layout no header can describe (none of oneDNN's fp32 weights): the plain weight.
+    if (entry->blocking.empty()) *form = TIR_BYOC_PACK_PLAIN;
+    *size = entry->blocking.empty() ? 0 : bytes;
+    return TIR_BYOC_OK;
+  }
+  if (*size < bytes) return TIR_BYOC_ESHAPE;
+  PackHeader *header = static_cast<PackHeader *>(out);
+  std::memset(header, 0, sizeof *header);
+  std::memcpy(header->magic, kPackMagic, sizeof kPackMagic);
+  header->bytes = entry->weights.get_size();
+  header->form = static_cast<uint64_t>(*form);
+  header->batch = static_cast<uint64_t>(conv.n);
+  if (!Describe(entry->weights, header)) return TIR_BYOC_EBACKEND;
+  if (entry->implementation == implementation)  // the header is zeroed: NUL-padded
+    std::memcpy(header->implementation, implementation.c_str(), implementation.size());
+  Reorder(plain, w, *entry, header + 1);
+  return TIR_BYOC_OK;
+}
+
 /* ------------------------------------------------------------------------------------------
  * A pair: a 1 x 1 convolution (stride 1, no padding, one group) and the depthwise 3 x 3 that
- * alone reads its output (PairFits), channels last, each with a bias and at most one relu or clip, as one
- * primitive: the 1 x 1's, with the depthwise one as its append_dw post-op.  oneDNN 3.2 has a
+ * alone reads its output (PairFits), channels last, each with a bias and at most one relu or
+ * clip, as one primitive: the 1 x 1's, with the depthwise one as its append_dw post-op.  oneDNN 3.2 has a
  * real fused kernel for it (jit_1x1 with the depthwise row kernel inside) only where the
  * intermediate is larger than about twice the L2 cache of its threads; elsewhere it offers
  * ref_fused_convolution (the two primitives one after the other), which is not taken.  The
@@ -1053,6 +1099,10 @@ int32_t Conv(const tir_byoc_conv *conv) {
  * those layouts runs it; any other call (another CPU or thread count, where oneDNN picks other
  * layouts or no fused kernel) reorders both weights to the plain layout and runs the two
  * convolutions one after the other through a buffer of the calling thread: correct, slower.
+ * A block for a symbolic batch (ChoosePairAnyBatch, laid out for one batch) also holds each
+ * convolution's own block: the batches below the least one the fused primitive was timed
+ * faster at, and those it does not serve with the block's layouts, run the two convolutions
+ * on those, as the model without the pair would.
  *
  * Each clip of a pair is fused in the first of three forms whose values the probes find equal
  * to the C epilogue's, NaN included: eltwise_clip_v2, eltwise_clip (both give lo for NaN), or
@@ -1086,6 +1136,9 @@ enum PairChoice : int32_t {
   kPairDisagrees = 4,    // no fused form computes the epilogue as the C one does, NaN included
   kPairNotFinite = 5,    // a weight holds an infinity or NaN (the padding would meet it)
   kPairNamed = 6,        // TIR_BYOC_ONEDNN_PAIR=separate
+  // A pair of a symbolic batch (TIR_BYOC_PACK_CHOOSE_ANY_BATCH), its block made at the call's n:
+  kPairFusedAnyBatch = 7,  // fused at every batch the fused primitive serves with its layouts
+  kPairFusedFromBatch = 8, // fused from the block's n up; below it, the two convolutions
 };
 
 void AppendEltwise(dnnl::post_ops &ops, const Key &key, PairClip clip) {
@@ -1325,11 +1378,37 @@ int32_t PairSeparately(tir_byoc_conv a, tir_byoc_conv b, const void *wa, const v
   return Run(b, key_b, fused, Get(key_b), wb);
 }
 
-/* The pair block's first bytes; each weight then lies behind its PackHeader at its offset. */
+/* A pair run as two convolutions, each on its own block (PairHeader::alone), through a buffer
+ * of the calling thread. */
+int32_t PairAlone(tir_byoc_conv a, tir_byoc_conv b, const PackHeader *const alone[2]) {
+  const size_t bytes = a.n * a.o * a.out[0] * a.out[1] * sizeof(float);
+  void *middle = Scratchpad(bytes, kPairMiddle);
+  if (middle == nullptr) return TIR_BYOC_EBACKEND;
+  a.y = middle, b.x = middle;
+  tir_byoc_conv *halves[2] = {&a, &b};
+  for (int h = 0; h < 2; ++h) {
+    tir_byoc_conv &conv = *halves[h];
+    const bool plain = alone[h]->form == TIR_BYOC_PACK_PLAIN;
+    conv.w = plain ? static_cast<const void *>(alone[h] + 1) : alone[h];
+    conv.dtypes = plain ? TIR_BYOC_SIG_F32 : (TIR_BYOC_SIG_F32 | TIR_BYOC_PACKED_WEIGHT);
+    const int32_t status = Conv(&conv);
+    if (status != TIR_BYOC_OK) return status;
+  }
+  return TIR_BYOC_OK;
+}
+
+/* The pair block's first bytes; each weight then lies behind its PackHeader at its offset.  A
+ * block for a symbolic batch also holds each convolution's own block, as
+ * tir_byoc_onednn_conv_pack writes it for the call alone (form TIR_BYOC_PACK_PLAIN: the plain
+ * weight behind the header), which the calls below `fuse_from` and those the fused primitive
+ * does not serve run on.  A block for one batch has these fields 0, as blocks made before
+ * them do. */
 struct PairHeader {
   char magic[8];
   uint64_t offset[2];  // of the 1 x 1's and the depthwise weight's PackHeader
-  uint64_t reserved[5];
+  uint64_t alone[2];   // of each convolution's own block; 0: none
+  uint64_t fuse_from;  // the least batch the fused primitive runs (0: every batch)
+  uint64_t reserved[2];
 };
 static_assert(sizeof(PairHeader) == 64, "the weights' headers start 64-byte aligned");
 constexpr char kPairMagic[8] = {'t', 'i', 'r', 'b', 'y', 'P', 'v', '1'};
@@ -1349,7 +1428,17 @@ int32_t Pair(const tir_byoc_conv &a, const tir_byoc_conv &b, const void *block) 
     if (std::memcmp(header->magic, kPackMagic, sizeof kPackMagic) != 0 || header->bytes == 0)
       return TIR_BYOC_EPACKED;
   if (a.n == 0) return TIR_BYOC_OK;
-  const std::pair<int32_t, PairKey> chosen = PairKeyOf(a, b);
+  const PackHeader *alone[2] = {nullptr, nullptr};
+  for (int h = 0; h < 2; ++h) {
+    if (pair->alone[h] == 0) continue;
+    alone[h] = reinterpret_cast<const PackHeader *>(bytes + pair->alone[h]);
+    if (std::memcmp(alone[h]->magic, kPackMagic, sizeof kPackMagic) != 0 ||
+        alone[h]->bytes == 0)
+      return TIR_BYOC_EPACKED;
+  }
+  const bool fuse = static_cast<uint64_t>(a.n) >= pair->fuse_from;
+  const std::pair<int32_t, PairKey> chosen =
+      fuse ? PairKeyOf(a, b) : std::make_pair(kPairSeparate, PairKey());
   if (chosen.first == kPairFused && !TestReorder()) {
     std::shared_ptr<const PairEntry> entry = GetPair(chosen.second);
     if (entry != nullptr && entry->blocking_a == Blocking(*headers[0]) &&
@@ -1358,7 +1447,10 @@ int32_t Pair(const tir_byoc_conv &a, const tir_byoc_conv &b, const void *block) 
       return ExecutePair(*entry, a.x, headers[0] + 1, a.epilogue.op[0].tensor, headers[1] + 1,
                          b.epilogue.op[0].tensor, b.y);
   }
-  // Another machine or thread count: each weight from the block's layout to the plain one.
+  // A batch the fused primitive does not serve with the block's layouts: each convolution on
+  // its own block where the block has them (a symbolic batch's), else (another machine or
+  // thread count) on the weights reordered from the fused layouts to the plain ones.
+  if (alone[0] != nullptr && alone[1] != nullptr) return PairAlone(a, b, alone);
   const Key plain[2] = {HalfKey(a, false), HalfKey(b, false)};
   const int buffers[2] = {kReorderedWeights, kPlainWeights};
   const void *weights[2];
@@ -1472,6 +1564,55 @@ int32_t ChoosePair(const tir_byoc_conv &a, const tir_byoc_conv &b, const void *w
   return times.first <= 0.95 * times.second ? kPairFused : kPairSeparate;
 }
 
+/* The choice for a pair of a symbolic batch, its block made at the calls' n (tir_byoc.packing's
+ * PACK_BATCH): ChoosePair's at n, and where that is kPairFused, whether batch 1 is fused too:
+ * kPairFusedAnyBatch where oneDNN's fused primitive at batch 1 asks for the same weight layouts
+ * and is timed 5 % faster there as well, else kPairFusedFromBatch (the fused kernel needs an
+ * intermediate of about twice the L2 cache, so a batch that gains from it gains above it). */
+int32_t ChoosePairAnyBatch(const tir_byoc_conv &a, const tir_byoc_conv &b, const void *wa,
+                           const void *wb, PairKey *key) {
+  const int32_t at_n = ChoosePair(a, b, wa, wb, key);
+  if (at_n != kPairFused || a.n == 1) return at_n == kPairFused ? kPairFusedAnyBatch : at_n;
+  tir_byoc_conv a1 = a, b1 = b;
+  a1.n = b1.n = 1;
+  const std::pair<int32_t, PairKey> one = PairKeyOf(a1, b1);
+  if (one.first != kPairFused) return kPairFusedFromBatch;
+  std::shared_ptr<const PairEntry> at_one = GetPair(one.second), at_block = GetPair(*key);
+  if (at_one->blocking_a != at_block->blocking_a || at_one->blocking_b != at_block->blocking_b)
+    return kPairFusedFromBatch;
+  const char *setting = std::getenv("TIR_BYOC_ONEDNN_PAIR");
+  if (setting != nullptr && std::strcmp(setting, "fused") == 0) return kPairFusedAnyBatch;
+  const std::pair<double, double> times = TimePair(one.second, a1, b1, wa, wb);
+  return times.first <= 0.95 * times.second ? kPairFusedAnyBatch : kPairFusedFromBatch;
+}
+
+/* The bytes of a convolution's own block in a pair's block (PairHeader::alone), from
+ * PackConv's choice for the call; 0 with *form the plain form behind its header. */
+int64_t AloneBytes(const tir_byoc_conv &conv, const void *w, int32_t *form) {
+  int64_t size = 0;
+  *form = TIR_BYOC_PACK_CHOOSE;
+  if (PackConv(conv, w, form, nullptr, &size) != TIR_BYOC_OK)
+    throw std::runtime_error("a pair's convolution could not be packed alone");
+  if (*form == TIR_BYOC_PACK_PLAIN)
+    size = sizeof(PackHeader) + PlainWeights(HalfKey(conv, false)).get_size();
+  return Aligned(size);
+}
+
+/* Write a convolution's own block of `bytes` (AloneBytes) at `out`. */
+void WriteAlone(const tir_byoc_conv &conv, const void *w, int32_t form, int64_t bytes, void *out) {
+  if (form != TIR_BYOC_PACK_PLAIN) {
+    if (PackConv(conv, w, &form, out, &bytes) != TIR_BYOC_OK)
+      throw std::runtime_error("a pair's convolution could not be packed alone");
+    return;
+  }
+  PackHeader *header = static_cast<PackHeader *>(out);
+  std::memcpy(header->magic, kPackMagic, sizeof kPackMagic);
+  header->bytes = PlainWeights(HalfKey(conv, false)).get_size();
+  header->form = TIR_BYOC_PACK_PLAIN;
+  header->batch = static_cast<uint64_t>(conv.n);
+  std::memcpy(header + 1, w, header->bytes);
+}
+
 /* One half of a pair call's arguments (the conv entry point's, without its pointers) decoded;
  * the tensors may be NULL (a pack call). */
 int32_t DecodeHalf(tir_byoc_conv *conv, int32_t dtypes, const int64_t *ints, const double *c,
@@ -1520,50 +1661,11 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_conv_pack(
   if ((status = tir_byoc_conv_decode_epilogue(&conv, ops, constants, tensors)) != TIR_BYOC_OK)
     return status;
   conv.n = n_saved;
-  if (conv.n < 1) {  // no batch to lay the weight out for
-    if (out != nullptr) return TIR_BYOC_ESHAPE;
-    *form = TIR_BYOC_PACK_PLAIN, *size = 0;
-    return TIR_BYOC_OK;
-  }
   try {
-    int fused = 0;
-    // A weight whose infinities or NaNs the padding would meet stays plain (see Conv).
-    if (out == nullptr && tir_byoc_conv_padded(&conv) &&
-        !tir_byoc_conv_weight_finite(&conv, static_cast<const float *>(w)))
-      *form = TIR_BYOC_PACK_PLAIN;
-    if (*form == TIR_BYOC_PACK_CHOOSE && out == nullptr) *form = ChooseForm(conv, w);
-    if (*form == TIR_BYOC_PACK_PLAIN && out == nullptr) {
-      *size = 0;
-      return TIR_BYOC_OK;
-    }
-    if (*form != TIR_BYOC_PACK_LIBRARY && *form != TIR_BYOC_PACK_CONV_BLOCKED)
-      return TIR_BYOC_EDTYPE;
-    const Key plain = KeyOf(conv, TIR_BYOC_PACK_PLAIN, &fused);
-    const std::string implementation =
-        *form == TIR_BYOC_PACK_LIBRARY ? ChosenImplementation(conv) : std::string();
-    std::shared_ptr<const Entry> entry = Get(KeyOf(conv, *form, &fused, implementation));
-    const int64_t bytes = static_cast<int64_t>(sizeof(PackHeader) + entry->weights.get_size());
-    if (out == nullptr) {
-      // A layout no header can describe (none of oneDNN's fp32 weights): the plain weight.
-      if (entry->blocking.empty()) *form = TIR_BYOC_PACK_PLAIN;
-      *size = entry->blocking.empty() ? 0 : bytes;
-      return TIR_BYOC_OK;
-    }
-    if (*size < bytes) return TIR_BYOC_ESHAPE;
-    PackHeader *header = static_cast<PackHeader *>(out);
-    std::memset(header, 0, sizeof *header);
-    std::memcpy(header->magic, kPackMagic, sizeof kPackMagic);
-    header->bytes = entry->weights.get_size();
-    header->form = static_cast<uint64_t>(*form);
-    header->batch = static_cast<uint64_t>(conv.n);
-    if (!Describe(entry->weights, header)) return TIR_BYOC_EBACKEND;
-    if (entry->implementation == implementation)  // the header is zeroed: NUL-padded
-      std::memcpy(header->implementation, implementation.c_str(), implementation.size());
-    Reorder(plain, w, *entry, header + 1);
+    return PackConv(conv, w, form, out, size);
   } catch (...) {
     return TIR_BYOC_EBACKEND;
   }
-  return TIR_BYOC_OK;
 }
 
 /* The oneDNN implementation a conv call runs in `form` (TIR_BYOC_PACK_PLAIN, _LIBRARY or
@@ -1639,12 +1741,15 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_conv_pair(const void *x, cons
 
 /* The block of a pair (tir_byoc_onednn_conv_pair) from the plain weights wa and wb, each half
  * given as 25 int64 (layout, weight layout, n, c, o, groups, the 6 x 3 geometry, ops) and 6
- * constants.  With out == NULL: *choice = TIR_BYOC_PACK_CHOOSE times the pair (ChoosePair) and
- * sets *choice to 1 (fused: *size the block's bytes) or to why not (0 the two convolutions
+ * constants.  With out == NULL and *choice = TIR_BYOC_PACK_CHOOSE, times the pair (ChoosePair)
+ * and sets *choice to 1 (fused: *size the block's bytes) or to why not (0 the two convolutions
  * are as fast, 2 not a pair append_dw serves, 3 no fused kernel here, 4 no fused form computes
- * the epilogue as the C one does, 5 a weight that is not finite, 6 TIR_BYOC_ONEDNN_PAIR=separate;
- * *size 0); *choice = 1 sets
- * *size where a fused kernel exists.  Else writes the block. */
+ * the epilogue as the C one does, 5 a weight that is not finite, 6
+ * TIR_BYOC_ONEDNN_PAIR=separate; *size 0).  *choice = TIR_BYOC_PACK_CHOOSE_ANY_M chooses for a
+ * symbolic batch, the halves' n the batch to lay the block out for (ChoosePairAnyBatch): 7
+ * (fused at every batch) or 8 (fused from n up) besides the reasons above; such a block also
+ * holds each convolution's own block.  With out, *choice is the choice made (1, 7 or 8), and
+ * the block is written. */
 extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_conv_pair_pack(
     const void *wa, const void *wb, int32_t dtypes, const int64_t *a_ints,
     const double *a_constants, const int64_t *b_ints, const double *b_constants, int32_t *choice,
@@ -1664,18 +1769,34 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_conv_pair_pack(
     PairKey key;
     if (out == nullptr && *choice == TIR_BYOC_PACK_CHOOSE) {
       *choice = ChoosePair(a, b, wa, wb, &key);
+    } else if (out == nullptr && *choice == TIR_BYOC_PACK_CHOOSE_ANY_M) {
+      *choice = ChoosePairAnyBatch(a, b, wa, wb, &key);
     } else {
-      if (*choice != kPairFused) return TIR_BYOC_EDTYPE;
+      if (*choice != kPairFused && *choice != kPairFusedAnyBatch &&
+          *choice != kPairFusedFromBatch)
+        return TIR_BYOC_EDTYPE;
       const int32_t fits = PairFits(a, b) ? PairKeyOf(a, b).first : kPairUnfit;
       if (fits != kPairFused) return TIR_BYOC_ESHAPE;
       key = PairKeyOf(a, b).second;
     }
     if (out == nullptr) *size = 0;
-    if (*choice != kPairFused) return TIR_BYOC_OK;
+    const bool any_batch = *choice == kPairFusedAnyBatch || *choice == kPairFusedFromBatch;
+    if (*choice != kPairFused && !any_batch) return TIR_BYOC_OK;
     std::shared_ptr<const PairEntry> entry = GetPair(key);
     if (entry == nullptr) return TIR_BYOC_EBACKEND;
-    const int64_t offset_b = sizeof(PairHeader) + sizeof(PackHeader) + Aligned(entry->wa.get_size());
-    const int64_t bytes = offset_b + sizeof(PackHeader) + Aligned(entry->wb.get_size());
+    const tir_byoc_conv *halves[2] = {&a, &b};
+    const void *weights[2] = {wa, wb};
+    const dnnl::memory::desc *fused[2] = {&entry->wa, &entry->wb};
+    // The layout: the PairHeader, the fused weights, then (a symbolic batch's) the own blocks.
+    uint64_t offset[2], alone[2] = {0, 0};
+    int32_t alone_form[2] = {TIR_BYOC_PACK_PLAIN, TIR_BYOC_PACK_PLAIN};
+    int64_t alone_bytes[2] = {0, 0}, bytes = sizeof(PairHeader);
+    for (int h = 0; h < 2; ++h)
+      offset[h] = bytes, bytes += sizeof(PackHeader) + Aligned(fused[h]->get_size());
+    for (int h = 0; h < 2 && any_batch; ++h) {
+      alone_bytes[h] = AloneBytes(*halves[h], weights[h], &alone_form[h]);
+      alone[h] = bytes, bytes += alone_bytes[h];
+    }
     if (out == nullptr) {
       *size = bytes;
       return TIR_BYOC_OK;
@@ -1685,13 +1806,10 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_conv_pair_pack(
     std::memset(base, 0, bytes);
     PairHeader *pair = reinterpret_cast<PairHeader *>(base);
     std::memcpy(pair->magic, kPairMagic, sizeof kPairMagic);
-    pair->offset[0] = sizeof(PairHeader), pair->offset[1] = offset_b;
-    const dnnl::memory::desc *fused[2] = {&entry->wa, &entry->wb};
-    const dnnl::memory::desc plain[2] = {PlainWeights(HalfKey(a, false)),
-                                         PlainWeights(HalfKey(b, false))};
-    const void *weights[2] = {wa, wb};
+    pair->fuse_from = *choice == kPairFusedFromBatch ? static_cast<uint64_t>(a.n) : 0;
     for (int h = 0; h < 2; ++h) {
-      PackHeader *header = reinterpret_cast<PackHeader *>(base + pair->offset[h]);
+      pair->offset[h] = offset[h], pair->alone[h] = alone[h];
+      PackHeader *header = reinterpret_cast<PackHeader *>(base + offset[h]);
       std::memcpy(header->magic, kPackMagic, sizeof kPackMagic);
       header->bytes = fused[h]->get_size();
       header->form = TIR_BYOC_PACK_LIBRARY;
@@ -1699,7 +1817,9 @@ extern "C" TIR_BYOC_EXPORT int32_t tir_byoc_onednn_conv_pair_pack(
       if (!Describe(*fused[h], header)) return TIR_BYOC_EBACKEND;
       std::snprintf(header->implementation, sizeof header->implementation, "%s",
                     entry->implementation.c_str());
-      ReorderWeight(plain[h], weights[h], *fused[h], header + 1);
+      ReorderWeight(PlainWeights(HalfKey(*halves[h], false)), weights[h], *fused[h], header + 1);
+      if (alone[h] != 0)
+        WriteAlone(*halves[h], weights[h], alone_form[h], alone_bytes[h], base + alone[h]);
     }
   } catch (...) {
     return TIR_BYOC_EBACKEND;

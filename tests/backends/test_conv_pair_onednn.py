@@ -23,6 +23,9 @@ pytestmark = pytest.mark.skipif(
 F32 = 0x10101
 PACKED = 1 << 25
 FUSED = 1
+#: The pack's choice for a symbolic batch (TIR_BYOC_PACK_CHOOSE_ANY_M), and its two fused
+#: answers: fused at every batch, fused from the block's batch up.
+ANY_BATCH, FUSED_ANY_BATCH, FUSED_FROM_BATCH = -2, 7, 8
 
 #: An epilogue of one half: ops, constants (a clip's lo, hi and NaN result).
 EPILOGUES = {
@@ -84,12 +87,19 @@ class Pair:
         chosen, size = ctypes.c_int32(choice), ctypes.c_int64(0)
         args = [self.wa.ctypes.data, self.wb.ctypes.data, F32, *arrays, ctypes.byref(chosen)]
         assert pack(*args, None, ctypes.byref(size)) == 0
-        if chosen.value != FUSED:
+        if chosen.value not in (FUSED, FUSED_ANY_BATCH, FUSED_FROM_BATCH):
             return chosen.value, None
         raw = np.zeros(size.value + 64, "uint8")
         block = raw[(-raw.ctypes.data) % 64 :][: size.value]
         assert pack(*args, ctypes.c_void_p(block.ctypes.data), ctypes.byref(size)) == 0
         return chosen.value, block
+
+    def at_batch(self, n, seed):
+        """The same pair and weights on a new input of batch ``n``."""
+        other = Pair(n, self.size, self.c, self.o, self.stride, self.pad, "bias", "bias", seed)
+        other.epilogues = self.epilogues
+        other.wa, other.wb, other.ba, other.bb = self.wa, self.wb, self.ba, self.bb
+        return other
 
     def run(self, pair, block):
         y = np.full((self.n, self.out, self.out, self.o), 7.0, "float32")
@@ -244,3 +254,49 @@ def test_a_block_of_another_kind_is_refused():
     block = np.zeros(4096, "uint8")
     status, _ = pair.run(pair_call, block)
     assert status == 6  # TIR_BYOC_EPACKED
+
+
+def _pair_header(block):
+    """A pair block's PairHeader (conv.cpp): the fused weights' offsets, each convolution's own
+    block's offset (0: none) and the least batch fused (0: every batch)."""
+    fields = np.frombuffer(block[8:48].tobytes(), "uint64")
+    return dict(offset=tuple(fields[0:2]), alone=tuple(fields[2:4]), fuse_from=int(fields[4]))
+
+
+@pytest.mark.parametrize("stride, pad", [(1, 1), (2, 0)])
+@pytest.mark.parametrize("first, second", [("relu6", "relu6"), ("relu", "clip_nan_lo")])
+def test_a_block_for_a_symbolic_batch_serves_every_batch(monkeypatch, stride, pad, first, second):
+    monkeypatch.setenv("TIR_BYOC_ONEDNN_PAIR", "fused")
+    pair_call, pack = _library()
+    pair = Pair(**LARGE, stride=stride, pad=pad, first=first, second=second)
+    choice, block = pair.pack(pack, ANY_BATCH)
+    assert choice in (FUSED_ANY_BATCH, FUSED_FROM_BATCH), NOT_FUSED.get(choice)
+    header = _pair_header(block)
+    assert all(header["alone"]) and header["alone"][0] > max(header["offset"])
+    assert header["fuse_from"] == (pair.n if choice == FUSED_FROM_BATCH else 0)
+    # Each batch on the fused primitive where it serves, else on the convolutions' own blocks;
+    # then every call on the own blocks (TIR_BYOC_ONEDNN_TEST_REORDER: no layout serves, so
+    # the own blocks are reordered too); then the own blocks below a raised fuse_from.
+    raised = block.copy()
+    raised[40:48] = np.frombuffer(np.uint64(pair.n + 1).tobytes(), "uint8")
+    for reorder, which in ((False, block), (True, block), (False, raised)):
+        if reorder:
+            monkeypatch.setenv("TIR_BYOC_ONEDNN_TEST_REORDER", "1")
+        else:
+            monkeypatch.delenv("TIR_BYOC_ONEDNN_TEST_REORDER", raising=False)
+        for n in (1, 3, pair.n, 6):
+            at_n = pair.at_batch(n, seed=n)
+            _poison(at_n, n)
+            status, got = at_n.run(pair_call, which)
+            assert status == 0, (reorder, n)
+            _assert_matches(got, at_n.expected())
+
+
+def test_a_symbolic_batch_pair_is_refused_for_the_reasons_of_a_static_one(monkeypatch):
+    _, pack = _library()
+    pair = Pair(**LARGE, stride=1, pad=1, first="relu6", second="relu6")
+    pair.wb[1, 1, 0, 3] = np.nan
+    assert pair.pack(pack, ANY_BATCH) == (5, None)
+    monkeypatch.setenv("TIR_BYOC_ONEDNN_PAIR", "separate")
+    pair = Pair(**LARGE, stride=1, pad=1, first="relu6", second="relu6")
+    assert pair.pack(pack, ANY_BATCH) == (6, None)

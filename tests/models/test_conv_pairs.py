@@ -1,8 +1,8 @@
 """The 1 x 1 + depthwise pairs of a CNN as one fused oneDNN call (:mod:`tir_byoc.conv_pairs`),
 through ``build_model``: transformers' MobileNetV2 at 224 x 224 and an inverted residual
 block, against torch, against the same model built without pairs (NaN and infinities in the
-input included), on the fallback path, exported and run in a fresh process; and the reasons
-of the pairs left alone.
+input included), on the fallback path, exported and run in a fresh process, with a dynamic
+batch at several batches; and the reasons of the pairs left alone.
 
 ``TIR_BYOC_ONEDNN_PAIR=fused`` fuses every pair oneDNN has a fused kernel for, so that what is
 tested does not depend on this machine's timing; the default choice is timed
@@ -40,6 +40,21 @@ def _build(module, inputs, monkeypatch, choice="fused"):
         return tir_byoc.build_model(module, inputs)
     finally:
         monkeypatch.delenv("TIR_BYOC_ONEDNN_PAIR")
+
+
+def _run_exported(library, x, tmp_path) -> np.ndarray:
+    """``main`` of the exported ``library`` on ``x``, loaded and run in a fresh process."""
+    np.save(tmp_path / "x.npy", x.numpy())
+    script = f"""
+        import numpy as np, tvm
+        from tvm import relax
+        vm = relax.VirtualMachine(tvm.runtime.load_module("{library}"), tvm.cpu())
+        out = vm["main"](tvm.runtime.tensor(np.load("x.npy")))
+        out = out[0] if not hasattr(out, "numpy") else out
+        np.save("out.npy", out.numpy())
+    """
+    run_python(script, tmp_path)
+    return np.load(tmp_path / "out.npy")
 
 
 class InvertedResidual(torch.nn.Module):
@@ -152,19 +167,8 @@ def test_mobilenet_v2_with_its_pairs_equals_torch_and_offloads_every_flop(mobile
 def test_mobilenet_v2_with_its_pairs_runs_exported_in_a_fresh_process(mobilenet, tmp_path):
     model, built = mobilenet
     library = built.export_library(tmp_path / "mobilenet.so")
-    np.save(tmp_path / "x.npy", model.inputs[0].numpy())
-    script = f"""
-        import numpy as np, tvm
-        from tvm import relax
-        vm = relax.VirtualMachine(tvm.runtime.load_module("{library}"), tvm.cpu())
-        out = vm["main"](tvm.runtime.tensor(np.load("x.npy")))
-        out = out[0] if not hasattr(out, "numpy") else out
-        np.save("out.npy", out.numpy())
-    """
-    run_python(script, tmp_path)
-    np.testing.assert_allclose(
-        np.load(tmp_path / "out.npy"), built(*model.inputs).numpy(), rtol=0, atol=0
-    )
+    got = _run_exported(library, model.inputs[0], tmp_path)
+    np.testing.assert_allclose(got, built(*model.inputs).numpy(), rtol=0, atol=0)
 
 
 def test_an_inverted_residual_as_plain_c_calls_the_pair(monkeypatch, tmp_path):
@@ -185,15 +189,31 @@ def test_an_inverted_residual_as_plain_c_calls_the_pair(monkeypatch, tmp_path):
     np.testing.assert_allclose(result, want, rtol=1e-4, atol=1e-4)
 
 
-def test_a_dynamic_batch_keeps_the_two_calls_and_says_why(monkeypatch, caplog):
+def test_a_dynamic_batch_pairs_once_and_equals_torch_at_every_batch(monkeypatch, caplog, tmp_path):
     module, inputs = _block()
     monkeypatch.setenv("TIR_BYOC_ONEDNN_PAIR", "fused")
     with caplog.at_level(logging.INFO, logger="tir_byoc"):
         built = tir_byoc.build_model(module, inputs, dynamic={"x": {0: "batch"}})
-    assert not _pairs(built)
-    kept = [r.getMessage() for r in caplog.records if r.getMessage().startswith("not paired")]
-    assert kept and all(line.endswith("a pair's block is made for one shape)") for line in kept)
-    x = torch.randn(3, 24, 56, 56)
+    assert len(_pairs(built)) == 1, dict(built.intrinsics)
+    paired = [r.getMessage() for r in caplog.records if r.getMessage().startswith("paired")]
+    assert len(paired) == 1 and "batch" in paired[0], paired
+    # Batch 1, one that is not a power of two, the block's (PACK_BATCH) and one above it: the
+    # fused primitive where it serves, the two convolutions on their own blocks elsewhere.
+    for batch in (1, 3, 8, 11):
+        x = torch.randn(batch, 24, 56, 56)
+        with torch.no_grad():
+            want = module(x).numpy()
+        np.testing.assert_allclose(built(x).numpy(), want, rtol=1e-4, atol=1e-4, err_msg=batch)
+    monkeypatch.setenv("TIR_BYOC_ONEDNN_TEST_REORDER", "1")
+    x = torch.randn(5, 24, 56, 56)
     with torch.no_grad():
         want = module(x).numpy()
     np.testing.assert_allclose(built(x).numpy(), want, rtol=1e-4, atol=1e-4)
+    # Exported, in a fresh process, at a batch of its own.
+    monkeypatch.delenv("TIR_BYOC_ONEDNN_TEST_REORDER")
+    library = built.export_library(tmp_path / "block.so")
+    x = torch.randn(6, 24, 56, 56)
+    got = _run_exported(library, x, tmp_path)
+    with torch.no_grad():
+        want = module(x).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
