@@ -175,6 +175,23 @@ def test_the_export_runs_in_a_fresh_process_without_tir_byoc_or_torch(tmp_path):
     )
 
 
+def test_a_fresh_process_runs_openmp_at_the_count_of_the_process_it_is_compared_with(tmp_path):
+    # oneDNN's last bits follow OpenMP's thread count, which torch.set_num_threads changes in
+    # this process's libgomp whatever the environment says; the bitwise comparisons above
+    # need the fresh process at the same count.
+    script = """
+        import ctypes, os
+        gomp = ctypes.CDLL("libgomp.so.1")
+        print(gomp.omp_get_max_threads())
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert run_python(script, tmp_path) == "1\n"
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _one_line_value_error(call, *fragments):
     with pytest.raises(ValueError) as error:
         call()
