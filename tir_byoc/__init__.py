@@ -37,7 +37,7 @@ from .export import export_library
 from .frontend import UnsupportedModel
 from .match import FunctionScan, Match
 from .model import build_model
-from .offload import Offload, offload, scan
+from .offload import Offload, OffloadReport, offload, offload_reported, scan
 from .patterns import PATTERNS, Pattern, describe
 from .planning import Plan, plan
 from .profiling import FunctionTime, Profile
@@ -73,6 +73,7 @@ __all__ = [
     "Match",
     "Model",
     "Offload",
+    "OffloadReport",
     "Pattern",
     "Plan",
     "Profile",
@@ -85,6 +86,7 @@ __all__ = [
     "explain",
     "export_library",
     "offload",
+    "offload_reported",
     "plan",
     "profile",
     "register_backend",

@@ -90,6 +90,9 @@ class Model:
         PrimFuncs a rule raised on, with the error's first line.
     declines : tuple of Decline
         Each site tir_byoc left as it was, and why (computed when first read).
+    pairs : tuple of str
+        Each 1 x 1 + depthwise convolution pair fused into one oneDNN call when the model was
+        built (:mod:`tir_byoc.conv_pairs`), e.g. ``main: lv12 -> lv13 -> fused_conv2d1_pair``.
     """
 
     def __init__(
@@ -103,6 +106,7 @@ class Model:
         output_spec=None,
         tir_signature=None,
         source: tvm.IRModule | None = None,
+        offload_report=None,
     ):
         self.executable = executable
         self.module = module
@@ -129,6 +133,9 @@ class Model:
         )
         self._output_spec = output_spec
         self._source = source  # what build_model lowered, for declines
+        # What the offload decided when it built the model (timed, so not re-derived).
+        self._build_declines = offload_report.declines if offload_report else ()
+        self.pairs = offload_report.paired if offload_report else ()
         self._tir_signature = tir_signature
         self._per_thread = threading.local()  # each calling thread's Relax VM and entry
         self._expected: dict[int, tuple] = {}  # _expected_inputs, by the number given
@@ -139,12 +146,14 @@ class Model:
     def declines(self) -> tuple:
         """Every site tir_byoc left as it was in the model, and why: :func:`tir_byoc.explain` of
         the module :func:`build_model` lowered (the Relax rewrites' declines, such as a
-        convolution whose batch is symbolic, then the matcher's); empty if it was not kept."""
+        convolution whose batch is symbolic, then the matcher's; none if it was not kept), then
+        what the offload declined as it built the model, by timing or by the weights' values:
+        each convolution pair not fused, each weight left plain."""
         if self._source is None:
-            return ()
+            return self._build_declines
         from .explanation import explain
 
-        return tuple(explain(self._source))
+        return (*explain(self._source), *self._build_declines)
 
     @property
     def is_relax(self) -> bool:

@@ -35,7 +35,7 @@ for the convolution alone.  A call runs the fused primitive from the least batch
 timed faster (1 or ``PACK_BATCH``) where oneDNN serves that batch with the block's layouts, and
 the two convolutions on their own blocks at every other batch.
 Every pair considered and not fused is in :attr:`PairReport.kept` with the reason (logged at
-INFO, as the packing's are).
+INFO, as the packing's are, and in :attr:`tir_byoc.Model.declines`).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from tvm import ir, relax, s_tir, tirx
 
 from . import toolchain
 from .calls import INTRINSIC_ATTR
+from .decline import CONV_PAIR, Decline
 from .epilogues import MAX_TENSORS
 from .match.conv_records import ConvMatch
 from .pack_calls import PACK_BATCH, PACK_CHOOSE, PACK_CHOOSE_ANY_M
@@ -94,10 +95,12 @@ NOT_FUSED = {
 
 @dataclass
 class PairReport:
-    """What :func:`pair_convolutions` did: the pairs fused, and the pairs considered and not."""
+    """What :func:`pair_convolutions` did: the pairs fused (``main: lv12 -> lv13 ->
+    fused_conv2d1_pair``), and a :data:`~tir_byoc.decline.CONV_PAIR` decline for each pair
+    considered and not fused."""
 
     paired: list[str] = field(default_factory=list)
-    kept: list[str] = field(default_factory=list)
+    kept: list[Decline] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -346,7 +349,8 @@ def pair_convolutions(mod: tvm.IRModule, rewritten, registry: Registry):
                 choice, size = _pack(a.conv, b.conv, wa, wb, registry, chosen)
                 reason = None if choice in FUSED else NOT_FUSED.get(choice, f"choice {choice}")
             if reason is not None:
-                report.kept.append(f"{where}: {reason}")
+                sites = (a.binding.var.name, b.binding.var.name)
+                report.kept.append(Decline(fvar.name_hint, sites, CONV_PAIR, reason))
                 continue
             # Step 2. The pair's PrimFunc (one per pair of callees) and its call.
             key = (a.callee.name_hint, b.callee.name_hint)
@@ -365,8 +369,10 @@ def pair_convolutions(mod: tvm.IRModule, rewritten, registry: Registry):
         mod = _replace_calls(builder.get(), replacements, removed)
     for line in report.paired:
         logger.info("paired: %s", line)
-    for line in report.kept:
-        logger.info("not paired: %s", line)
+    for decline in report.kept:
+        logger.info(
+            "not paired: %s: %s: %s", decline.func, " -> ".join(decline.blocks), decline.reason
+        )
     return mod, report
 
 

@@ -13,7 +13,7 @@ it with the reason, and the code that owns the candidate catches it and makes th
 
 Entry points: :class:`Decline`, :class:`Declined`, and the kinds of site
 (:data:`GEMM_CHAIN`, :data:`WEIGHT_COPY`, :data:`COPY_PROOF`, :data:`CONVOLUTION`,
-:data:`RESHAPE_FOLD`).
+:data:`RESHAPE_FOLD`, :data:`CONV_PAIR`, :data:`WEIGHT_PACK`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,12 @@ CONVOLUTION = "convolution as GEMM"
 #: A Relax reshape of a matmul's result that :mod:`tir_byoc.relax.linear_reshapes` kept
 #: (``nearest``: ``relax.reshape``).
 RESHAPE_FOLD = "reshape fold"
+#: A 1 x 1 + depthwise convolution pair that :mod:`tir_byoc.conv_pairs` did not fuse into one
+#: oneDNN call (the sites: the two bindings' variables; decided when the model is built).
+CONV_PAIR = "convolution pair"
+#: A constant weight of an offloaded call that :mod:`tir_byoc.packing` left plain (the sites:
+#: the call's blocks; decided when the model is built).
+WEIGHT_PACK = "weight packing"
 
 #: How the message of each kind reads (the words users and logs have always seen).  A kind
 #: not listed reads as :data:`_DEFAULT_MESSAGE`.
@@ -42,6 +48,8 @@ _MESSAGES = {
     COPY_PROOF: "{reason}",
     CONVOLUTION: "{func}: {sites} = {nearest}: not as im2col + GEMM ({reason})",
     RESHAPE_FOLD: "{func}: {sites} = reshape(... matmul ...) not folded: {reason}",
+    CONV_PAIR: "{func}: {sites}: not paired: {reason}",
+    WEIGHT_PACK: "{func}: {sites}: weight not packed: {reason}",
 }
 _DEFAULT_MESSAGE = "{func}: {sites}: {what} declined{near}: {reason}"
 
@@ -123,10 +131,12 @@ class Declined(Exception):
 
 __all__ = [
     "CONVOLUTION",
+    "CONV_PAIR",
     "COPY_PROOF",
     "GEMM_CHAIN",
     "RESHAPE_FOLD",
     "WEIGHT_COPY",
+    "WEIGHT_PACK",
     "Decline",
     "Declined",
 ]

@@ -37,7 +37,7 @@ from . import frontend, meta_schedule
 from .built_model import Model, TirSignature
 from .meta_schedule import sizes as by_size
 from .meta_schedule.tune import check_budget
-from .offload import offload as offload_module
+from .offload import OffloadReport, offload_reported
 from .relax import conv_choice, pipeline
 
 
@@ -222,11 +222,11 @@ def build_model(
         with conv_choice.backends_in_scope(backends):  # which convolutions stay whole
             mod = pipeline.lower(mod, library=offload or (tuned and sizes is None))
     signature = TirSignature.of(mod[entry]) if not is_relax else None
-    dispatch = None
+    dispatch, decided = None, OffloadReport()
     if tuned and sizes is None:
         mod = _tune(mod, resolved, is_relax, tune_trials, work_dir, offload, backends, tune_options)
     elif offload:
-        mod = offload_module(mod, backends=backends)
+        mod, decided = offload_reported(mod, backends=backends)
     if is_relax:
         mod = pipeline.after_offload(mod)
     if sizes is not None:
@@ -257,6 +257,7 @@ def build_model(
         output_spec=output_spec,
         tir_signature=signature,
         source=source,
+        offload_report=decided,
     )
 
 

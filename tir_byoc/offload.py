@@ -3,7 +3,9 @@
 Entry points: :func:`scan` (what would be offloaded, with the intrinsic chosen or the reason
 none was), :func:`offload` and its module-pass form :class:`Offload`.  Each computes one plan,
 :func:`offload_plan`, and reads it; :func:`offload` then hands the planned matches to
-:func:`tir_byoc.rewrite.rewrite_function` (:func:`apply`).  :func:`tir_byoc.explain`
+:func:`tir_byoc.rewrite.rewrite_function` (:func:`apply`).  :func:`offload_reported` also returns
+what the offload decided beyond the plan (:class:`OffloadReport`: the pairs fused, the weights
+packed, and the declines of both).  :func:`tir_byoc.explain`
 (:mod:`tir_byoc.explanation`) lists the same plan's declines.
 
 The offload runs in this order (:mod:`tir_byoc.relax.pipeline` places it in the whole
@@ -20,12 +22,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import tvm
 from tvm import relax
 
 from . import toolchain
 from .conv_pairs import pair_convolutions
+from .decline import Decline
 from .packing import pack_constant_weights
 from .planning import Choice, Plan, Planner, as_module
 from .registry import REGISTRY, Registry
@@ -156,8 +160,43 @@ def offload(
     return apply(planned, strict=strict, pack_weights=pack_weights)
 
 
+def offload_reported(mod_or_func, **options):
+    """:func:`offload` (``options`` as for it), and what it decided beyond the plan:
+    ``(result, OffloadReport)``.  :func:`tir_byoc.build_model` keeps the report's declines in
+    :attr:`tir_byoc.Model.declines`."""
+    apply_options = {k: options.pop(k) for k in ("strict", "pack_weights") if k in options}
+    return apply_reported(offload_plan(mod_or_func, **options), **apply_options)
+
+
+@dataclass(frozen=True)
+class OffloadReport:
+    """What the offload of a Relax module decided beyond its plan, by timing or by the weights'
+    values (so :func:`tir_byoc.explain` cannot tell it from the module).
+
+    Attributes
+    ----------
+    paired : tuple of str
+        Each 1 x 1 + depthwise pair fused into one call (:mod:`tir_byoc.conv_pairs`):
+        ``main: lv12 -> lv13 -> fused_conv2d1_pair``.
+    packed : tuple of str
+        Each call site given packed weights (:mod:`tir_byoc.packing`).
+    declines : tuple of Decline
+        Each pair considered and not fused (:data:`~tir_byoc.decline.CONV_PAIR`), then each
+        offloaded call's weight left plain (:data:`~tir_byoc.decline.WEIGHT_PACK`).
+    """
+
+    paired: tuple[str, ...] = ()
+    packed: tuple[str, ...] = ()
+    declines: tuple[Decline, ...] = ()
+
+
 def apply(planned, *, strict: bool = False, pack_weights: bool = True):
     """Rewrite what ``planned`` (a :class:`~tir_byoc.planning.Plan`) chose; see :func:`offload`."""
+    return apply_reported(planned, strict=strict, pack_weights=pack_weights)[0]
+
+
+def apply_reported(planned, *, strict: bool = False, pack_weights: bool = True):
+    """:func:`apply`, and what it decided beyond the plan: ``(result, OffloadReport)``."""
     # Step 1. Every match gets an intrinsic, or (strict) nothing happens.
     missing = [c for c in planned.choices if c.intrinsic is None]
     if strict and missing:
@@ -183,18 +222,18 @@ def apply(planned, *, strict: bool = False, pack_weights: bool = True):
         result.update_func(function.gvar, rewrite_function(function.func, offloaded))
         rewritten.append((function.gvar, function.func, offloaded))
     if planned.wrapped:
-        return next(iter(result.functions.values()))
+        return next(iter(result.functions.values())), OffloadReport()
     # Step 4. Relax modules: each 1 x 1 + depthwise pair of constant weights made one call
     # where oneDNN's fused primitive is faster, then the other constant weights packed once,
     # here, into the library's layout.
     if pack_weights and any(isinstance(f, relax.Function) for f in result.functions.values()):
-        result, _ = pair_convolutions(result, rewritten, planned.registry)
-        result, report = pack_constant_weights(
-            result, rewritten, rewrite_function, planned.registry
-        )
-        for line in report.kept:
-            logger.info("not packed: %s", line)
-    return result
+        result, pairs = pair_convolutions(result, rewritten, planned.registry)
+        result, packs = pack_constant_weights(result, rewritten, rewrite_function, planned.registry)
+        for decline in packs.kept:
+            logger.info("not packed: %s: %s", decline.where, decline.reason)
+        report = OffloadReport(tuple(pairs.paired), tuple(packs.packed), (*pairs.kept, *packs.kept))
+        return result, report
+    return result, OffloadReport()
 
 
 @tvm.transform.module_pass(opt_level=0, name="tir_byoc.Offload")

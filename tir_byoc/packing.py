@@ -41,6 +41,7 @@ from tvm.tirx import _ffi_api as _tirx_ffi
 
 from . import toolchain
 from .calls import INTRINSIC_ATTR
+from .decline import WEIGHT_PACK, Decline
 from .match import Match
 from .match.conv_records import ConvMatch
 from .match.exprs import const_value
@@ -70,10 +71,11 @@ class Packing:
 
 @dataclass
 class PackReport:
-    """What :func:`pack_constant_weights` did: packed call sites, and why others were not."""
+    """What :func:`pack_constant_weights` did: packed call sites, and why others were not
+    (a :data:`~tir_byoc.decline.WEIGHT_PACK` decline per weight left plain)."""
 
     packed: list[str] = field(default_factory=list)
-    kept: list[str] = field(default_factory=list)
+    kept: list[Decline] = field(default_factory=list)
 
 
 def unpackable(match: Match, intrinsic: Intrinsic, registry: Registry) -> str | None:
@@ -218,7 +220,10 @@ def packed_variant(
         if all(isinstance(binding.value.args[1].fields[i], ir.Constant) for *_, i in chosen)
     ]
     if not constant:
-        report.kept.append(f"{name}: the weights are not constants of the model")
+        blocks = tuple(b for match, *_ in chosen for b in match.blocks)
+        report.kept.append(
+            Decline(name, blocks, WEIGHT_PACK, "the weights are not constants of the model")
+        )
         return None
     # Step 2. The form of each weight, chosen on the first constant call site's weight.
     fields = constant[0][1].value.args[1].fields
@@ -243,7 +248,7 @@ def packable(name, before, after, offloaded, registry: Registry, report: PackRep
             if others:
                 reason = f"{match.w.name} is also read by {', '.join(sorted(others))}"
         if reason is not None:
-            report.kept.append(f"{name}: {', '.join(match.blocks)}: {reason}")
+            report.kept.append(Decline(name, tuple(match.blocks), WEIGHT_PACK, reason))
             continue
         chosen.append(
             (match, intrinsic, next(i for i, p in enumerate(params) if match.w.same_as(p)))
@@ -265,10 +270,11 @@ def make_packings(name, chosen, weight, registry: Registry, report: PackReport) 
         form, block = pack_call(pack, match, weight(index))
         if block is None:
             every = "" if const_value(match.rows) is not None else ", for every M,"
-            report.kept.append(
-                f"{name}: {', '.join(match.blocks)}: {intrinsic.backend} runs "
-                f"this call{every} as fast with the plain weight as with a packed one"
+            reason = (
+                f"{intrinsic.backend} runs this call{every} as fast with the plain weight as "
+                "with a packed one"
             )
+            report.kept.append(Decline(name, tuple(match.blocks), WEIGHT_PACK, reason))
             continue
         size = int(block.shape[0])
         gemm = intrinsic if conv else registry[f"{intrinsic.backend}.{GEMM_ENTRY}"]

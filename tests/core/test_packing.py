@@ -24,6 +24,8 @@ from tvm.script import tirx as T
 
 import tir_byoc
 from tir_byoc import toolchain
+from tir_byoc.decline import WEIGHT_PACK
+from tir_byoc.offload import offload_reported
 from tir_byoc.relax import pipeline
 from tir_byoc.signature import PACKED_WEIGHT_FLAG
 
@@ -204,6 +206,23 @@ def test_a_scale_by_a_parameter_is_offloaded_with_its_weight_plain(caplog):
     assert any("a scale by a parameter" in line for line in kept), kept
     (result,) = _run(offloaded, X, scale)
     np.testing.assert_allclose(result, X @ WEIGHTS[0] * scale[0], rtol=1e-5, atol=1e-4)
+
+
+def test_a_weight_left_plain_is_among_the_built_models_declines():
+    # The packing decides on the weights' values (and times its forms) as the model is built,
+    # so explain() of the source cannot say it; Model.declines keeps what the offload said.
+    scale = np.array([0.375], "float32")
+    mod = _called_with_a_constant(_dense_scaled_by_a_parameter, WEIGHTS[0].T.copy(), scale)
+    offloaded, report = offload_reported(mod, backends="onednn")
+    (decline,) = report.declines
+    assert decline.what == WEIGHT_PACK and decline.func == "layer" and decline.blocks
+    assert decline.reason.startswith("a scale by a parameter"), decline
+    assert str(decline).startswith(f"layer: {', '.join(decline.blocks)}: weight not packed: ")
+    assert report.paired == () and report.packed == ()
+    ir.assert_structural_equal(offloaded, tir_byoc.offload(mod, backends="onednn"))
+    built = tir_byoc.build_model(mod, backends="onednn")
+    assert decline in built.declines and built.pairs == ()
+    np.testing.assert_allclose(built(X, scale), X @ WEIGHTS[0] * scale[0], rtol=1e-5, atol=1e-4)
 
 
 def test_a_weight_the_function_computes_is_not_packed(caplog):

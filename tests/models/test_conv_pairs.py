@@ -23,6 +23,7 @@ from support.fresh_process import run_python
 import tir_byoc
 from tir_byoc import toolchain
 from tir_byoc.conv_pairs import PAIR_INTRINSIC
+from tir_byoc.decline import CONV_PAIR
 from tir_byoc.testing import cnns
 
 pytestmark = pytest.mark.skipif(
@@ -125,9 +126,13 @@ def test_a_pair_whose_intermediate_has_another_reader_is_left_with_its_reason(mo
     module, inputs = _block(reuse=True)
     with caplog.at_level(logging.INFO, logger="tir_byoc"):
         built = _build(module, inputs, monkeypatch)
-    assert not _pairs(built)
+    assert not _pairs(built) and built.pairs == ()
     kept = [r.getMessage() for r in caplog.records if r.getMessage().startswith("not paired")]
     assert len(kept) == 1 and kept[0].endswith("is also read elsewhere"), kept
+    # The model says so too: the same pair, its two bindings, and the reason.
+    (decline,) = [d for d in built.declines if d.what == CONV_PAIR]
+    assert len(decline.blocks) == 2 and decline.reason.endswith("is also read elsewhere")
+    assert str(decline) == f"main: {', '.join(decline.blocks)}: not paired: {decline.reason}"
     with torch.no_grad():
         want = module(*inputs).numpy()
     np.testing.assert_allclose(built(*inputs).numpy(), want, rtol=1e-4, atol=1e-4)
@@ -154,6 +159,9 @@ def test_mobilenet_v2_with_its_pairs_equals_torch_and_offloads_every_flop(mobile
     # At batch 1 the first block's pair (16 -> 96 channels at 112 x 112, a stride 2 with
     # TensorFlow's padding) has a fused kernel on every machine these tests run on.
     assert _pairs(built), dict(built.intrinsics)
+    # Model.pairs names each fused pair's bindings and the PrimFunc that calls the pair.
+    callees = {line.split(" -> ")[-1].split(" ")[0] for line in built.pairs}
+    assert callees == set(_pairs(built)), (built.pairs, _pairs(built))
     with torch.no_grad():
         want = model.module(*model.inputs).numpy()
     np.testing.assert_allclose(built(*model.inputs).numpy(), want, rtol=1e-4, atol=1e-4)

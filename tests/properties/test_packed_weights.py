@@ -48,9 +48,9 @@ def named_form(form: str):
             os.environ["TIR_BYOC_ONEDNN_PACK"] = saved
 
 
-def _reason(line: str) -> str:
-    """A kept weight's reason without the function and block names, for hypothesis' events."""
-    reason = line.split(": ")[-1]
+def _reason(decline) -> str:
+    """A kept weight's reason, for hypothesis' events (one event for any other reader)."""
+    reason = decline.reason
     return "also read by another block" if " is also read by " in reason else reason
 
 
@@ -78,8 +78,8 @@ def test_a_packed_weight_computes_what_the_plain_one_does(program, seed, form):
         packings = make_packings(
             "main", chosen, lambda i: tvm.runtime.tensor(arrays[i]), REGISTRY, report
         )
-        for line in report.kept:
-            event(f"a weight left plain: {_reason(line)}")
+        for decline in report.kept:
+            event(f"a weight left plain: {_reason(decline)}")
         if not packings:
             event("no weight packed")
             return

@@ -232,8 +232,8 @@ class Packs:
         """(variant or None, its latency in ms or None, a note for the report)."""
         kept = len(self.report.kept)
         variant = self._variant(name, before, offloaded)
-        if variant is None:  # the report's lines name the function; the caller's does too
-            why = [line.removeprefix(f"{name}: ") for line in self.report.kept[kept:]]
+        if variant is None:  # the caller's note names the function: the blocks and reasons
+            why = [f"{', '.join(d.blocks)}: {d.reason}" for d in self.report.kept[kept:]]
             return None, None, "; ".join(why)
         key = (task_name, variant.forms)
         if key not in self._measured:
