@@ -101,6 +101,8 @@ class PairReport:
 
     paired: list[str] = field(default_factory=list)
     kept: list[Decline] = field(default_factory=list)
+    #: The bindings each pair replaced (the second, now the pair's call) or dropped (the first).
+    bindings: set = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -367,6 +369,7 @@ def pair_convolutions(mod: tvm.IRModule, rewritten, registry: Registry):
             report.paired.append(f"{where} -> {made[key].name_hint}{FUSED[choice]}")
     if replacements:
         mod = _replace_calls(builder.get(), replacements, removed)
+        report.bindings = set(replacements) | removed
     for line in report.paired:
         logger.info("paired: %s", line)
     for decline in report.kept:

@@ -224,7 +224,9 @@ def build_model(
     signature = TirSignature.of(mod[entry]) if not is_relax else None
     dispatch, decided = None, OffloadReport()
     if tuned and sizes is None:
-        mod = _tune(mod, resolved, is_relax, tune_trials, work_dir, offload, backends, tune_options)
+        mod, decided = _tune(
+            mod, resolved, is_relax, tune_trials, work_dir, offload, backends, tune_options
+        )
     elif offload:
         mod, decided = offload_reported(mod, backends=backends)
     if is_relax:
@@ -287,10 +289,12 @@ def _tune_options(offload, backends, options) -> dict:
 
 
 def _tune(mod, target, is_relax, trials, work_dir, offload, backends, options):
-    """MetaSchedule on every PrimFunc, offloaded or native variant per chain, as measured."""
+    """MetaSchedule on every PrimFunc, offloaded or native variant per chain, as measured:
+    ``(module, OffloadReport)``."""
     options = _tune_options(offload, backends, options)
-    tune = meta_schedule.tune_relax if is_relax else meta_schedule.tune_tir
-    return tune(mod, target, str(work_dir), trials, **options)
+    if is_relax:
+        return meta_schedule.tune_relax_reported(mod, target, str(work_dir), trials, **options)
+    return meta_schedule.tune_tir(mod, target, str(work_dir), trials, **options), OffloadReport()
 
 
 __all__ = ["build_model", "host_target"]

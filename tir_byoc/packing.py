@@ -31,6 +31,7 @@ calls the backend's pack function.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -290,6 +291,27 @@ def pack_in_form(packing: Packing, pack, weight: tvm.runtime.Tensor) -> tvm.runt
     return block
 
 
+def without_sites(variant: PackedVariant, bindings) -> PackedVariant | None:
+    """``variant`` without the call sites whose binding's var is in ``bindings`` (calls another
+    rewrite replaced since the variant was made); None if no constant call site is left.
+
+    The blocks of the first constant site are made anew where that site is gone:
+    :func:`install_packed` gives the first one the blocks the forms were chosen on.
+    """
+    constant = [site for site in variant.constant if site[1].var not in bindings]
+    sites = [site for site in variant.sites if site[1].var not in bindings]
+    if not constant:
+        return None
+    packings = variant.packings
+    if constant[0] is not variant.constant[0]:
+        fields = constant[0][1].value.args[1].fields
+        packings = [
+            (packing, index, pack, pack_in_form(packing, pack, fields[index].value))
+            for packing, index, pack, _ in packings
+        ]
+    return dataclasses.replace(variant, packings=packings, constant=constant, sites=sites)
+
+
 def install_packed(mod, variants: list[PackedVariant], report: PackReport) -> tvm.IRModule:
     """``mod`` with ``variants`` added and each constant call site calling its variant.
 
@@ -406,4 +428,5 @@ __all__ = [
     "packable",
     "packed_variant",
     "unpackable",
+    "without_sites",
 ]

@@ -122,6 +122,31 @@ def test_an_inverted_residual_runs_as_one_pair_and_equals_torch(monkeypatch, str
     np.testing.assert_allclose(paired(*inputs).numpy(), want, rtol=1e-4, atol=1e-4)
 
 
+def test_a_tuned_build_pairs_and_packs_the_rest_as_the_untuned_one(monkeypatch, tmp_path):
+    # Two blocks whose expansions are one PrimFunc: the first block's pair replaces that
+    # PrimFunc's first call site, whose weight the tuning had packed and chosen the form on,
+    # and the second block's expansion (read twice, so not paired) still needs its own block.
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        module = torch.nn.Sequential(InvertedResidual(), InvertedResidual(reuse=True))
+        shape = (4, 24, 56, 56)
+        cnns.calibrate_batch_norm(module, shape)
+        inputs = (torch.randn(*shape),)
+    monkeypatch.setenv("TIR_BYOC_ONEDNN_PAIR", "fused")
+    options = {"progress": False}
+    tuned = tir_byoc.build_model(
+        module, inputs, tune_trials=8, work_dir=tmp_path, tune_options=options
+    )
+    assert len(_pairs(tuned)) == 1 and len(tuned.pairs) == 1, (tuned.pairs, tuned.intrinsics)
+    (decline,) = [d for d in tuned.declines if d.what == CONV_PAIR]
+    assert decline.reason.endswith("is also read elsewhere"), decline
+    untuned = tir_byoc.build_model(module, inputs)
+    assert sorted(tuned.intrinsics.values()) == sorted(untuned.intrinsics.values())
+    with torch.no_grad():
+        want = module(*inputs).numpy()
+    np.testing.assert_allclose(tuned(*inputs).numpy(), want, rtol=1e-4, atol=1e-4)
+
+
 def test_a_pair_whose_intermediate_has_another_reader_is_left_with_its_reason(monkeypatch, caplog):
     module, inputs = _block(reuse=True)
     with caplog.at_level(logging.INFO, logger="tir_byoc"):

@@ -18,6 +18,7 @@ from tvm import relax
 
 import tir_byoc
 from tir_byoc import built_model, demo
+from tir_byoc.offload import OffloadReport
 from tir_byoc.rewrite import intrinsic_calls
 
 FP32 = {"rtol": 1e-4, "atol": 1e-5}
@@ -263,15 +264,15 @@ def test_tuning_hands_the_lowered_module_to_tune_relax_and_builds_what_it_return
 
     calls = []
 
-    def tune_relax(mod, target, work_dir, trials, **options):
+    def tune_relax_reported(mod, target, work_dir, trials, **options):
         calls.append((work_dir, trials, options))
-        tuned = tir_byoc.offload(mod, backends="ref", fold_transposes=False)
+        tuned, report = tir_byoc.offload_reported(mod, backends="ref", fold_transposes=False)
         for gvar, func in tuned.functions_items():
             if isinstance(func, tvm.tirx.PrimFunc) and not intrinsic_calls(func):
                 tuned.update_func(gvar, func.with_attr("tirx.is_scheduled", True))
-        return tuned
+        return tuned, report
 
-    monkeypatch.setattr(meta_schedule, "tune_relax", tune_relax)
+    monkeypatch.setattr(meta_schedule, "tune_relax_reported", tune_relax_reported)
     built = tir_byoc.build_model(
         demo.lowered_mlp(),
         backends="ref",
@@ -303,11 +304,11 @@ def test_zero_trials_with_a_work_dir_builds_its_database_and_refuses_one_without
 
     calls = []
 
-    def tune_relax(mod, target, work_dir, trials, **options):
+    def tune_relax_reported(mod, target, work_dir, trials, **options):
         calls.append((work_dir, trials))
-        return mod
+        return mod, OffloadReport()
 
-    monkeypatch.setattr(meta_schedule, "tune_relax", tune_relax)
+    monkeypatch.setattr(meta_schedule, "tune_relax_reported", tune_relax_reported)
     message = r"tune_trials=0 builds from the database of an earlier tuning, but .* has no "
     with pytest.raises(ValueError, match=message + r"database_workload\.json; expected") as error:
         tir_byoc.build_model(demo.lowered_mlp(), work_dir=tmp_path)

@@ -83,7 +83,7 @@ from .rule import CUSTOM_RULE as CUSTOM_RULE
 from .rule import KEEP_LOOP_ATTR as KEEP_LOOP_ATTR
 from .space import candidate_builder, offload_space
 from .tasks import VARIANT_ATTR
-from .tune import tune_relax, tune_tir
+from .tune import tune_relax, tune_relax_reported, tune_tir
 
 # The public API.  CUSTOM_RULE and KEEP_LOOP_ATTR, the annotations the rule puts on an offloaded
 # chain, are reachable here (as they were) without being part of it.
@@ -103,5 +103,6 @@ __all__ = [
     "offload_space",
     "recorded_choice",
     "tune_relax",
+    "tune_relax_reported",
     "tune_tir",
 ]

@@ -88,8 +88,10 @@ def decide(name, tasks, functions, database, target, counter, options, planned, 
     before, offloaded = replay(winner)
     scheduled = rewrite_function(before, offloaded)
     functions[name] = as_scheduled(scheduled, original)
-    if winner == "offload" and variant is not None:
-        packs.chosen.append(replace(variant, func=as_scheduled(variant.func, original)))
+    if winner == "offload" and packs is not None:
+        packs.rewritten.append((name, before, offloaded))
+        if variant is not None:
+            packs.chosen.append(replace(variant, func=as_scheduled(variant.func, original)))
     return FunctionReport(
         name,
         choice="none" if winner == "plain" else winner,
@@ -214,6 +216,9 @@ class Packs:
         self.options = options
         self.report = PackReport()
         self.chosen: list[PackedVariant] = []
+        #: Each function whose chains were offloaded, tuned or not: (name, the function
+        #: before the rewrite, what was offloaded), for :func:`tir_byoc.conv_pairs`.
+        self.rewritten: list[tuple] = []
         self._measured: dict[tuple[str, tuple[str, ...]], tuple[float | None, str]] = {}
 
     def _variant(self, name, before, offloaded) -> PackedVariant | None:
@@ -252,6 +257,7 @@ class Packs:
     def pack_untuned(self, name, before, planned) -> tuple[str, ...]:
         """Pack the weights of a function offloaded whole without tuning; the forms packed."""
         offloaded = [pair for function in planned.functions for pair in planned.offloaded(function)]
+        self.rewritten.append((name, before, offloaded))
         variant = self._variant(name, before, offloaded)
         if variant is None:
             return ()

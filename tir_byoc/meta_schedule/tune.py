@@ -22,8 +22,9 @@ import tvm
 from tvm import tirx
 
 from .. import toolchain
-from ..offload import apply
-from ..packing import install_packed
+from ..conv_pairs import pair_convolutions
+from ..offload import OffloadReport, apply
+from ..packing import install_packed, without_sites
 from ..relax import pipeline
 from .decide import Packs, against_default_rules, decide, earlier_choices
 from .options import TuneOptions
@@ -174,7 +175,7 @@ def tune_tir(mod, target, work_dir: str, max_trials_global: int, **options):
     checked = TuneOptions.from_kwargs(options)
     check_budget(max_trials_global, work_dir, checked.database)
     if isinstance(mod, tvm.IRModule):
-        return _tune_module(mod, target, work_dir, max_trials_global, checked)
+        return _tune_module(mod, target, work_dir, max_trials_global, checked)[0]
     name = str(mod.attrs["global_symbol"]) if mod.attrs and "global_symbol" in mod.attrs else "main"
     return _tune_functions({name: mod}, target, work_dir, max_trials_global, checked)[name]
 
@@ -213,12 +214,20 @@ def tune_relax(mod, target, work_dir: str, max_trials_global: int, **options):
             "tir_byoc.meta_schedule.tune_relax: expected PrimFuncs to tune, found none; run "
             "relax.transform.LegalizeOps (and FuseOps, FuseTIR) first"
         )
+    return tune_relax_reported(mod, target, work_dir, max_trials_global, **options)[0]
+
+
+def tune_relax_reported(mod, target, work_dir: str, max_trials_global: int, **options):
+    """:func:`tune_relax`, and what its offload decided beyond the tuning:
+    ``(module, tir_byoc.offload.OffloadReport)``, as :func:`tir_byoc.offload_reported` gives
+    it (the convolution pairs fused and not, the packing's declines)."""
     checked = TuneOptions.from_kwargs(options)
     check_budget(max_trials_global, work_dir, checked.database)
     return _tune_module(mod, target, work_dir, max_trials_global, checked)
 
 
-def _tune_module(mod, target, work_dir, max_trials_global, options: TuneOptions) -> tvm.IRModule:
+def _tune_module(mod, target, work_dir, max_trials_global, options: TuneOptions):
+    """``(the tuned module, OffloadReport)``; see :func:`tune_relax_reported`."""
     from tvm import relax
 
     is_relax = any(isinstance(f, relax.Function) for f in mod.functions.values())
@@ -236,6 +245,15 @@ def _tune_module(mod, target, work_dir, max_trials_global, options: TuneOptions)
     for gvar, _ in mod.functions_items():
         if gvar.name_hint in tuned:
             result.update_func(gvar, tuned[gvar.name_hint])
-    if packs is not None:
-        result = install_packed(result, packs.chosen, packs.report)
-    return result
+    if packs is None:
+        return result, OffloadReport()
+    # As in tir_byoc.offload: the pairs of convolutions offloaded whole first, then the packed
+    # variants at the call sites no pair replaced.
+    rewritten = [(result.get_global_var(n), before, done) for n, before, done in packs.rewritten]
+    result, pairs = pair_convolutions(result, rewritten, options.registry)
+    chosen = [without_sites(v, pairs.bindings) for v in packs.chosen]
+    result = install_packed(result, [v for v in chosen if v is not None], packs.report)
+    report = OffloadReport(
+        tuple(pairs.paired), tuple(packs.report.packed), (*pairs.kept, *packs.report.kept)
+    )
+    return result, report
