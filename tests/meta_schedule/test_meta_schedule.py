@@ -509,7 +509,11 @@ def test_mlp_relax_flow_keeps_the_faster_variant_per_layer_and_zero_trials_rebui
         }
         assert measured and layer.choice == min(measured, key=measured.get)
         calls = intrinsic_calls(tuned[name])
-        assert calls == ({intrinsic: 1} if layer.choice == "offload" else {})
+        # The folded layer reads the weight as given, (N, K): a dense, not LAYERS' matmul on
+        # the transposed copy.  (Native usually wins against the reference kernels; CI once
+        # measured the offload faster and reached this branch.)
+        dense = intrinsic.replace("ref.matmul_", "ref.dense_")
+        assert calls == ({dense: 1} if layer.choice == "offload" else {}), calls
         assert tuned[name].attrs["tirx.is_scheduled"]
     # The layers read the weights as given: the transposes were folded, so not tuned.
     assert not [n for n in report.functions if n.name.startswith("transpose")]
