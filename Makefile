@@ -30,8 +30,7 @@ demo: $(STAMP)
 	cd /tmp && $(abspath $(BIN))/python -m tir_byoc.demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider --numprocesses=auto --maxprocesses=4 --dist=loadfile \
-		--no-loadscope-reorder tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider --numprocesses=auto --maxprocesses=4 --dist=loadfile tests
 
 BENCH_STAMP := $(VENV)/.installed-bench
 

@@ -21,11 +21,10 @@ def _no_backend_override(monkeypatch):
     monkeypatch.delenv(tir_byoc.registry.BACKENDS_ENV, raising=False)
 
 
-#: The longest test files, longest first (seconds in a CI run of 2026-12-03 on the 2-vCPU AMD
-#: EPYC Zen 3 VM: 121 down to 19).  They start first, and the Makefile turns off xdist's own
-#: order (files with the most tests first, which left the long one-test property files to the
-#: end, each alone on one worker while the other idled).  Only the order changes: a file not
-#: listed runs in collection order after these.
+#: The longest test files, longest first (seconds in the CI run of 2026-12-03 on the 2-vCPU AMD
+#: EPYC Zen 3 VM: 113, 109, 83, 66, 65, 58, 56, and about 50 for the pairs since then).  They
+#: start first: under ``--dist=loadfile`` a long file handed out last runs alone on one worker
+#: while the other idles.  Only the order changes; a file missing here runs where collected.
 SLOWEST_FIRST = (
     "tests/meta_schedule/test_meta_schedule.py",
     "tests/models/test_real_models.py",
@@ -34,19 +33,7 @@ SLOWEST_FIRST = (
     "tests/models/test_frontend_ops.py",
     "tests/properties/test_packed_weights.py",
     "tests/cli/test_cli.py",
-    "tests/core/test_patterns.py",
     "tests/models/test_conv_pairs.py",
-    "tests/properties/test_real_model_sizes.py",
-    "tests/models/test_cnn_models.py",
-    "tests/models/test_dynamic.py",
-    "tests/core/test_packing.py",
-    "tests/meta_schedule/test_sizes.py",
-    "tests/cli/test_golden.py",
-    "tests/properties/test_model_layers.py",
-    "tests/backends/test_threads.py",
-    "tests/relax/test_channels_last.py",
-    "tests/models/test_end_to_end.py",
-    "tests/properties/test_non_interference.py",
 )
 
 
