@@ -20,6 +20,7 @@ All of them accept an ``IRModule`` (TIR-only or Relax with PrimFuncs) or a singl
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -160,10 +161,20 @@ def offload(
     return apply(planned, strict=strict, pack_weights=pack_weights)
 
 
+#: The keyword options of :func:`offload`, which :func:`offload_reported` takes too.
+_OFFLOAD_OPTIONS = tuple(inspect.signature(offload).parameters)[1:]
+
+
 def offload_reported(mod_or_func, **options):
     """:func:`offload` (``options`` as for it), and what it decided beyond the plan:
     ``(result, OffloadReport)``.  :func:`tir_byoc.build_model` keeps the report's declines in
     :attr:`tir_byoc.Model.declines`."""
+    unknown = sorted(set(options) - set(_OFFLOAD_OPTIONS))
+    if unknown:
+        raise TypeError(
+            f"tir_byoc.offload_reported: unexpected option(s) {', '.join(unknown)}; expected "
+            f"those of tir_byoc.offload: {', '.join(_OFFLOAD_OPTIONS)}"
+        )
     apply_options = {k: options.pop(k) for k in ("strict", "pack_weights") if k in options}
     return apply_reported(offload_plan(mod_or_func, **options), **apply_options)
 
@@ -188,6 +199,12 @@ class OffloadReport:
     paired: tuple[str, ...] = ()
     packed: tuple[str, ...] = ()
     declines: tuple[Decline, ...] = ()
+
+    @classmethod
+    def of(cls, pairs, packs) -> OffloadReport:
+        """The report of a :class:`~tir_byoc.conv_pairs.PairReport` and the
+        :class:`~tir_byoc.packing.PackReport` that followed it."""
+        return cls(tuple(pairs.paired), tuple(packs.packed), (*pairs.kept, *packs.kept))
 
 
 def apply(planned, *, strict: bool = False, pack_weights: bool = True):
@@ -231,8 +248,7 @@ def apply_reported(planned, *, strict: bool = False, pack_weights: bool = True):
         result, packs = pack_constant_weights(result, rewritten, rewrite_function, planned.registry)
         for decline in packs.kept:
             logger.info("not packed: %s: %s", decline.where, decline.reason)
-        report = OffloadReport(tuple(pairs.paired), tuple(packs.packed), (*pairs.kept, *packs.kept))
-        return result, report
+        return result, OffloadReport.of(pairs, packs)
     return result, OffloadReport()
 
 

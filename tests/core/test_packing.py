@@ -225,6 +225,15 @@ def test_a_weight_left_plain_is_among_the_built_models_declines():
     np.testing.assert_allclose(built(X, scale), X @ WEIGHTS[0] * scale[0], rtol=1e-5, atol=1e-4)
 
 
+def test_offload_reported_names_an_unknown_option_in_one_line():
+    message = (
+        r"offload_reported: unexpected option\(s\) stric; expected those of tir_byoc\.offload: "
+    )
+    with pytest.raises(TypeError, match=message + r"backends, strict, registry") as error:
+        offload_reported(_lowered(WEIGHTS[:1]), stric=True)
+    assert "\n" not in str(error.value)
+
+
 def test_a_weight_the_function_computes_is_not_packed(caplog):
     """Found by the packing property: a GEMM reading a buffer its function computes from the
     constant has no weight parameter to pack (packing raised a ValueError)."""

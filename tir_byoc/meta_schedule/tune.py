@@ -200,6 +200,14 @@ def tune_relax(mod, target, work_dir: str, max_trials_global: int, **options):
         gone (``fold_transposes``); constant weights of offloaded chains are packed where the
         packed call was measured faster (``pack_weights``; :mod:`~.packed`).
     """
+    return tune_relax_reported(mod, target, work_dir, max_trials_global, **options)[0]
+
+
+def tune_relax_reported(mod, target, work_dir: str, max_trials_global: int, **options):
+    """:func:`tune_relax`, and what its offload decided beyond the tuning:
+    ``(module, tir_byoc.offload.OffloadReport)``, as :func:`tir_byoc.offload_reported` gives
+    it (the convolution pairs fused and not, the packing's declines).  The input is checked
+    here, for both."""
     from tvm import relax
 
     if not isinstance(mod, tvm.IRModule) or not any(
@@ -214,13 +222,6 @@ def tune_relax(mod, target, work_dir: str, max_trials_global: int, **options):
             "tir_byoc.meta_schedule.tune_relax: expected PrimFuncs to tune, found none; run "
             "relax.transform.LegalizeOps (and FuseOps, FuseTIR) first"
         )
-    return tune_relax_reported(mod, target, work_dir, max_trials_global, **options)[0]
-
-
-def tune_relax_reported(mod, target, work_dir: str, max_trials_global: int, **options):
-    """:func:`tune_relax`, and what its offload decided beyond the tuning:
-    ``(module, tir_byoc.offload.OffloadReport)``, as :func:`tir_byoc.offload_reported` gives
-    it (the convolution pairs fused and not, the packing's declines)."""
     checked = TuneOptions.from_kwargs(options)
     check_budget(max_trials_global, work_dir, checked.database)
     return _tune_module(mod, target, work_dir, max_trials_global, checked)
@@ -253,7 +254,4 @@ def _tune_module(mod, target, work_dir, max_trials_global, options: TuneOptions)
     result, pairs = pair_convolutions(result, rewritten, options.registry)
     chosen = [without_sites(v, pairs.bindings) for v in packs.chosen]
     result = install_packed(result, [v for v in chosen if v is not None], packs.report)
-    report = OffloadReport(
-        tuple(pairs.paired), tuple(packs.report.packed), (*pairs.kept, *packs.report.kept)
-    )
-    return result, report
+    return result, OffloadReport.of(pairs, packs.report)
