@@ -14,7 +14,7 @@ import pytest
 import tvm
 from hypothesis import event, given, note
 from hypothesis import strategies as st
-from properties.harness import PROPERTY_REGISTRY, normwise, offload, profile, reported
+from properties.harness import PROPERTY_REGISTRY, TARGET, normwise, offload, profile, reported
 
 import tir_byoc
 from tir_byoc.patterns import pattern as pattern_of
@@ -66,6 +66,7 @@ def test_offloaded_function_computes_the_same_results(program, seed, inputs):
                 magnitude=magnitude,
                 special=special,
                 normwise=compared_normwise,
+                target=TARGET,
             )
         except AssertionError:
             note(f"the offloaded function:\n{to_tvmscript(rewritten)}")

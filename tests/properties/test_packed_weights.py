@@ -17,7 +17,7 @@ import pytest
 import tvm
 from hypothesis import event, given
 from hypothesis import strategies as st
-from properties.harness import normwise, profile, reported
+from properties.harness import TARGET, normwise, profile, reported
 
 import tir_byoc
 from tir_byoc import toolchain
@@ -92,6 +92,7 @@ def test_a_packed_weight_computes_what_the_plain_one_does(program, seed, form):
             bindings=program.bindings,
             seed=seed,
             normwise=normwise(program),
+            target=TARGET,
             replaced={
                 index: lambda a, p=packing, f=pack: pack_in_form(
                     p, f, tvm.runtime.tensor(a)
