@@ -461,16 +461,17 @@ def test_a_sum_the_vector_width_does_not_divide_is_reduced_in_vectors_up_to_its_
 
 
 def _window(
-    width: int, kernel: int = 3, stride: int = 1, op: str = "conv", channels: int = 8
+    width: int, kernel: int = 3, stride: int = 1, op: str = "conv", channels: int = 8, batch=1
 ) -> tirx.PrimFunc:
     """A depthwise convolution (``op="conv"``: pad, window sum, bias) or a max pooling
-    (``"max"``) of ``kernel`` x ``kernel`` over (1, channels, 12, width), as TOPI writes them."""
+    (``"max"``) of ``kernel`` x ``kernel`` over (batch, channels, 12, width), as TOPI writes
+    them (``batch`` an int or a variable)."""
     from tvm import te
 
-    x = te.placeholder((1, channels, 12, width), name="x")
+    x = te.placeholder((batch, channels, 12, width), name="x")
     pad = kernel // 2
     padded = te.compute(
-        (1, channels, 12 + 2 * pad, width + 2 * pad),
+        (batch, channels, 12 + 2 * pad, width + 2 * pad),
         lambda n, c, h, w: tirx.if_then_else(
             tirx.all(h >= pad, h < 12 + pad, w >= pad, w < width + pad),
             x[n, c, h - pad, w - pad],
@@ -481,7 +482,7 @@ def _window(
     rows, cols = (12 + 2 * pad - kernel) // stride + 1, (width + 2 * pad - kernel) // stride + 1
     r = te.reduce_axis((0, kernel), name="r")
     s = te.reduce_axis((0, kernel), name="s")
-    shape = (1, channels, rows, cols)
+    shape = (batch, channels, rows, cols)
 
     def tap(n, c, h, w):
         return padded[n, c, h * stride + r, w * stride + s]
@@ -564,6 +565,43 @@ def test_a_stride_2_window_gathers_every_other_input_into_its_vectors(op):
         np.testing.assert_array_equal(got, want)
     else:
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def _global_mean(batch) -> tirx.PrimFunc:
+    """MobileNetV2's last pooling in NHWC, a mean over (batch, 7, 7, 1280) as TOPI writes it."""
+    from tvm import te
+
+    x = te.placeholder((batch, 7, 7, 1280), name="x")
+    r = te.reduce_axis((0, 7), name="r")
+    s = te.reduce_axis((0, 7), name="s")
+    total = te.compute(
+        (batch, 1, 1, 1280), lambda n, i, j, c: te.sum(x[n, r, s, c], axis=[r, s]), name="x_red"
+    )
+    mean = te.compute(total.shape, lambda *i: total(*i) / tirx.const(49.0, "float32"))
+    return te.create_prim_func([x, mean])
+
+
+@pytest.mark.parametrize(
+    "func",
+    [_window(64, kernel=3, batch=tirx.Var("n", "int64")), _global_mean(tirx.Var("n", "int64"))],
+    ids=["depthwise", "global mean"],
+)
+def test_a_window_over_a_symbolic_batch_runs_in_vectors_along_its_rows(func):
+    """A dynamic batch leaves the rows' and taps' extents static: the window rule still takes
+    the function, as it does the static one, rather than reducing each element in lanes."""
+    report = _schedule(func)
+    assert dict(report.rules) == {"main": "SlidingWindow"}
+    scheduled = report.module["main"]
+    assert vector_loads(scheduled)
+    assert tirx.ForKind.PARALLEL in _loop_kinds(scheduled)
+    for batch in (1, 3):
+        shapes = [
+            [batch if isinstance(d, tirx.Var) else int(d) for d in p.ty.shape] for p in func.params
+        ]
+        arrays = _random(shapes, seed=batch)
+        np.testing.assert_allclose(
+            _run(scheduled, arrays)[-1], _run(func, arrays)[-1], rtol=1e-6, atol=1e-6
+        )
 
 
 @pytest.mark.parametrize(

@@ -49,11 +49,12 @@ class SlidingWindow(NotingRule):
     :class:`~tir_byoc.schedules.elementwise.Elementwise` schedules them, each on its own.
 
     Applies when the function has exactly one reduction block, its iterators are spatial ones
-    then reduction ones, all of static extent, it stores along its last spatial iterator, and
-    every buffer it reads is read either along that iterator (with a step of 1 or 2, in the
-    buffer's last axis: a stride-2 pooling or depthwise convolution in NCHW, each lane reading
-    every other input) or not at all by it (a weight, read once per tap).  Every other block
-    is spatial.
+    then reduction ones, the last spatial one and the reduction ones of static extent (those
+    before may be symbolic: a dynamic batch runs in parallel with the rows), it stores along
+    its last spatial iterator, and every buffer it reads is read either along that iterator
+    (with a step of 1 or 2, in the buffer's last axis: a stride-2 pooling or depthwise
+    convolution in NCHW, each lane reading every other input) or not at all by it (a weight,
+    read once per tap).  Every other block is spatial.
     """
 
     def schedule(self, sch: s_tir.Schedule, blocks, target: Target) -> s_tir.Schedule | None:
@@ -66,7 +67,11 @@ class SlidingWindow(NotingRule):
         if rows < 2 or kind != "S" * rows + "R" * (len(kind) - rows):
             return None
         loops = sch.get_loops(window.block_rv)
-        if len(loops) != len(kind) or any(static_extent(sch, loop) is None for loop in loops):
+        # The rows outside may be symbolic (a dynamic batch); the row in vectors and the taps
+        # are not.
+        if len(loops) != len(kind) or any(
+            static_extent(sch, loop) is None for loop in loops[rows - 1 :]
+        ):
             return None
         if not _reads_along_rows(sch, window.block_rv, rows):
             return None
