@@ -20,10 +20,12 @@
  * - The gemm entry point (fp32): the longest prefix of the epilogue that oneDNN computes
  *   exactly as tir_byoc_epilogue.h does is fused (Plan, and the table above it); the rest runs
  *   in C after the primitive.
- * - Primitives are created once per (shape, dtypes, layout, fused epilogue) and kept in a
- *   bounded, thread-safe LRU cache (capacity $TIR_BYOC_ONEDNN_CACHE_CAPACITY, default 256).
+ * - Primitives are created once per (shape, dtypes, layout, fused epilogue, thread count) and
+ *   kept in a bounded, thread-safe LRU cache (capacity $TIR_BYOC_ONEDNN_CACHE_CAPACITY,
+ *   default 256).
  */
 #include <oneapi/dnnl/dnnl.hpp>
+#include <omp.h>
 
 #include <algorithm>
 #include <array>
@@ -149,11 +151,14 @@ struct Key {
   tir_byoc_batch batch;
   Fusion fusion;
   bool packed = false;  // the weight in the layout oneDNN prefers (format_tag::any), 2-D only
+  // The calling thread's OpenMP count: oneDNN splits a primitive's work for the count it is
+  // created at and keeps that split (see Key in conv.cpp).
+  int32_t threads = omp_get_max_threads();
 
   bool operator==(const Key &o) const {
     return m == o.m && n == o.n && k == o.k && signature == o.signature && layout == o.layout &&
            std::memcmp(&batch, &o.batch, sizeof batch) == 0 && fusion == o.fusion &&
-           packed == o.packed;
+           packed == o.packed && threads == o.threads;
   }
 };
 
@@ -167,6 +172,7 @@ struct KeyHash {
       mix(static_cast<uint64_t>(part));
     mix(static_cast<uint64_t>(key.signature) << 8 | static_cast<uint64_t>(key.layout));
     mix(static_cast<uint64_t>(key.fusion.count) << 2 | key.packed << 1 | key.fusion.bias);
+    mix(static_cast<uint64_t>(key.threads));
     for (int i = 0; i < key.fusion.count; ++i) {
       const PostOp &post = key.fusion.post[i];
       mix(static_cast<uint64_t>(post.algorithm) << 2 | static_cast<uint64_t>(post.operand));

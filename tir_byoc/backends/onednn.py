@@ -45,7 +45,9 @@ def locate() -> LinkSpec:
     return LinkSpec(
         include_dirs=(str(header.parents[2]),),
         library_dirs=(str(library.parent),),
-        libraries=("dnnl",),
+        # libgomp: the intrinsics key their primitives by omp_get_max_threads() (the wheel's
+        # libdnnl runs on it, so this adds no library at run time).
+        libraries=("dnnl", "gomp"),
         compile_flags=("-std=c++17",),
     )
 
