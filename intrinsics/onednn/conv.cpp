@@ -96,9 +96,9 @@ constexpr ClipForm kClipForms[] = {ClipForm::kClipV2, ClipForm::kClip, ClipForm:
 /* What a primitive is specialised for: the call's geometry, the weight's form, the fused
  * prefix of the epilogue and the calling thread's OpenMP thread count.  oneDNN splits a
  * primitive's work for the count it is created at and keeps that split: a model first called
- * at one thread and then at two ran MobileNetV2's convolutions on one core (8.5 ms a call at
- * two threads against 5.9 from a first call at two; AMD EPYC Zen 4), and its bits followed
- * the first call's count, not the current one. */
+ * at one thread and then at two kept the one-thread split of MobileNetV2's convolutions
+ * (8.5 ms a call at two threads against 5.9 from a first call at two; AMD EPYC Zen 4), and
+ * its bits followed the first call's count, not the current one. */
 struct Key {
   int32_t threads = omp_get_max_threads();
   int32_t layout, weight_layout;
@@ -115,8 +115,8 @@ struct Key {
   std::string implementation;
 
   auto Tie() const {
-    return std::tie(threads, layout, weight_layout, n, c, o, groups, in, out, kernel, stride, dilation,
-                    pad, packed, blocked, bias, post, clip, clip_form, implementation);
+    return std::tie(threads, layout, weight_layout, n, c, o, groups, in, out, kernel, stride,
+                    dilation, pad, packed, blocked, bias, post, clip, clip_form, implementation);
   }
   bool operator<(const Key &other) const { return Tie() < other.Tie(); }
 };
