@@ -23,6 +23,7 @@ where C is a group ``FuseOps`` made (a Relax function with ``Primitive``), it me
    injective or simpler (elementwise, broadcast, injective);
 3. ``p`` is bound in the same dataflow block and used exactly once in the function: here;
 4. ``p`` has the shape and dtype of ``c``, so the two functions run over the same rows.
+5. every symbolic dim of ``c`` is a dim by itself of an argument of the merged group.
 
 The merged group computes P's bindings and then C's, C reading P's value where it read ``p``:
 every block is the block it was, in the same order.  The one difference in the values: with a
@@ -225,9 +226,23 @@ class _Finder:
             if not isinstance(arg, relax.Var) or arg not in position or uses[arg] != 1:
                 continue
             p = position[arg]
-            if self.injective(values[p]) and _same_tensor_type(arg, result):
+            if not (self.injective(values[p]) and _same_tensor_type(arg, result)):
+                continue
+            _, kept = _merged_arguments(values[p], consumer, arg_index)
+            if _defines_result_dims(_arguments(values[p]) + kept, result):
                 return p, arg_index
         return None
+
+
+def _defines_result_dims(args: list[relax.Expr], result: relax.Var) -> bool:
+    """Condition 5: each symbolic dim of ``result`` is a dim of one of ``args`` by itself, so
+    that ``FuseTIR`` can give the merged group's output a shape.  A reshape of (3 b, 1, 1) to
+    (b, 3, 1, 1) merged into a softmax over the latter would leave b defined by nothing, and
+    ``FuseTIR`` gave the call an output of rank 4 and no shape, which no later pass builds."""
+    definable = set()
+    for arg in args:
+        definable.update(relax.analysis.definable_tir_vars_in_type(arg.ty))
+    return all(var in definable for var in relax.analysis.tir_vars_in_type(result.ty))
 
 
 # --------------------------------------------------------------------------------------

@@ -20,6 +20,8 @@ nest (every loop and block under it, reductions and their inits included):
   one row per iteration, not one for every row), both copies sit in an opaque block that
   allocates them, and everything else the copy defines (its loops, block iterators and
   bindings) is a fresh variable too, so that the function stays well formed.
+- symbolic but at the threshold or above whenever every symbolic extent is at least 1: it
+  stays parallel, with no serial copy.
 
 A nest whose inner extents depend on an iterator of its own (a triangular loop) is not weighed:
 it stays parallel.  Neither copy changes what is computed, only on how many threads.
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import re
 
+import tvm
 import tvm_ffi
 from tvm import s_tir, sym, tirx
 from tvm.tirx import _ffi_api as _tirx_ffi
@@ -136,6 +139,15 @@ def fresh_copy(stmt: tirx.Stmt, buffers: list = ()) -> tuple[tirx.Stmt, list]:
     return copy, [fresh[b] for b in buffers]
 
 
+def _never_small(work: tirx.PrimExpr) -> bool:
+    """Whether ``work`` is at least ``MIN_PARALLEL_WORK`` whenever each of its variables (the
+    function's symbolic extents) is at least 1."""
+    analyzer = sym.Analyzer()
+    for var in tirx.analysis.undefined_vars(work):
+        analyzer.bind(var, tvm.ir.Range(1, 2**31))
+    return analyzer.can_prove(work >= MIN_PARALLEL_WORK)
+
+
 def serial_when_small(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, dict[str, str]]:
     """``func`` with each parallel loop nest of fewer than ``MIN_PARALLEL_WORK`` iterations on
     one thread: statically where its extents are static, by a test of its iteration count
@@ -177,6 +189,11 @@ def serial_when_small(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, dict[str, str
             for name in _block_names(loop):
                 notes[name] = f"{static} iterations, below {MIN_PARALLEL_WORK}: runs on one thread"
             return serial
+        if _never_small(work):
+            # No size of at least one in every dimension makes it small; its serial copy
+            # could only run at a size of 0, where TVM's simplifier divides by that 0 (a fused
+            # loop over 3 x b, split by `// b` and `% b`, failed to build so).
+            return loop
         inside = _uses(loop, root.alloc_buffers)
         local = [b for b, count in inside.items() if count == everywhere[b]]
         moved.extend(local)
