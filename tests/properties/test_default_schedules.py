@@ -14,14 +14,19 @@ unscheduled), and the two results are compared.
 The rules keep each output's order of additions, but for ``VectorRows`` and ``RowReduction``,
 which sum a row in vector lanes, and the vector ``exp`` and ``erf``, which are within a few
 units in the last place of glibc's: so the comparison allows a few float32 rounding errors of
-the largest value, not the errors of a wrong window, row or axis.
+the largest value, not the errors of a wrong window, row or axis.  An ``exp`` or a softmax of a
+value that already carries such an error multiplies its relative error by up to the value's
+magnitude (the thorough profile's ``exp(exp(exp(x)))``: 3.8e-5 relative at 8.7e34, each ``exp``
+within a few units in the last place), so each such op after the first widens the tolerance by
+``1 + max |its input|``, read from TVM's own intermediates (:func:`_gain`); past a widening of
+1000 the two builds need not agree on any value, and only the shapes are compared (an event).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import tvm
-from hypothesis import event, given
+from hypothesis import event, example, given
 from hypothesis import strategies as st
 from properties.harness import profile
 from tvm import relax
@@ -189,26 +194,52 @@ def _emit(x, name, args, rng):
     return R.permute_dims(x, args["order"])
 
 
-def _module(shape, ops, rng) -> tvm.IRModule:
+def _module(shape, ops, rng, every: bool = False) -> tvm.IRModule:
+    """The ops applied in turn to ``x``; ``every``: returning each op's result, in order."""
     x = relax.Var("x", R.Tensor(shape, "float32"))
     builder = relax.BlockBuilder()
     with builder.function("main", [x]):
         with builder.dataflow():
-            y = x
+            y, results = x, []
             for name, args in ops:
                 y = builder.emit(_emit(y, name, args, rng))
-            out = builder.emit_output(y)
+                results.append(y)
+            out = builder.emit_output(relax.Tuple(results) if every else y)
         builder.emit_func_output(out)
     return builder.get()
 
 
+#: The ops whose relative error grows with the magnitude of their input (d log f / d log x).
+_AMPLIFYING = {"softmax"}
+
+
+def _gain(ops, results) -> float:
+    """How much the rounding errors the ops make can grow on their way to the output: the
+    product, over each ``exp`` or softmax after the first op (the first reads ``x`` exactly),
+    of ``1 + max |finite input|``; ``results`` are each op's result, from TVM's build."""
+    gain = 1.0
+    for (name, args), before in zip(ops[1:], results[:-1]):
+        if name in _AMPLIFYING or (name == "elementwise" and args["how"] == "exp"):
+            finite = np.abs(before[np.isfinite(before)])
+            gain *= 1.0 + float(finite.max(initial=0.0))
+    return gain
+
+
+#: The thorough profile's failure (2026-12-05) before the widening: exp(exp(exp(x))), 3.8e-5
+#: apart at 8.7e34 against a tolerance of 1e-5.
+_TRIPLE_EXP = ((1, 3, 8, 18), [("elementwise", {"how": "exp", "channels": 3})] * 3)
+
+
 @profile(0.1, ci_share=0.1)
 @given(program=programs(), seed=st.integers(0, 2**16))
+@example(program=_TRIPLE_EXP, seed=1)
 def test_the_rest_of_a_model_computes_what_tvm_alone_computes(program, seed):
     shape, ops = program
     rng = np.random.default_rng(seed)
     mod = _module(shape, ops, rng)
     x = rng.standard_normal(shape).astype("float32")
+    # TVM's build returns every op's result (the same constants: the same seed, drawn in order).
+    reference = _module(shape, ops, np.random.default_rng(seed), every=True)
     target = host_target()
 
     built = tir_byoc.build_model(mod, offload=False, target=target)
@@ -217,13 +248,20 @@ def test_the_rest_of_a_model_computes_what_tvm_alone_computes(program, seed):
         event(f"rule {rule}")
     event(f"ops {' '.join(name for name, _ in ops)}")
 
-    executable = tvm.compile(mod, target=target)
+    executable = tvm.compile(reference, target=target)
     vm = relax.VirtualMachine(executable, tvm.cpu())
-    expected = vm["main"](tvm.runtime.tensor(x)).numpy()
+    results = [r.numpy() for r in vm["main"](tvm.runtime.tensor(x))]
+    expected = results[-1]
 
     assert got.shape == expected.shape
     # An exp of an exp may overflow: infinities and NaNs must be where TVM has them, and the
     # tolerance follows the largest finite value.
     finite = np.abs(expected[np.isfinite(expected)])
     scale = max(1.0, float(finite.max(initial=0.0)))
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * scale)
+    rtol = 1e-5 * _gain(ops, results)
+    if rtol > 1e-2:  # a softmax of values of 1e34: no two float32 builds need agree on it
+        event("ill-conditioned: values not compared")
+        return
+    if rtol > 1e-5:
+        event("tolerance widened by an exp or softmax of a computed value")
+    np.testing.assert_allclose(got, expected, rtol=rtol, atol=rtol * scale)
